@@ -1,0 +1,116 @@
+"""House rules of the monorepo, checked on every CI run.
+
+- no package under packages/ imports a sibling package (only apps/ may compose them);
+- every package has the standard layout (src/, py.typed, tests/, README.md, pyproject.toml);
+- slurmclock stays stdlib-only;
+- .ci/run runs the README's test command.
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = sorted(p.name for p in (ROOT / "packages").iterdir() if p.is_dir())
+APP_IMPORT_NAMES = {"pyrecover_train"}
+
+
+def imported_top_levels(source: str, filename: str) -> set[str]:
+    """Top-level module names a Python file imports (absolute imports only)."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(source, filename=filename)):
+        if isinstance(node, ast.Import):
+            names.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module.split(".")[0])
+    # importlib.import_module("x") / __import__("x") with a literal name count too.
+    for node in ast.walk(ast.parse(source, filename=filename)):
+        if (
+            isinstance(node, ast.Call)
+            and node.args
+            and isinstance(node.args[0], ast.Constant)
+            and isinstance(node.args[0].value, str)
+        ):
+            func = node.func
+            fname = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+            if fname in {"import_module", "__import__"}:
+                names.add(node.args[0].value.split(".")[0])
+    return names
+
+
+def sibling_imports(package: str) -> list[str]:
+    forbidden = (set(PACKAGES) - {package}) | APP_IMPORT_NAMES
+    problems = []
+    pkg_dir = ROOT / "packages" / package
+    for path in sorted(pkg_dir.rglob("*.py")):
+        if ".nox" in path.parts or "build" in path.parts:
+            continue
+        bad = imported_top_levels(path.read_text(encoding="utf-8"), str(path)) & forbidden
+        problems.extend(f"{path.relative_to(ROOT)} imports {name}" for name in sorted(bad))
+    return problems
+
+
+def test_packages_exist() -> None:
+    assert PACKAGES == ["ckptstore", "ddpkit", "parquetlm", "slurmclock"]
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_no_package_imports_a_sibling(package: str) -> None:
+    problems = sibling_imports(package)
+    assert not problems, (
+        "packages must not import each other (only apps/ composes them); pass what you need as an "
+        "argument instead:\n  " + "\n  ".join(problems)
+    )
+
+
+def test_detector_catches_a_sibling_import(tmp_path: Path) -> None:
+    src = "import os\nfrom ckptstore.store import CheckpointStore\nimport importlib\n"
+    src += "m = importlib.import_module('ddpkit')\n"
+    assert {"ckptstore", "ddpkit"} <= imported_top_levels(src, "x.py")
+    assert "parquetlm" not in imported_top_levels("from . import parquetlm\n", "x.py")
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_package_layout(package: str) -> None:
+    d = ROOT / "packages" / package
+    for rel in (
+        "pyproject.toml",
+        "README.md",
+        f"src/{package}/__init__.py",
+        f"src/{package}/py.typed",
+    ):
+        assert (d / rel).is_file(), f"packages/{package}/{rel} is missing"
+    assert any((d / "tests").glob("test_*.py")), f"packages/{package}/tests has no test_*.py"
+    meta = tomllib.loads((d / "pyproject.toml").read_text())["project"]
+    assert meta["name"] == package
+    assert meta["requires-python"] == ">=3.10"
+    deps = " ".join(meta.get("dependencies", []))
+    for other in set(PACKAGES) - {package}:
+        assert other not in deps, f"{package} declares a dependency on its sibling {other}"
+
+
+def test_slurmclock_is_stdlib_only() -> None:
+    meta = tomllib.loads((ROOT / "packages/slurmclock/pyproject.toml").read_text())["project"]
+    assert meta.get("dependencies", []) == []
+    stdlib = set(sys.stdlib_module_names) | {"slurmclock", "__future__"}
+    for path in (ROOT / "packages/slurmclock/src").rglob("*.py"):
+        third_party = imported_top_levels(path.read_text(), str(path)) - stdlib
+        assert not third_party, f"{path.relative_to(ROOT)} imports non-stdlib {third_party}"
+
+
+def test_ci_runs_the_readme_test_command() -> None:
+    readme = (ROOT / "README.md").read_text()
+    assert "<!-- test-command -->" in readme
+    ci = (ROOT / ".ci/run").read_text()
+    assert "test-command" in ci and "README.md" in ci
+
+
+def test_app_depends_on_the_four_packages() -> None:
+    meta = tomllib.loads((ROOT / "apps/train/pyproject.toml").read_text())["project"]
+    names = {d.split("[")[0].split(">")[0].split("=")[0].strip() for d in meta["dependencies"]}
+    assert set(PACKAGES) <= names
