@@ -1,0 +1,437 @@
+"""When does this job end? Deadline discovery from overrides, the environment and SLURM.
+
+Sources, first answer wins (the name is :attr:`Deadline.source`):
+
+1. ``"override"`` -- an ``end_time=`` argument (epoch seconds or ISO-8601);
+2. ``"PYRECOVER_END_TIME"`` -- that environment variable (epoch seconds or ISO-8601);
+3. ``"time-limit"`` -- a ``time_limit=`` argument, counted from ``started_at`` (the start of this
+   process by default);
+4. ``"SLURM_JOB_END_TIME"`` -- set by newer SLURM versions (not 22.05); it is fixed at job start,
+   so it only answers the first poll (no subprocess at start-up) and later polls ask squeue;
+5. ``"squeue"`` -- ``squeue -h -j $SLURM_JOB_ID -o "%e %l"`` (end time in the controller's local
+   time, and the time limit, to tell "no limit" from "unknown");
+6. ``"scontrol"`` -- ``EndTime=`` of ``scontrol show job $SLURM_JOB_ID``;
+7. ``"none"`` -- no deadline: outside SLURM without an override, or nothing usable.
+
+A job without a time limit (``UNLIMITED``; 22.05 gives it a limit of 365 days) has
+``end=None`` with the source that said so. Anything malformed -- an environment value, a command's
+output, a missing binary, an end time implausibly far in the past (clock skew) -- is logged as a
+warning on the ``slurmclock`` logger and the next source is tried; nothing here raises during
+training. Only bad *arguments* raise ``ValueError``, at construction.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import re
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import datetime, timezone
+
+from slurmclock.commands import CommandError, Runner, default_runner
+from slurmclock.job import job_id as _job_id
+
+__all__ = [
+    "SOURCES",
+    "Deadline",
+    "DeadlineWatcher",
+    "find_deadline",
+    "parse_duration",
+    "parse_time",
+    "process_start_time",
+]
+
+log = logging.getLogger("slurmclock")
+
+SOURCES = (
+    "override",
+    "PYRECOVER_END_TIME",
+    "time-limit",
+    "SLURM_JOB_END_TIME",
+    "squeue",
+    "scontrol",
+    "none",
+)
+# What squeue/scontrol print instead of a time when there is none (yet).
+_NO_TIME = {"", "unknown", "none", "n/a", "unlimited", "infinite", "invalid", "(null)"}
+_UNLIMITED = {"unlimited", "infinite"}
+# SLURM 22.05 gives a job without a limit TimeLimit=365-00:00:00 and EndTime one year out.
+NO_LIMIT_SECONDS = 365 * 86400
+
+
+@dataclass(frozen=True, slots=True)
+class Deadline:
+    """The end of the job as epoch seconds (None: no deadline), and who said so."""
+
+    end: float | None
+    source: str
+    job_id: str | None = None
+
+    def seconds_left(self, now: float | None = None) -> float | None:
+        """Seconds until ``end`` (negative once past); None without a deadline."""
+        if self.end is None:
+            return None
+        return self.end - (time.time() if now is None else now)
+
+    def iso(self) -> str | None:
+        """``end`` as local-time ISO-8601 with UTC offset, e.g. ``2026-11-22T10:41:07+01:00``."""
+        if self.end is None:
+            return None
+        return (
+            datetime.fromtimestamp(self.end, tz=timezone.utc).astimezone().isoformat("T", "seconds")
+        )
+
+    def __str__(self) -> str:
+        job = f" (job {self.job_id})" if self.job_id else ""
+        if self.end is None:
+            return f"no deadline [{self.source}]{job}"
+        return f"{self.iso()} [{self.source}]{job}"
+
+
+def parse_time(value: str | float) -> float:
+    """Epoch seconds from epoch seconds (number or numeric string) or ISO-8601.
+
+    ISO-8601 without a UTC offset is local time -- what ``squeue``/``scontrol`` print.
+    """
+    if isinstance(value, bool):
+        raise ValueError(f"{value!r} is not a time")
+    if isinstance(value, (int, float)):
+        seconds = float(value)
+    else:
+        text = value.strip()
+        if re.fullmatch(r"[+-]?\d+(\.\d*)?", text):
+            seconds = float(text)
+        else:
+            if text[-1:] in {"Z", "z"}:  # fromisoformat takes "Z" only from Python 3.11
+                text = text[:-1] + "+00:00"
+            try:
+                seconds = datetime.fromisoformat(text).timestamp()
+            except (ValueError, OverflowError, OSError):
+                raise ValueError(
+                    f"{value!r} is neither epoch seconds nor ISO-8601 "
+                    "(e.g. 1767225600 or 2026-01-01T00:00:00+01:00)"
+                ) from None
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise ValueError(f"{value!r} is not a valid time (must be a positive epoch second count)")
+    return seconds
+
+
+_DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_duration(value: str | float) -> float:
+    """Seconds from a number of seconds, ``"90s"``/``"15m"``/``"2h"``/``"1d"``, or SLURM's
+    ``[D-]HH:MM:SS``, ``MM:SS``, ``D-HH[:MM]``. A bare number is seconds (unlike ``sbatch
+    --time``, where it is minutes)."""
+    if isinstance(value, bool):
+        raise ValueError(f"{value!r} is not a duration")
+    if isinstance(value, (int, float)):
+        seconds = float(value)
+    else:
+        seconds = _parse_duration_text(value.strip())
+    if not math.isfinite(seconds) or seconds < 0:
+        raise ValueError(f"duration {value!r} must be a finite number of seconds >= 0")
+    return seconds
+
+
+def _parse_duration_text(text: str) -> float:
+    bad = ValueError(
+        f"cannot read duration {text!r}: give seconds (5400), a unit (90m, 1.5h) "
+        "or SLURM's [D-]HH:MM:SS"
+    )
+    m = re.fullmatch(r"(\d+(?:\.\d*)?)\s*([smhd]?)", text, flags=re.IGNORECASE)
+    if m:
+        return float(m.group(1)) * _DURATION_UNITS.get(m.group(2).lower(), 1)
+    m = re.fullmatch(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?", text)
+    if not m or (m.group(1) is None and m.group(3) is None):
+        raise bad
+    days, a, b, c = (int(g) if g is not None else None for g in m.groups())
+    if days is not None:  # D-HH, D-HH:MM, D-HH:MM:SS
+        return days * 86400 + (a or 0) * 3600 + (b or 0) * 60 + (c or 0)
+    if c is not None:  # HH:MM:SS
+        return (a or 0) * 3600 + (b or 0) * 60 + c
+    return (a or 0) * 60 + (b or 0)  # MM:SS
+
+
+def _parse_limit(text: str) -> float | None:
+    """A SLURM time limit in seconds; inf for UNLIMITED; None when unknown or unreadable."""
+    t = text.strip()
+    if t.lower() in _UNLIMITED:
+        return math.inf
+    if t.lower() in _NO_TIME:
+        return None
+    try:
+        # SLURM prints limits as [D-]HH:MM:SS or MM:SS; a bare number there means minutes.
+        return float(t) * 60 if t.isdigit() else parse_duration(t)
+    except ValueError:
+        return None
+
+
+def process_start_time() -> float:
+    """When this process started (epoch seconds), from /proc; now where /proc is absent."""
+    try:
+        with open("/proc/self/stat") as f:
+            # Field 22 (starttime, clock ticks after boot); the name in (...) may hold spaces.
+            ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/stat") as f:
+            btime = next(int(line.split()[1]) for line in f if line.startswith("btime "))
+        return btime + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return time.time()
+
+
+class DeadlineWatcher:
+    """Finds the job's deadline and re-reads it from SLURM at most every ``poll_interval`` s.
+
+    ``get()`` is cheap enough to call every training step: between polls it returns the cached
+    :class:`Deadline`, so ``scontrol update TimeLimit=`` extensions are seen within
+    ``poll_interval`` seconds without shelling out each step. When a poll fails (controller busy,
+    command timed out) the last good deadline is kept.
+
+    ``end_time`` / ``time_limit`` override SLURM (see the module docstring for the order);
+    ``env`` replaces ``os.environ``; ``runner`` runs squeue/scontrol (:mod:`slurmclock.commands`);
+    ``clock`` returns epoch seconds. ``command_timeout`` bounds each squeue/scontrol call;
+    an end time more than ``skew_tolerance`` seconds in the past is treated as clock skew.
+    """
+
+    def __init__(
+        self,
+        *,
+        end_time: float | str | None = None,
+        time_limit: float | str | None = None,
+        started_at: float | None = None,
+        poll_interval: float = 60.0,
+        env: Mapping[str, str] | None = None,
+        runner: Runner | None = None,
+        clock: Callable[[], float] | None = None,
+        command_timeout: float = 10.0,
+        skew_tolerance: float = 300.0,
+    ) -> None:
+        if not (poll_interval >= 1.0 and math.isfinite(poll_interval)):
+            raise ValueError(
+                f"poll_interval must be >= 1 s (the SLURM controller is shared; polling it every "
+                f"step loads it), got {poll_interval!r}"
+            )
+        if not command_timeout > 0:
+            raise ValueError(f"command_timeout must be > 0 s, got {command_timeout!r}")
+        if not skew_tolerance >= 0:
+            raise ValueError(f"skew_tolerance must be >= 0 s, got {skew_tolerance!r}")
+        self.poll_interval = float(poll_interval)
+        self.command_timeout = float(command_timeout)
+        self.skew_tolerance = float(skew_tolerance)
+        self._env: Mapping[str, str] = os.environ if env is None else env
+        self._runner = default_runner if runner is None else runner
+        self._clock = time.time if clock is None else clock
+        self.job_id = _job_id(self._env)
+        self.polls = 0  # SLURM polls done (each runs squeue, maybe scontrol)
+        self._warned: set[str] = set()
+        self._cached: Deadline | None = None
+        self._polled_at: float | None = None
+        self._static = self._static_deadline(end_time, time_limit, started_at)
+
+    @property
+    def clock(self) -> Callable[[], float]:
+        return self._clock
+
+    def _warn(self, key: str, message: str) -> None:
+        # Once per kind of problem: a broken squeue must not print a line every poll.
+        if key not in self._warned:
+            self._warned.add(key)
+            log.warning("%s", message)
+
+    def _static_deadline(
+        self, end_time: float | str | None, time_limit: float | str | None, started_at: float | None
+    ) -> Deadline | None:
+        if end_time is not None:
+            try:
+                return Deadline(parse_time(end_time), "override", self.job_id)
+            except ValueError as e:
+                raise ValueError(f"end_time: {e}") from None
+        raw = self._env.get("PYRECOVER_END_TIME", "").strip()
+        if raw:
+            try:
+                return Deadline(parse_time(raw), "PYRECOVER_END_TIME", self.job_id)
+            except ValueError as e:
+                self._warn("env", f"ignoring PYRECOVER_END_TIME: {e}")
+        if time_limit is not None:
+            try:
+                limit = parse_duration(time_limit)
+            except ValueError as e:
+                raise ValueError(f"time_limit: {e}") from None
+            if started_at is None:
+                # A fake clock has its own epoch: count from its now, not from /proc.
+                started_at = process_start_time() if self._clock is time.time else self._clock()
+            return Deadline(started_at + limit, "time-limit", self.job_id)
+        return None
+
+    def get(self) -> Deadline:
+        """The current deadline; polls SLURM only when the last poll is ``poll_interval`` old."""
+        if self._static is not None:
+            return self._static
+        now = self._clock()
+        if (
+            self._cached is not None
+            and self._polled_at is not None
+            and 0 <= now - self._polled_at < self.poll_interval  # clock went back: re-poll
+        ):
+            return self._cached
+        return self.refresh(now)
+
+    def seconds_left(self) -> float | None:
+        """Seconds until the deadline (negative once past); None without one."""
+        return self.get().seconds_left(self._clock())
+
+    def refresh(self, now: float | None = None) -> Deadline:
+        """Poll now, whatever the time since the last poll."""
+        if self._static is not None:
+            return self._static
+        now = self._clock() if now is None else now
+        previous, self._polled_at = self._cached, now
+        if self.job_id is None:
+            self._cached = Deadline(None, "none", None)
+            return self._cached
+        found = self._from_slurm(self.job_id, now, first=previous is None)
+        if found is None:
+            if previous is not None and previous.source != "none":
+                self._warn(
+                    "keep", f"keeping the last known deadline {previous} until SLURM answers"
+                )
+                return previous
+            found = Deadline(None, "none", self.job_id)
+        if previous is not None and previous.end != found.end and found.end is not None:
+            log.info("deadline of job %s moved: %s -> %s", self.job_id, previous, found)
+        self._cached = found
+        return found
+
+    def _from_slurm(self, job: str, now: float, *, first: bool) -> Deadline | None:
+        # SLURM_JOB_END_TIME answers the first poll without a subprocess; it never changes, so
+        # later polls ask the controller (refresh() keeps the last answer when it is silent).
+        self.polls += 1
+        live = (self._squeue, self._scontrol)
+        for source in (self._env_end, *live) if first else live:
+            found = source(job, now)
+            if found is not None:
+                return found
+        return None
+
+    def _env_end(self, job: str, now: float) -> Deadline | None:
+        raw = self._env.get("SLURM_JOB_END_TIME", "").strip()
+        if not raw:
+            return None
+        try:
+            end = parse_time(raw)
+        except ValueError as e:
+            self._warn("SLURM_JOB_END_TIME", f"ignoring SLURM_JOB_END_TIME: {e}")
+            return None
+        return self._plausible(Deadline(end, "SLURM_JOB_END_TIME", job), now)
+
+    def _run(self, source: str, argv: list[str]) -> str | None:
+        try:
+            return self._runner(argv, self.command_timeout)
+        except CommandError as e:
+            hint = " (inside a container without SLURM's commands?)" if e.kind == "missing" else ""
+            self._warn(f"{source}:{e.kind}", f"{source} failed for job {argv[-1]}: {e}{hint}")
+        except Exception as e:  # a custom runner's bug must not crash a training run
+            self._warn(f"{source}:error", f"{source} runner raised {type(e).__name__}: {e}")
+        return None
+
+    def _squeue(self, job: str, now: float) -> Deadline | None:
+        out = self._run("squeue", ["squeue", "-h", "-o", "%e %l", "-j", job])
+        if out is None:
+            return None
+        line = next((ln for ln in out.splitlines() if ln.strip()), "")
+        if not line:
+            self._warn("squeue:empty", f"squeue printed nothing for job {job} (job over?)")
+            return None
+        end_text, _, limit_text = line.strip().partition(" ")
+        return self._interpret("squeue", job, end_text, limit_text, now)
+
+    def _scontrol(self, job: str, now: float) -> Deadline | None:
+        out = self._run("scontrol", ["scontrol", "show", "job", job])
+        if out is None:
+            return None
+        fields = _scontrol_fields(out)
+        if "EndTime" not in fields:
+            self._warn(
+                "scontrol:parse", f"scontrol show job {job} printed no EndTime=: {out[:200]!r}"
+            )
+            return None
+        return self._interpret("scontrol", job, fields["EndTime"], fields.get("TimeLimit", ""), now)
+
+    def _interpret(
+        self, source: str, job: str, end_text: str, limit_text: str, now: float
+    ) -> Deadline | None:
+        limit = _parse_limit(limit_text)
+        if limit is not None and limit >= NO_LIMIT_SECONDS:
+            return Deadline(None, source, job)  # SLURM says: no time limit
+        if end_text.strip().lower() in _NO_TIME:
+            self._warn(
+                f"{source}:noend",
+                f"{source} gives job {job} no end time ({end_text.strip() or 'empty'!r}); "
+                "is it still pending?",
+            )
+            return None
+        try:
+            end = parse_time(end_text)
+        except ValueError as e:
+            self._warn(f"{source}:parse", f"cannot read {source}'s end time for job {job}: {e}")
+            return None
+        return self._plausible(Deadline(end, source, job), now)
+
+    def _plausible(self, found: Deadline, now: float) -> Deadline | None:
+        ago = now - (found.end or now)
+        if ago > self.skew_tolerance:
+            self._warn(
+                f"{found.source}:skew",
+                f"{found.source} says job {found.job_id} ended at {found.iso()}, {ago:.0f} s "
+                "ago by this machine's clock: clock skew between this node and the controller, "
+                "or a stale job id; ignoring it",
+            )
+            return None
+        return found
+
+
+# Keys whose value runs to the end of its line and may hold spaces (JobName=my job.sh).
+_REST_OF_LINE = ("JobName", "Command", "WorkDir", "StdErr", "StdIn", "StdOut", "Comment")
+
+
+def _scontrol_fields(text: str) -> dict[str, str]:
+    fields: dict[str, str] = {}
+    for line in text.splitlines():
+        for key in _REST_OF_LINE:
+            m = re.search(rf"(?:^|\s){key}=(.*)$", line)
+            if m:
+                fields.setdefault(key, m.group(1).strip())
+                line = line[: m.start()]
+        for token in line.split():
+            key, sep, value = token.partition("=")
+            if sep:
+                fields.setdefault(key, value)  # first record wins (array job: several)
+    return fields
+
+
+def find_deadline(
+    *,
+    end_time: float | str | None = None,
+    time_limit: float | str | None = None,
+    started_at: float | None = None,
+    env: Mapping[str, str] | None = None,
+    runner: Runner | None = None,
+    clock: Callable[[], float] | None = None,
+    command_timeout: float = 10.0,
+    skew_tolerance: float = 300.0,
+) -> Deadline:
+    """One look at the deadline (see :class:`DeadlineWatcher` for the arguments)."""
+    return DeadlineWatcher(
+        end_time=end_time,
+        time_limit=time_limit,
+        started_at=started_at,
+        env=env,
+        runner=runner,
+        clock=clock,
+        command_timeout=command_timeout,
+        skew_tolerance=skew_tolerance,
+    ).get()

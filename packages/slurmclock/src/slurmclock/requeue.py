@@ -1,0 +1,84 @@
+"""Self-requeue: put this job back in the queue so it resumes from its checkpoint."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from slurmclock.commands import CommandError, Runner, default_runner
+from slurmclock.job import job_id as _job_id
+from slurmclock.job import restart_count
+
+__all__ = ["RequeueResult", "requeue"]
+
+log = logging.getLogger("slurmclock")
+
+
+@dataclass(frozen=True, slots=True)
+class RequeueResult:
+    """``ok`` when SLURM accepted the requeue; ``message`` says what happened and what to do."""
+
+    ok: bool
+    message: str
+    job_id: str | None = None
+
+    def __bool__(self) -> bool:
+        return self.ok
+
+
+def requeue(
+    job_id: str | None = None,
+    *,
+    env: Mapping[str, str] | None = None,
+    runner: Runner | None = None,
+    timeout: float = 30.0,
+) -> RequeueResult:
+    """Run ``scontrol requeue JOB`` (JOB defaults to ``$SLURM_JOB_ID``); never raises.
+
+    Call it last, after the final checkpoint is durable: SLURM ends the running job soon after
+    (SIGTERM to every step, SIGKILL ``KillWait`` seconds later) and starts it again with
+    ``SLURM_RESTART_COUNT`` one higher.
+    """
+    job = job_id or _job_id(env)
+    if not job:
+        return RequeueResult(
+            False, "not requeued: not in a SLURM job (SLURM_JOB_ID is unset); pass the job id"
+        )
+    run = default_runner if runner is None else runner
+    try:
+        run(["scontrol", "requeue", job], timeout)
+    except CommandError as e:
+        result = RequeueResult(False, _explain(job, e), job)
+    except Exception as e:  # a custom runner's bug must not crash the end of a run
+        result = RequeueResult(False, f"not requeued: job {job}: {type(e).__name__}: {e}", job)
+    else:
+        n = restart_count(env) if job_id is None else None
+        then = f" (restart {n + 1})" if n is not None else ""
+        result = RequeueResult(
+            True, f"requeued job {job}{then}; SLURM now ends this run and starts it again", job
+        )
+    log.info("%s", result.message)  # the caller decides how loud a failure is
+    return result
+
+
+def _explain(job: str, e: CommandError) -> str:
+    text = (e.stderr or str(e)).strip()
+    low = text.lower()
+    if e.kind == "missing":
+        return (
+            f"not requeued: job {job}: scontrol not found on PATH (inside a container?); requeue "
+            f"from the batch script instead: scontrol requeue {job}"
+        )
+    if e.kind == "timeout":
+        return f"not requeued: job {job}: scontrol requeue timed out (controller busy?): {text}"
+    if "disabled" in low:
+        return (
+            f"not requeued: job {job} is not requeueable (submitted with --no-requeue, or "
+            "JobRequeue=0 in slurm.conf); submit it with `#SBATCH --requeue`"
+        )
+    if "invalid job id" in low:
+        return f"not requeued: SLURM does not know job {job} (finished, or another cluster?)"
+    if "access" in low or "permission" in low or "not authorized" in low:
+        return f"not requeued: job {job}: permission denied by SLURM: {text}"
+    return f"not requeued: job {job}: {text}"

@@ -1,0 +1,153 @@
+"""Stop signals that only raise a flag.
+
+The handler never does work (no checkpointing inside a signal handler: the main thread may be in
+the middle of anything, including a collective or a write of the very same file). The training
+loop polls :attr:`StopSignals.requested` at a step boundary and stops cleanly there.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+from collections.abc import Iterable
+from types import FrameType, TracebackType
+from typing import Any
+
+__all__ = ["StopSignals", "signal_number"]
+
+log = logging.getLogger("slurmclock")
+
+# What signal.getsignal returns: a callable, SIG_DFL/SIG_IGN, or None (set from C).
+_Handler = Any
+
+
+def signal_number(sig: str | int | signal.Signals) -> signal.Signals:
+    """``"USR2"``, ``"SIGUSR2"``, ``12`` or ``signal.SIGUSR2`` -> ``signal.SIGUSR2``."""
+    if isinstance(sig, signal.Signals):
+        return sig
+    if isinstance(sig, int) and not isinstance(sig, bool):
+        try:
+            return signal.Signals(sig)
+        except ValueError:
+            raise ValueError(f"{sig} is not a signal number on this system") from None
+    if isinstance(sig, str):
+        name = sig.strip().upper()
+        name = name if name.startswith("SIG") else "SIG" + name
+        try:
+            return signal.Signals[name]
+        except KeyError:
+            raise ValueError(f"unknown signal {sig!r}; use a name like 'USR2' or 'TERM'") from None
+    raise TypeError(f"a signal is a name or a number, got {type(sig).__name__}")
+
+
+class StopSignals:
+    """Raise a stop flag on the given signals (default SIGUSR2 and SIGTERM).
+
+    SIGUSR2 by default rather than SIGUSR1, which NCCL may use. ``install()`` (or ``with``)
+    replaces the handlers; ``restore()`` puts the previous ones back. With ``chain=True`` a
+    previous *Python* handler is still called after the flag is set; ``SIG_DFL``/``SIG_IGN`` and
+    Python's default SIGINT handler (which raises KeyboardInterrupt) are not -- chaining them would
+    kill the process or abort the step, the very thing this class prevents.
+
+    ``received`` is the name of the first signal (``"SIGUSR2"``), ``received_at`` its epoch time,
+    ``count`` how many arrived. Install from the main thread (Python delivers signals there).
+    """
+
+    def __init__(
+        self,
+        signals: Iterable[str | int | signal.Signals] = ("USR2", "TERM"),
+        *,
+        chain: bool = True,
+    ) -> None:
+        self.signals = tuple(dict.fromkeys(signal_number(s) for s in signals))
+        if not self.signals:
+            raise ValueError("StopSignals needs at least one signal, e.g. ('USR2', 'TERM')")
+        for sig in self.signals:
+            if sig in (signal.SIGKILL, signal.SIGSTOP):
+                raise ValueError(f"{sig.name} cannot be caught; pick e.g. USR2 or TERM")
+        self.chain = chain
+        self.received: str | None = None
+        self.received_at: float | None = None
+        self.count = 0
+        self._previous: dict[signal.Signals, _Handler] = {}
+
+    @property
+    def requested(self) -> bool:
+        """True once a stop signal arrived (or :meth:`request` was called)."""
+        return self.received is not None
+
+    @property
+    def installed(self) -> bool:
+        return bool(self._previous)
+
+    def request(self, reason: str = "manual") -> None:
+        """Raise the flag without a signal (e.g. another rank asked to stop)."""
+        if self.received is None:
+            self.received, self.received_at = reason, time.time()
+        self.count += 1
+
+    def reset(self) -> None:
+        """Lower the flag again."""
+        self.received = self.received_at = None
+        self.count = 0
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        # Only assignments here: a signal can interrupt the main thread anywhere.
+        self.request(signal.Signals(signum).name)
+        previous = self._previous.get(signal.Signals(signum))
+        if self.chain and callable(previous) and previous is not signal.default_int_handler:
+            previous(signum, frame)
+
+    def install(self) -> StopSignals:
+        """Install the handlers (idempotent); returns self."""
+        if self._previous:
+            return self
+        if threading.current_thread() is not threading.main_thread():
+            raise RuntimeError(
+                "StopSignals.install() must run in the main thread (Python only lets the main "
+                "thread set signal handlers); create it before starting worker threads"
+            )
+        try:
+            for sig in self.signals:
+                self._previous[sig] = signal.getsignal(sig)
+                signal.signal(sig, self._handle)
+        except BaseException:
+            self.restore()
+            raise
+        log.debug("stop flag armed for %s", ", ".join(s.name for s in self.signals))
+        return self
+
+    def restore(self) -> None:
+        """Put back the handlers that were there before :meth:`install`."""
+        previous, self._previous = self._previous, {}
+        for sig, handler in previous.items():
+            # None means "installed from C": the closest Python can set back is the default.
+            signal.signal(sig, signal.SIG_DFL if handler is None else handler)
+
+    def wait(self, timeout: float | None = None, interval: float = 0.05) -> bool:
+        """Sleep until the flag is raised or ``timeout`` s pass; returns :attr:`requested`.
+
+        Polls instead of using an Event: setting an Event from a signal handler can deadlock
+        when the signal lands while the main thread holds the Event's lock.
+        """
+        end = None if timeout is None else time.monotonic() + timeout
+        while not self.requested and (end is None or time.monotonic() < end):
+            time.sleep(interval if end is None else max(0.0, min(interval, end - time.monotonic())))
+        return self.requested
+
+    def __enter__(self) -> StopSignals:
+        return self.install()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.restore()
+
+    def __repr__(self) -> str:
+        names = ",".join(s.name for s in self.signals)
+        return f"StopSignals({names}, received={self.received!r}, installed={self.installed})"

@@ -1,0 +1,156 @@
+"""The slurmclock command line, in-process (fake SLURM) and as a real subprocess."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+
+import slurmclock
+from slurmclock import CommandError
+from slurmclock.cli import main
+
+JOB = {"SLURM_JOB_ID": "42", "SLURM_RESTART_COUNT": "1", "PATH": os.environ.get("PATH", "")}
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str, **kw: Any) -> tuple[int, str, str]:
+    code = main(list(argv), **kw)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def squeue_in(fakes: Any, seconds: float) -> Any:
+    return fakes.Runner(squeue=lambda argv: f"{fakes.iso(_now() + seconds)} 1:00:00")
+
+
+def _now() -> float:
+    import time
+
+    return time.time()
+
+
+def test_status_json_for_scripts(capsys: pytest.CaptureFixture[str], fakes: Any) -> None:
+    code, out, _ = run(capsys, "status", "--json", env=JOB, runner=squeue_in(fakes, 600))
+    info = json.loads(out)
+    assert code == 0
+    assert info["job_id"] == "42" and info["restart_count"] == 1 and info["source"] == "squeue"
+    assert 590 < info["seconds_left"] <= 600
+    assert slurmclock.parse_time(info["deadline"]) == info["end_time"]
+    assert set(info) == {
+        "job_id",
+        "array_task",
+        "restart_count",
+        "deadline",
+        "end_time",
+        "seconds_left",
+        "source",
+    }
+
+
+def test_status_for_humans(capsys: pytest.CaptureFixture[str], fakes: Any) -> None:
+    env = {**JOB, "SLURM_ARRAY_JOB_ID": "40", "SLURM_ARRAY_TASK_ID": "2"}
+    code, out, _ = run(capsys, "status", env=env, runner=squeue_in(fakes, 600))
+    assert code == 0
+    lines = dict(line.split(":", 1) for line in out.splitlines())
+    assert lines["job"].strip() == "42 (array task 40_2)"
+    assert lines["source"].strip() == "squeue" and lines["restarts"].strip() == "1"
+    assert 590 <= int(lines["seconds left"]) <= 600
+
+
+def test_seconds_left_and_end_time(capsys: pytest.CaptureFixture[str], fakes: Any) -> None:
+    code, out, _ = run(capsys, "seconds-left", env=JOB, runner=squeue_in(fakes, 600))
+    assert code == 0 and 590 <= int(out) <= 600
+    code, out, _ = run(capsys, "end-time", "--epoch", "--end-time", "2030-03-17T17:46:40Z", env={})
+    assert (code, out) == (0, "1900000000\n")
+    code, out, _ = run(capsys, "end-time", "--end-time", "1900000000", env={})
+    assert code == 0 and slurmclock.parse_time(out.strip()) == 1_900_000_000
+
+
+def test_no_deadline_is_exit_1_with_a_reason(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run(capsys, "seconds-left", env={})
+    assert (code, out) == (1, "")
+    assert "no deadline (source: none)" in err
+    code, out, _ = run(capsys, "status", "--json", env={})
+    assert code == 0 and json.loads(out)["source"] == "none"
+
+
+def test_broken_slurm_warns_and_still_answers(
+    capsys: pytest.CaptureFixture[str], fakes: Any
+) -> None:
+    runner = fakes.Runner(squeue="garbage here", scontrol=CommandError(["x"], "timeout", "slow"))
+    code, out, err = run(capsys, "status", "--json", env=JOB, runner=runner)
+    assert code == 0 and json.loads(out)["source"] == "none"
+    assert "squeue" in err and "scontrol" in err  # one warning line each, on stderr
+
+
+def test_time_limit_and_job_id_options(capsys: pytest.CaptureFixture[str], fakes: Any) -> None:
+    code, out, _ = run(capsys, "seconds-left", "--time-limit", "1h", env={})
+    assert code == 0 and 3590 <= int(out) <= 3600
+    runner = squeue_in(fakes, 100)
+    code, out, _ = run(capsys, "status", "--json", "--job-id", "99", env={}, runner=runner)
+    assert json.loads(out)["job_id"] == "99"
+    assert runner.calls[0][-1] == "99"
+
+
+def test_requeue_exit_codes(capsys: pytest.CaptureFixture[str], fakes: Any) -> None:
+    code, out, _ = run(capsys, "requeue", env=JOB, runner=fakes.Runner(scontrol=""))
+    assert code == 0 and out.startswith("requeued job 42")
+    error = CommandError(["scontrol"], "failed", "x", returncode=1, stderr="presently disabled")
+    code, out, err = run(capsys, "requeue", env=JOB, runner=fakes.Runner(scontrol=error))
+    assert code == 1 and out == "" and "not requeueable" in err
+    code, _, err = run(capsys, "requeue", env={})
+    assert code == 1 and "not in a SLURM job" in err
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [[], ["frobnicate"], ["status", "--jsn"], ["seconds-left", "--timeout", "soon"]],
+)
+def test_usage_errors_exit_2(capsys: pytest.CaptureFixture[str], argv: list[str]) -> None:
+    with pytest.raises(SystemExit) as e:
+        main(argv, env={})
+    assert e.value.code == 2
+    assert "usage: slurmclock" in capsys.readouterr().err
+
+
+def test_bad_override_values_exit_2_with_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run(capsys, "status", "--end-time", "someday", env={})
+    assert code == 2 and out == ""
+    assert err.count("\n") == 1 and err.startswith("slurmclock: error: end_time:")
+    code, _, err = run(capsys, "seconds-left", "--time-limit", "a while", env={})
+    assert code == 2 and "time_limit: cannot read duration" in err
+
+
+def test_version(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as e:
+        main(["--version"])
+    assert e.value.code == 0
+    assert capsys.readouterr().out.strip() == f"slurmclock {slurmclock.__version__}"
+
+
+def test_python_dash_m_runs_the_cli() -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    env["PYRECOVER_END_TIME"] = str(int(_now()) + 1000)
+    out = subprocess.run(
+        [sys.executable, "-m", "slurmclock", "status", "--json"],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=True,
+        timeout=60,
+    )
+    info = json.loads(out.stdout)
+    assert info["source"] == "PYRECOVER_END_TIME" and 900 < info["seconds_left"] <= 1000
+    bad = subprocess.run(
+        [sys.executable, "-m", "slurmclock", "seconds-left"],
+        capture_output=True,
+        text=True,
+        env={**env, "PYRECOVER_END_TIME": "not a time"},
+        timeout=60,
+    )
+    assert bad.returncode == 1 and bad.stdout == ""
+    assert "ignoring PYRECOVER_END_TIME" in bad.stderr

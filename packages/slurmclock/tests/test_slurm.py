@@ -1,0 +1,290 @@
+"""Against a real SLURM (slurmctld + slurmd on 127.0.0.1, from tools/localslurm.py).
+
+All jobs are submitted at once when the module starts (the node has 8 CPUs); each test then
+waits for what its job wrote. Skipped where slurm-wlm is absent, unless PYRECOVER_REQUIRE_SLURM=1.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from slurmclock import CommandError, Deadline, SubprocessRunner, find_deadline
+
+pytestmark = pytest.mark.slurm
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+PY = sys.executable
+
+PRELUDE = f"""#!{PY}
+import json, os, sys, time
+from pathlib import Path
+
+OUT = Path(sys.argv[1])
+
+
+def write(name, data):
+    tmp = OUT / (name + ".tmp")
+    tmp.write_text(json.dumps(data))
+    os.replace(tmp, OUT / name)  # the test never reads half a file
+"""
+
+DEADLINE_PROBE = (
+    PRELUDE
+    + """
+import subprocess
+from slurmclock import DeadlineWatcher
+
+w = DeadlineWatcher(poll_interval=1.0)
+first = w.get()
+for _ in range(1000):
+    w.get()  # a thousand "steps" inside one poll interval
+polls = w.polls
+cli = subprocess.run([sys.executable, "-m", "slurmclock", "status", "--json"],
+                     capture_output=True, text=True, timeout=60)
+write("first.json", {"end": first.end, "source": first.source, "job": first.job_id,
+                     "polls": polls, "cli": cli.stdout, "cli_err": cli.stderr})
+end = time.monotonic() + 240
+while not (OUT / "go").exists() and time.monotonic() < end:
+    time.sleep(0.2)
+time.sleep(1.2)  # let the poll interval pass
+second = w.get()
+write("second.json", {"end": second.end, "source": second.source, "polls": w.polls})
+"""
+)
+
+SIGNAL_PROBE = (
+    PRELUDE
+    + """
+from slurmclock import StopSignals
+
+stop = StopSignals().install()
+write("ready.json", {"pid": os.getpid()})
+stop.wait(timeout=240)
+write("result.json", {"received": stop.received, "count": stop.count})
+"""
+)
+
+REQUEUE_PROBE = (
+    PRELUDE
+    + """
+from slurmclock import requeue, restart_count
+
+n = restart_count()
+if n == 0:
+    result = requeue()
+    write("first.json", {"ok": result.ok, "message": result.message,
+                         "env": os.environ.get("SLURM_RESTART_COUNT")})
+    if result.ok:
+        time.sleep(300)  # SLURM ends this run and starts the job again
+else:
+    write("second.json", {"restart_count": n, "env": os.environ.get("SLURM_RESTART_COUNT")})
+"""
+)
+
+
+def readme_forwarding_script(command: str) -> str:
+    """The README's bash pattern, verbatim but for the training command."""
+    text = README.read_text()
+    block = re.search(r"<!-- forward-signal -->\n```bash\n(.*?)```", text, flags=re.DOTALL)
+    assert block, "README lost its forward-signal block"
+    script = block.group(1)
+    assert 'srun python train.py "$@" &' in script
+    return script.replace("python train.py", command)
+
+
+class Job:
+    def __init__(self, cluster: Any, root: Path, name: str, script: str, args: Sequence[str]):
+        self.cluster, self.name = cluster, name
+        self.dir = root / name
+        self.dir.mkdir()
+        path = self.dir / "job"
+        path.write_text(script)
+        path.chmod(0o755)
+        self.log = self.dir / "slurm.log"
+        self.id = cluster.sbatch(
+            path,
+            *args,
+            "-o",
+            str(self.log),
+            "-J",
+            name,
+            script_args=[str(self.dir)],
+            env={"PYRECOVER_END_TIME": ""},
+            cwd=self.dir,
+        )
+
+    def wait(self, name: str, timeout: float = 200.0) -> dict[str, Any]:
+        path = self.dir / name
+        end = time.monotonic() + timeout
+        while not path.exists():
+            if time.monotonic() > end:
+                log = self.log.read_text() if self.log.exists() else "(no log)"
+                pytest.fail(
+                    f"job {self.name} ({self.id}) wrote no {name} in {timeout:.0f} s; "
+                    f"state {self.cluster.job(self.id).get('JobState')}; log:\n{log}"
+                )
+            time.sleep(0.3)
+        data: dict[str, Any] = json.loads(path.read_text())
+        return data
+
+    def end_time(self) -> float:
+        """scontrol's EndTime (local time), as epoch seconds."""
+        return datetime.fromisoformat(self.cluster.job(self.id)["EndTime"]).timestamp()
+
+
+@pytest.fixture(scope="module")
+def jobs(cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Job]:
+    root = tmp_path_factory.mktemp("jobs")
+    probe = root / "signal_probe.py"
+    probe.write_text(SIGNAL_PROBE)
+    specs: dict[str, tuple[str, list[str]]] = {
+        "deadline": (DEADLINE_PROBE, ["--time=3"]),
+        # W=45 s of a 60 s job: the warning comes 15-45 s after the start (30 s timer).
+        "batch_signal": (
+            readme_forwarding_script(f"{PY} {probe}"),
+            ["--time=1", "--signal=B:USR2@45"],
+        ),
+        "step_signal": (
+            f'#!/bin/bash\nsrun {PY} {probe} "$@"\n',
+            ["--time=1", "--signal=USR2@45"],
+        ),
+        "scancel_signal": (SIGNAL_PROBE, []),  # no --time: no limit
+        "requeue": (REQUEUE_PROBE, ["--time=5", "--requeue"]),
+        "norequeue": (REQUEUE_PROBE, ["--time=5", "--no-requeue"]),
+    }
+    return {name: Job(cluster, root, name, script, args) for name, (script, args) in specs.items()}
+
+
+def test_deadline_in_a_job_equals_scontrol_and_sees_an_extension(
+    cluster: Any, jobs: dict[str, Job]
+) -> None:
+    job = jobs["deadline"]
+    first = job.wait("first.json")
+    end = job.end_time()
+    assert first["end"] == end and first["source"] == "squeue" and first["job"] == job.id
+    assert first["polls"] == 1  # a thousand get() calls, one squeue
+    cli = json.loads(first["cli"])
+    assert cli["end_time"] == end and cli["source"] == "squeue" and cli["job_id"] == job.id, first
+
+    # From outside the job: squeue, and scontrol when squeue is missing, say the same.
+    runner = SubprocessRunner(env=cluster.env)
+    env = {"SLURM_JOB_ID": job.id}
+    assert find_deadline(env=env, runner=runner) == Deadline(end, "squeue", job.id)
+
+    def no_squeue(argv: Sequence[str], timeout: float) -> str:
+        if argv[0] == "squeue":
+            raise CommandError(argv, "missing", "squeue not found on PATH")
+        return runner(argv, timeout)
+
+    assert find_deadline(env=env, runner=no_squeue) == Deadline(end, "scontrol", job.id)
+
+    cluster.run(["scontrol", "update", f"JobId={job.id}", "TimeLimit=10"])
+    extended = job.end_time()
+    assert extended == end + 7 * 60
+    (job.dir / "go").touch()
+    second = job.wait("second.json")
+    assert second["end"] == extended and second["source"] == "squeue"
+    assert second["polls"] == 2
+
+
+def test_a_job_without_time_limit_has_no_deadline(cluster: Any, jobs: dict[str, Job]) -> None:
+    job = jobs["scancel_signal"]
+    job.wait("ready.json")
+    runner = SubprocessRunner(env=cluster.env)
+    assert find_deadline(env={"SLURM_JOB_ID": job.id}, runner=runner) == Deadline(
+        None, "squeue", job.id
+    )
+
+
+def test_scancel_batch_signal_reaches_the_python_flag(cluster: Any, jobs: dict[str, Job]) -> None:
+    job = jobs["scancel_signal"]
+    job.wait("ready.json")
+    cluster.run(["scancel", "--batch", "--signal=USR2", job.id])
+    assert job.wait("result.json") == {"received": "SIGUSR2", "count": 1}
+    assert cluster.wait_for(job.id, {"COMPLETED"}, timeout=60)["ExitCode"] == "0:0"
+
+
+def test_batch_signal_is_forwarded_to_the_srun_step_by_the_readme_pattern(
+    cluster: Any, jobs: dict[str, Job]
+) -> None:
+    job = jobs["batch_signal"]
+    assert job.wait("result.json")["received"] == "SIGUSR2", job.log.read_text()
+    # The step's exit status became the job's: the pattern does not turn success into failure.
+    assert cluster.wait_for(job.id, {"COMPLETED"}, timeout=60)["ExitCode"] == "0:0"
+
+
+def test_signal_without_b_reaches_every_step(cluster: Any, jobs: dict[str, Job]) -> None:
+    job = jobs["step_signal"]
+    assert job.wait("result.json")["received"] == "SIGUSR2", job.log.read_text()
+
+
+def test_requeue_brings_the_job_back_with_restart_count_1(
+    cluster: Any, jobs: dict[str, Job]
+) -> None:
+    job = jobs["requeue"]
+    first = job.wait("first.json")
+    assert first["ok"] and first["message"].startswith(f"requeued job {job.id} (restart 1)")
+    assert first["env"] in (None, "0")
+    second = job.wait("second.json")
+    assert second == {"restart_count": 1, "env": "1"}
+    info = cluster.wait_for(job.id, {"COMPLETED"}, timeout=60)
+    assert info["RestartCnt"] == "1"
+
+
+def test_requeue_of_a_no_requeue_job_says_why(jobs: dict[str, Job]) -> None:
+    first = jobs["norequeue"].wait("first.json")
+    assert not first["ok"]
+    assert "is not requeueable" in first["message"] and "#SBATCH --requeue" in first["message"]
+    assert not (jobs["norequeue"].dir / "second.json").exists()
+
+
+def test_the_helper_runs_a_second_cluster_beside_the_first(
+    cluster: Any, localslurm: Any, tmp_path: Path
+) -> None:
+    """Per-instance ports and state: a second cluster (CLI up/status/down) next to the session's."""
+    script = str(localslurm.__file__)
+    d = tmp_path / "second"
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [PY, script, *args, "--dir", str(d)], capture_output=True, text=True, timeout=180
+        )
+
+    up = cli("up", "--cpus", "2")
+    try:
+        assert up.returncode == 0, up.stderr
+        assert up.stdout.strip() == f"export SLURM_CONF={d / 'slurm.conf'}"
+        status = cli("status")
+        assert status.returncode == 0 and "idle" in status.stdout, status.stdout
+        assert cli("up").returncode == 1  # refuses to start twice in one directory
+        conf = (d / "slurm.conf").read_text()
+        assert conf != cluster.conf_path.read_text()
+        ports = {line for line in conf.splitlines() if line.startswith("Slurm") and "Port" in line}
+        own = {line for line in cluster.conf_path.read_text().splitlines() if line in ports}
+        assert len(ports) == 2 and not own
+    finally:
+        down = cli("down")
+    assert down.returncode == 0, down.stderr
+    assert cli("status").returncode == 1
+    assert not (d / "state").exists()
+
+
+def test_a_failed_start_shows_the_daemon_logs_and_leaves_nothing(
+    cluster: Any, localslurm: Any, tmp_path: Path
+) -> None:
+    bad = localslurm.LocalCluster(tmp_path / "bad", extra_conf={"SelectType": "select/nope"})
+    with pytest.raises(localslurm.SlurmError) as e:
+        bad.start()
+    assert "slurmctld exited" in str(e.value)
+    assert "Can't find plugin for select/nope" in str(e.value)  # the log's tail
+    assert not bad._procs and not (tmp_path / "bad" / "state").exists()
