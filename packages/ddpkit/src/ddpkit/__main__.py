@@ -1,0 +1,5 @@
+import sys
+
+from ddpkit.cli import main
+
+sys.exit(main())

@@ -1,0 +1,638 @@
+"""``init()``: join the job's process group (or not, for one process) and talk to the other ranks.
+
+A world of one needs no process group: every helper of :class:`Dist` then returns what the
+collective would have returned for one rank, so the same training script runs under
+``python``, ``torchrun`` and ``srun`` unchanged.
+"""
+
+from __future__ import annotations
+
+import builtins
+import contextlib
+import ctypes
+import gc
+import math
+import numbers
+import os
+import pickle
+import re
+import socket
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from datetime import timedelta
+from types import TracebackType
+from typing import Any, Literal, TypeVar, overload
+
+import torch
+import torch.distributed as tdist
+
+from ddpkit.env import DistInfo, detect
+from ddpkit.errors import DistConfigError, PeerError
+from ddpkit.health import Heartbeat, diagnose, heartbeat_interval
+
+T = TypeVar("T")
+ReduceOpName = Literal["mean", "sum", "max", "min"]
+
+TIMEOUT_ENV = "PYRECOVER_DIST_TIMEOUT"
+# SLURM sends SIGTERM, waits KillWait (30 s by default) and then SIGKILLs. A collective that waits
+# on a dead peer for the torch default of 10-30 min would burn the rest of the allocation; three
+# minutes still covers a slow first step, a long checkpoint write or a compile on another rank.
+DEFAULT_TIMEOUT_S = 180.0
+# Start-up is slower and more uneven than a step (imports from a shared filesystem, a node that
+# boots late): the rendezvous waits at least this long for every rank to arrive.
+MIN_RENDEZVOUS_TIMEOUT_S = 300.0
+BACKENDS = ("auto", "gloo", "nccl", "mpi", "ucc")
+# Errors that mean "the other side is gone or late", not "you passed a bad tensor".
+_COMM_FAILURE = re.compile(
+    r"timed out|timeout|connection|closed by peer|reset by peer|broken pipe|socket|"
+    r"NCCL (?:error|communicator)|watchdog|abort",
+    re.IGNORECASE,
+)
+
+
+@dataclass(kw_only=True, slots=True)
+class InitOptions:
+    """The arguments of :func:`init`, checked before anything touches the network."""
+
+    backend: str = "auto"
+    timeout: float | timedelta | None = None
+    rendezvous_timeout: float | timedelta | None = None
+    distributed: bool | None = None
+    device: str | torch.device | None = None
+    heartbeat: bool = True
+
+    def __post_init__(self) -> None:
+        if self.backend not in BACKENDS and ":" not in self.backend:
+            raise DistConfigError(
+                f"backend={self.backend!r} is unknown; use one of {', '.join(BACKENDS)} "
+                "(or torch's 'cpu:gloo,cuda:nccl' form)"
+            )
+        for name in ("timeout", "rendezvous_timeout"):
+            value = getattr(self, name)
+            if value is None:
+                continue
+            seconds = _seconds(value)
+            if not (math.isfinite(seconds) and seconds > 0):
+                raise DistConfigError(
+                    f"{name}={value!r} must be a positive number of seconds, e.g. 180"
+                )
+        if self.distributed not in (None, True, False):
+            raise DistConfigError(f"distributed={self.distributed!r} must be None, True or False")
+
+    def timeout_seconds(self, env: Mapping[str, str]) -> float:
+        """The argument, else ``PYRECOVER_DIST_TIMEOUT``, else 180 s."""
+        if self.timeout is not None:
+            return _seconds(self.timeout)
+        text = env.get(TIMEOUT_ENV, "").strip()
+        if not text:
+            return DEFAULT_TIMEOUT_S
+        try:
+            seconds = float(text)
+        except ValueError:
+            seconds = float("nan")
+        if not (math.isfinite(seconds) and seconds > 0):
+            raise DistConfigError(
+                f"{TIMEOUT_ENV}={text!r} must be a positive number of seconds, e.g. 180"
+            )
+        return seconds
+
+    def rendezvous_seconds(self, timeout_s: float) -> float:
+        """The argument, else the collective timeout but at least 300 s."""
+        if self.rendezvous_timeout is not None:
+            return _seconds(self.rendezvous_timeout)
+        return max(timeout_s, MIN_RENDEZVOUS_TIMEOUT_S)
+
+
+def _seconds(t: float | timedelta) -> float:
+    if isinstance(t, timedelta):
+        return t.total_seconds()
+    if isinstance(t, bool) or not isinstance(t, numbers.Real):
+        raise DistConfigError(f"timeout {t!r} must be seconds (a number) or a timedelta")
+    return float(t)
+
+
+def init(
+    backend: str = "auto",
+    timeout: float | timedelta | None = None,
+    distributed: bool | None = None,
+    device: str | torch.device | None = None,
+    env: Mapping[str, str] | None = None,
+    *,
+    rendezvous_timeout: float | timedelta | None = None,
+    heartbeat: bool = True,
+) -> Dist:
+    """Join the job: detect the launcher, pick the device, create the process group if needed.
+
+    Use it as a context manager (``with init() as dist:``) so the group is destroyed on exit,
+    also on exceptions; or keep the returned :class:`Dist` and call :meth:`Dist.close`.
+
+    ``distributed``: None creates a process group only when world size > 1; True demands a
+    launcher (torchrun or srun) and always creates one; False refuses a multi-process launch.
+    ``timeout`` (seconds or timedelta; default ``PYRECOVER_DIST_TIMEOUT`` or 180 s) bounds every
+    collective: a dead or stuck peer makes the others raise :class:`PeerError` instead of hanging.
+    ``rendezvous_timeout`` bounds the wait for every rank to start (default: ``timeout``, but at
+    least 300 s, since imports from a shared filesystem can be slow and uneven).
+    ``env`` replaces ``os.environ`` for detection (tests, dry runs). ``heartbeat`` lets a failed
+    collective name the rank that stopped answering.
+    All configuration errors raise :class:`DistConfigError` before any network wait.
+    """
+    opts = InitOptions(
+        backend=backend,
+        timeout=timeout,
+        rendezvous_timeout=rendezvous_timeout,
+        distributed=distributed,
+        device=device,
+        heartbeat=heartbeat,
+    )
+    environ: Mapping[str, str] = os.environ if env is None else env
+    info = detect(environ)
+    timeout_s = opts.timeout_seconds(environ)
+    if opts.distributed is True and info.launcher == "single":
+        raise DistConfigError(
+            "--distributed needs torchrun or srun: found neither RANK/WORLD_SIZE (torchrun) nor "
+            "SLURM_PROCID inside an srun step; launch with `torchrun --nproc-per-node=N "
+            "script.py` or `srun -n N python script.py`"
+        )
+    if opts.distributed is False and info.is_distributed:
+        raise DistConfigError(
+            f"distributed=False, but {info.launcher} started {info.world_size} processes (this is "
+            f"rank {info.rank}); launch a single process or drop distributed=False"
+        )
+    dev = pick_device(opts.device, info)
+    if dev.type == "cuda":
+        torch.cuda.set_device(dev)
+    if tdist.is_available() and tdist.is_initialized():
+        # Someone (a framework, an outer init()) owns the group: use it, never destroy it.
+        return Dist(info, dev, backend=str(tdist.get_backend()), timeout_s=timeout_s, owned=False)
+    want = info.is_distributed if opts.distributed is None else opts.distributed
+    if not want:
+        return Dist(info, dev, backend=None, timeout_s=timeout_s, owned=False)
+    chosen = pick_backend(opts.backend, dev)
+    _check_resolvable(info)
+    rdzv_s = opts.rendezvous_seconds(timeout_s)
+    return _join(info, dev, chosen, timeout_s, rdzv_s, heartbeat=opts.heartbeat)
+
+
+def pick_device(requested: str | torch.device | None, info: DistInfo) -> torch.device:
+    """cuda:LOCAL_RANK when CUDA is there (cuda:0 when each task sees one GPU), else cpu."""
+    if requested is None:
+        if not torch.cuda.is_available():
+            return torch.device("cpu")
+        return torch.device("cuda", _cuda_index(info, torch.cuda.device_count()))
+    try:
+        dev = torch.device(requested)
+    except (RuntimeError, TypeError) as e:
+        raise DistConfigError(f"device={requested!r} is not a torch device ({e})") from None
+    if dev.type != "cuda":
+        return dev
+    if not torch.cuda.is_available():
+        raise DistConfigError(
+            f"device={requested!r} but CUDA is not available here; use device='cpu' or leave "
+            "device unset"
+        )
+    count = torch.cuda.device_count()
+    if dev.index is None:
+        return torch.device("cuda", _cuda_index(info, count))
+    if dev.index >= count:
+        raise DistConfigError(f"device={requested!r} but only {count} GPU(s) are visible")
+    return dev
+
+
+def _cuda_index(info: DistInfo, count: int) -> int:
+    """The GPU of this local rank among the ``count`` visible ones."""
+    if info.local_rank < count:
+        return info.local_rank
+    if count == 1 and info.launcher == "srun":
+        # srun --gpus-per-task=1 / --gpu-bind=single:1 shows each task only its own GPU.
+        return 0
+    name = "SLURM_LOCALID" if info.launcher == "srun" else "LOCAL_RANK"
+    raise DistConfigError(
+        f"{name}={info.local_rank} but only {count} GPU(s) are visible to this process; start at "
+        f"most {count} process(es) per node, give each task its own GPU (srun "
+        "--gpus-per-task=1), or pass device='cpu' to use gloo on the CPU"
+    )
+
+
+def pick_backend(requested: str, device: torch.device) -> str:
+    """nccl with a CUDA device, gloo otherwise; a forced backend is checked against the build."""
+    if requested == "auto":
+        requested = "nccl" if device.type == "cuda" else "gloo"
+    if requested == "nccl" and device.type != "cuda":
+        raise DistConfigError(
+            f"backend='nccl' needs a CUDA device, but the device is {device}; use backend='gloo' "
+            "or 'auto'"
+        )
+    available = {
+        "gloo": tdist.is_available() and tdist.is_gloo_available(),
+        "nccl": tdist.is_available() and tdist.is_nccl_available(),
+        "mpi": tdist.is_available() and tdist.is_mpi_available(),
+    }
+    if not available.get(requested, tdist.is_available()):
+        raise DistConfigError(
+            f"backend={requested!r} is not built into this torch ({torch.__version__}); "
+            "use backend='auto'"
+        )
+    return requested
+
+
+def _check_resolvable(info: DistInfo) -> None:
+    try:
+        socket.getaddrinfo(info.master_addr, info.master_port, type=socket.SOCK_STREAM)
+    except (OSError, UnicodeError) as e:
+        raise DistConfigError(
+            f"master address {info.master_addr!r} ({info.master_source}) does not resolve "
+            f"({e}); export MASTER_ADDR=<rank 0's host name or IP>"
+        ) from None
+
+
+def _join(
+    info: DistInfo,
+    dev: torch.device,
+    backend: str,
+    timeout_s: float,
+    rdzv_s: float,
+    *,
+    heartbeat: bool,
+) -> Dist:
+    saved = {k: os.environ.get(k) for k in ("MASTER_ADDR", "MASTER_PORT")}
+    # env:// rendezvous reads these; torchrun's agent-store handling lives there too.
+    os.environ["MASTER_ADDR"] = info.master_addr
+    os.environ["MASTER_PORT"] = str(info.master_port)
+    timeout = timedelta(seconds=timeout_s)
+    try:
+        try:
+            rendezvous = tdist.rendezvous(
+                "env://",
+                rank=info.rank,
+                world_size=info.world_size,
+                timeout=timedelta(seconds=rdzv_s),
+            )
+            store, _, _ = next(rendezvous)
+            store.set_timeout(timeout)  # everyone is here: from now on, waits are collectives
+        except (RuntimeError, ValueError) as e:
+            raise PeerError(
+                f"[rank {info.rank}/{info.world_size}] could not rendezvous at "
+                f"{info.master_addr}:{info.master_port} ({info.master_source}) within "
+                f"{rdzv_s:g} s: {_first_line(e)}. If the port is in use, export another "
+                "MASTER_PORT; if rank 0 never started, read its log"
+            ) from e
+        kwargs: dict[str, Any] = {}
+        if backend == "nccl":
+            kwargs["device_id"] = dev  # binds the communicator to this GPU up front
+        tdist.init_process_group(
+            backend,
+            store=store,
+            rank=info.rank,
+            world_size=info.world_size,
+            timeout=timeout,
+            **kwargs,
+        )
+        beat = (
+            Heartbeat(store, info.rank, heartbeat_interval(timeout_s)).start()
+            if heartbeat
+            else None
+        )
+    except BaseException:
+        _restore_env(saved)
+        if tdist.is_initialized():
+            tdist.destroy_process_group()
+        raise
+    return Dist(
+        info,
+        dev,
+        backend=backend,
+        timeout_s=timeout_s,
+        owned=True,
+        store=store,
+        heartbeat=beat,
+        saved_env=saved,
+    )
+
+
+def _restore_env(saved: Mapping[str, str | None]) -> None:
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+
+
+def _to_tensor(payload: bytes, device: torch.device) -> torch.Tensor:
+    if not payload:
+        return torch.zeros(0, dtype=torch.uint8, device=device)
+    return torch.frombuffer(bytearray(payload), dtype=torch.uint8).to(device)
+
+
+def _to_bytes(t: torch.Tensor, n: int) -> bytes:
+    """The first ``n`` bytes of a uint8 tensor, without numpy (tensor.numpy() needs it)."""
+    cpu = t[:n].contiguous().cpu()
+    return ctypes.string_at(cpu.data_ptr(), n) if n else b""
+
+
+def _first_line(e: BaseException) -> str:
+    lines = [line for line in str(e).strip().splitlines() if line.strip()]
+    return lines[0] if lines else type(e).__name__
+
+
+class Dist:
+    """This process's view of the job: identity, device, and collectives that never hang.
+
+    Made by :func:`init`. Without a process group (one process) every collective is a local
+    no-op returning the one-rank answer. A collective that fails because a peer died or stalled
+    raises :class:`PeerError` naming this rank and, when the heartbeats can tell, the silent ones.
+    """
+
+    def __init__(
+        self,
+        info: DistInfo,
+        device: torch.device,
+        *,
+        backend: str | None,
+        timeout_s: float,
+        owned: bool,
+        store: Any = None,
+        heartbeat: Heartbeat | None = None,
+        saved_env: Mapping[str, str | None] | None = None,
+    ) -> None:
+        self.info = info
+        self.device = device
+        self.backend = backend
+        self.timeout_s = timeout_s
+        self._owned = owned
+        self._store = store
+        self._heartbeat = heartbeat
+        self._saved_env = dict(saved_env or {})
+        self._closed = False
+        # A process group we adopted may disagree with the variables (e.g. a sub-launcher).
+        self.rank = tdist.get_rank() if backend is not None else info.rank
+        self.world_size = tdist.get_world_size() if backend is not None else 1
+        # NCCL reduces GPU memory only; gloo is fastest (and always supported) on CPU tensors.
+        self._comm_device = device if backend == "nccl" else torch.device("cpu")
+        self._flag = torch.zeros(1, dtype=torch.int32, device=self._comm_device)
+
+    # -- identity --------------------------------------------------------------------------
+
+    @property
+    def local_rank(self) -> int:
+        return self.info.local_rank
+
+    @property
+    def local_world_size(self) -> int:
+        return self.info.local_world_size
+
+    @property
+    def node_rank(self) -> int:
+        return self.info.node_rank
+
+    @property
+    def is_main(self) -> bool:
+        """True on global rank 0 (the one that prints, logs and writes single-file checkpoints)."""
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        """True when a process group exists (even of one process, with distributed=True)."""
+        return self.backend is not None
+
+    def __repr__(self) -> str:
+        return (
+            f"Dist(rank={self.rank}, world_size={self.world_size}, local_rank={self.local_rank}, "
+            f"device={self.device}, backend={self.backend}, launcher={self.info.launcher})"
+        )
+
+    # -- life cycle ------------------------------------------------------------------------
+
+    def __enter__(self) -> Dist:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Stop the heartbeat and destroy the process group this object created. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._heartbeat is not None:
+            self._heartbeat.stop()
+        if self._owned and tdist.is_initialized():
+            # A DDP model lives in reference cycles that hold the group. Left to the collector
+            # at interpreter exit, it tears gloo down mid-finalization and sometimes aborts the
+            # process ("terminate called without an active exception", ~1 run in 10 here).
+            gc.collect()
+            tdist.destroy_process_group()
+        _restore_env(self._saved_env)
+
+    # -- collectives -----------------------------------------------------------------------
+
+    def _comm(self, op: str, fn: Callable[[], T]) -> T:
+        start = time.monotonic()
+        try:
+            return fn()
+        except RuntimeError as e:
+            if not (isinstance(e, tdist.DistError) or _COMM_FAILURE.search(str(e))):
+                raise  # a programming error (wrong dtype, device), not a peer problem
+            raise self._peer_error(op, e, time.monotonic() - start) from e
+
+    def _peer_error(self, op: str, e: BaseException, elapsed: float) -> PeerError:
+        why = "(no heartbeats to tell which rank failed)"
+        if self._store is not None and self._heartbeat is not None:
+            why = diagnose(
+                self._store,
+                self.world_size,
+                self.rank,
+                heartbeat_interval(self.timeout_s),
+            )
+        return PeerError(
+            f"[rank {self.rank}/{self.world_size} on {socket.gethostname()}] {op} failed after "
+            f"{elapsed:.1f} s (timeout {self.timeout_s:g} s): {why}. Backend said: "
+            f"{_first_line(e)}"
+        )
+
+    def barrier(self) -> None:
+        """Wait for every rank (bounded by the timeout)."""
+        if not self.distributed:
+            return
+        if self.backend == "nccl":
+            self._comm("barrier", lambda: tdist.barrier(device_ids=[self.device.index or 0]))
+        else:
+            self._comm("barrier", tdist.barrier)
+
+    @overload
+    def all_reduce(self, x: torch.Tensor, op: ReduceOpName = "mean") -> torch.Tensor: ...
+    @overload
+    def all_reduce(self, x: int, op: Literal["sum", "max", "min"]) -> int: ...
+    @overload
+    def all_reduce(self, x: float, op: ReduceOpName = "mean") -> float: ...
+    @overload
+    def all_reduce(self, x: Mapping[str, float], op: ReduceOpName = "mean") -> dict[str, float]: ...
+
+    def all_reduce(self, x: Any, op: ReduceOpName = "mean") -> Any:
+        """Reduce across ranks: a float/int (returned; the mean of ints is a float), a tensor
+        (reduced in place and returned; mean needs a floating dtype), or a dict of numbers
+        (one collective for all values; floats back), e.g. a step's metrics.
+        """
+        if op not in ("mean", "sum", "max", "min"):
+            raise ValueError(f"op={op!r} is unknown; use 'mean', 'sum', 'max' or 'min'")
+        if isinstance(x, torch.Tensor):
+            return self._reduce_tensor(x, op)
+        if isinstance(x, Mapping):
+            keys = list(x)
+            bad = [k for k in keys if not isinstance(x[k], numbers.Real)]
+            if bad:
+                raise TypeError(f"all_reduce of a dict needs numbers; {bad[0]!r} is {x[bad[0]]!r}")
+            t = torch.tensor(
+                [float(x[k]) for k in keys], dtype=torch.float64, device=self._comm_device
+            )
+            vals = self._reduce_tensor(t, op).tolist() if keys else []
+            return dict(zip(keys, vals, strict=True))
+        if isinstance(x, numbers.Integral):
+            t = torch.tensor([int(x)], dtype=torch.int64, device=self._comm_device)
+            if op == "mean":
+                return float(self._reduce_tensor(t.double(), op).item())
+            return int(self._reduce_tensor(t, op).item())
+        if isinstance(x, numbers.Real):
+            t = torch.tensor([float(x)], dtype=torch.float64, device=self._comm_device)
+            return float(self._reduce_tensor(t, op).item())
+        raise TypeError(
+            f"all_reduce takes a float, int, tensor or dict of numbers, not {type(x).__name__}"
+        )
+
+    def _reduce_tensor(self, t: torch.Tensor, op: ReduceOpName) -> torch.Tensor:
+        if op == "mean" and not (t.is_floating_point() or t.is_complex()):
+            raise TypeError(
+                f"all_reduce(op='mean') of a {t.dtype} tensor would truncate; convert it to float "
+                "first or use op='sum'"
+            )
+        if not self.distributed:
+            return t
+        red = {"mean": tdist.ReduceOp.SUM, "sum": tdist.ReduceOp.SUM}.get(
+            op, tdist.ReduceOp.MAX if op == "max" else tdist.ReduceOp.MIN
+        )
+        # NCCL only reduces GPU memory: reduce a copy and write the result back.
+        work = t if (self.backend != "nccl" or t.is_cuda) else t.to(self.device)
+        self._comm(f"all_reduce({op})", lambda: tdist.all_reduce(work, op=red))
+        if op == "mean":
+            work.div_(self.world_size)
+        if work is not t:
+            t.copy_(work)
+        return t
+
+    def any_rank(self, flag: bool) -> bool:
+        """True on every rank when ``flag`` is true on at least one (one tiny MAX all-reduce).
+
+        The cross-rank stop agreement: call it every step with "my clock says stop" and all
+        ranks stop at the same step. Its cost is measured by ``python -m ddpkit.bench_any_rank``.
+        """
+        if not self.distributed:
+            return bool(flag)
+        self._flag.fill_(1 if flag else 0)
+        self._comm("any_rank", lambda: tdist.all_reduce(self._flag, op=tdist.ReduceOp.MAX))
+        return bool(self._flag.item())
+
+    def all_ranks(self, flag: bool) -> bool:
+        """True on every rank when ``flag`` is true on all of them (one tiny MIN all-reduce)."""
+        if not self.distributed:
+            return bool(flag)
+        self._flag.fill_(1 if flag else 0)
+        self._comm("all_ranks", lambda: tdist.all_reduce(self._flag, op=tdist.ReduceOp.MIN))
+        return bool(self._flag.item())
+
+    def all_gather_object(self, obj: T) -> list[T]:
+        """Every rank's ``obj`` (picklable), in rank order, on every rank.
+
+        Objects travel as pickles, like torch's own object collectives: exchange them only
+        between the ranks of your own job.
+        """
+        if not self.distributed:
+            return [obj]
+        # Not torch's all_gather_object: it needs numpy, which torch (and ddpkit) do not require.
+        return self._comm("all_gather_object", lambda: self._gather_pickles(obj))
+
+    def _gather_pickles(self, obj: Any) -> list[Any]:
+        local = _to_tensor(pickle.dumps(obj), self._comm_device)
+        size = torch.tensor([local.numel()], dtype=torch.int64, device=self._comm_device)
+        sizes = [torch.zeros_like(size) for _ in range(self.world_size)]
+        tdist.all_gather(sizes, size)
+        lengths = [int(n.item()) for n in sizes]
+        longest = max(lengths)
+        padded = torch.zeros(longest, dtype=torch.uint8, device=self._comm_device)
+        padded[: local.numel()] = local
+        bufs = [torch.empty_like(padded) for _ in range(self.world_size)]
+        tdist.all_gather(bufs, padded)
+        return [pickle.loads(_to_bytes(b, n)) for b, n in zip(bufs, lengths, strict=True)]
+
+    def broadcast_object(self, obj: T, src: int = 0) -> T:
+        """Rank ``src``'s ``obj`` (picklable) on every rank; other ranks' ``obj`` is ignored."""
+        if not 0 <= src < self.world_size:
+            raise ValueError(f"src={src} is not a rank; it must be in 0..{self.world_size - 1}")
+        if not self.distributed:
+            return obj
+        return self._comm("broadcast_object", lambda: self._broadcast_pickle(obj, src))
+
+    def _broadcast_pickle(self, obj: Any, src: int) -> Any:
+        mine = self.rank == src
+        data = _to_tensor(pickle.dumps(obj), self._comm_device) if mine else None
+        size = torch.tensor([data.numel() if data is not None else 0], device=self._comm_device)
+        tdist.broadcast(size, src=src)
+        if data is None:
+            data = torch.empty(int(size.item()), dtype=torch.uint8, device=self._comm_device)
+        tdist.broadcast(data, src=src)
+        return obj if mine else pickle.loads(_to_bytes(data, data.numel()))
+
+    # -- uneven inputs ---------------------------------------------------------------------
+
+    def join(
+        self, *joinables: Any, throw_on_early_termination: bool = False
+    ) -> contextlib.AbstractContextManager[Any]:
+        """``torch.distributed.algorithms.Join`` over DDP models / ZeroRedundancyOptimizers.
+
+        Ranks that run out of batches early keep shadowing DDP's gradient all-reduces, so the
+        others finish their extra batches instead of hanging. It covers only the joinables'
+        own collectives: a ``dist.all_reduce`` of your own inside the loop would still wait on
+        the finished rank -- use :meth:`even` for loops like that. A no-op for a single rank.
+        """
+        if not self.distributed or self.world_size == 1:
+            return contextlib.nullcontext()  # wrap_ddp returned the bare model: nothing to join
+        from torch.distributed.algorithms import Join, Joinable
+
+        wrong = [type(j).__name__ for j in joinables if not isinstance(j, Joinable)]
+        if wrong or not joinables:
+            raise TypeError(
+                "join() needs Joinables (a DistributedDataParallel model from wrap_ddp, a "
+                f"ZeroRedundancyOptimizer); got {wrong or 'nothing'}"
+            )
+        return Join(list(joinables), throw_on_early_termination=throw_on_early_termination)
+
+    def even(self, iterable: Iterable[T]) -> Iterator[T]:
+        """Yield items while every rank still has one; all ranks stop at the same step.
+
+        The tail of the longer ranks is dropped (like ``DistributedSampler(drop_last=True)``).
+        Costs one :meth:`any_rank` per item and works with any collectives in the loop body.
+        """
+        it = iter(iterable)
+        while True:
+            try:
+                item = next(it)
+                exhausted = False
+            except StopIteration:
+                exhausted = True
+            if self.any_rank(exhausted):
+                return
+            yield item
+
+    # -- output ----------------------------------------------------------------------------
+
+    def print(self, *args: object, all_ranks: bool = False, **kwargs: Any) -> None:
+        """``print`` on rank 0 only (flushed); ``all_ranks=True`` prefixes ``[rank N]`` instead."""
+        kwargs.setdefault("flush", True)
+        if all_ranks:
+            builtins.print(f"[rank {self.rank}]", *args, **kwargs)
+        elif self.is_main:
+            builtins.print(*args, **kwargs)

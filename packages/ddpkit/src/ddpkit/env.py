@@ -1,0 +1,341 @@
+"""Who am I in the job? ``detect()`` reads the launcher's variables into an immutable DistInfo.
+
+Precedence (first match wins):
+
+1. **torchrun** -- ``RANK`` and ``WORLD_SIZE`` are set (torchrun also sets ``LOCAL_RANK``,
+   ``LOCAL_WORLD_SIZE``, ``GROUP_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``, ``TORCHELASTIC_RUN_ID``).
+   They win over SLURM's, so ``srun torchrun ...`` (one torchrun per node) is torchrun.
+2. **srun** -- ``SLURM_PROCID`` is set *and* ``SLURM_STEP_ID`` names a regular job step. The batch
+   script of ``sbatch -n 4`` also carries ``SLURM_PROCID=0`` and ``SLURM_NTASKS=4``, but it is one
+   shell, not four tasks: without ``SLURM_STEP_ID`` (or with the batch/extern/interactive step ids)
+   it is a single process, so ``python train.py`` straight in a batch script never waits for three
+   peers that will not come.
+3. **single** -- anything else: one process, world size 1, no process group needed.
+
+Step values win over job values (``SLURM_STEP_NUM_TASKS`` over ``SLURM_NTASKS``,
+``SLURM_STEP_NODELIST`` over ``SLURM_NODELIST`` over ``SLURM_JOB_NODELIST``), because
+``srun -n 2`` inside ``sbatch -n 8`` runs a two-task step.
+
+Master address: ``MASTER_ADDR`` when set, else the first host of the step's node list (parsed
+here, no ``scontrol``). Master port: ``MASTER_PORT`` when set, else derived from the job id (and
+step id) by :func:`master_port_for_job`, so two jobs sharing a node do not collide.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import zlib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Literal
+
+from ddpkit.errors import DistConfigError
+from ddpkit.hostlist import first_host, parse_tasks_per_node
+
+Launcher = Literal["torchrun", "srun", "single"]
+
+TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK")
+# Derived ports stay below Linux's ephemeral range (32768-60999): an outgoing connection can never
+# be sitting on them, and they need no privileges.
+PORT_BASE = 20000
+PORT_SPAN = 10000
+DEFAULT_PORT = 29500  # torch's own default, for a single process that never listens anyway
+# SLURM's special step ids (slurm.h): pending, batch script, extern container, interactive step.
+_SPECIAL_STEP_IDS = {"batch", "extern", "interactive", "pending", "tbd"}
+_SPECIAL_STEP_MIN = 0xFFFFFFF0
+
+# Which variable each field came from, per launcher: error messages name the variable to fix.
+_VAR_NAMES: dict[str, dict[str, str]] = {
+    "torchrun": {
+        "rank": "RANK",
+        "world_size": "WORLD_SIZE",
+        "local_rank": "LOCAL_RANK",
+        "local_world_size": "LOCAL_WORLD_SIZE",
+        "node_rank": "GROUP_RANK",
+    },
+    "srun": {
+        "rank": "SLURM_PROCID",
+        "world_size": "SLURM_STEP_NUM_TASKS/SLURM_NTASKS",
+        "local_rank": "SLURM_LOCALID",
+        "local_world_size": "SLURM_STEP_TASKS_PER_NODE/SLURM_TASKS_PER_NODE",
+        "node_rank": "SLURM_NODEID",
+        "num_nodes": "SLURM_STEP_NUM_NODES/SLURM_NNODES",
+    },
+}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DistInfo:
+    """Where this process stands in the job. Immutable; build it with :func:`detect`."""
+
+    launcher: Launcher
+    rank: int = 0
+    local_rank: int = 0
+    world_size: int = 1
+    local_world_size: int = 1
+    node_rank: int = 0
+    num_nodes: int = 1
+    master_addr: str = "127.0.0.1"
+    master_port: int = DEFAULT_PORT
+    job_id: str | None = None
+    # Where master_addr / master_port came from ("MASTER_ADDR", "SLURM_STEP_NODELIST", ...).
+    master_source: str = field(default="default", compare=False)
+
+    def __post_init__(self) -> None:
+        names = _VAR_NAMES.get(self.launcher, {})
+
+        def var(f: str) -> str:
+            return names.get(f, f)
+
+        if self.launcher not in ("torchrun", "srun", "single"):
+            raise DistConfigError(
+                f"launcher must be 'torchrun', 'srun' or 'single', got {self.launcher!r}"
+            )
+        for f in ("rank", "local_rank", "node_rank"):
+            if getattr(self, f) < 0:
+                raise DistConfigError(f"{var(f)}={getattr(self, f)} is negative; it must be >= 0")
+        for f in ("world_size", "local_world_size", "num_nodes"):
+            if getattr(self, f) < 1:
+                raise DistConfigError(f"{var(f)}={getattr(self, f)} must be >= 1")
+        pairs = (
+            ("rank", "world_size"),
+            ("local_rank", "local_world_size"),
+            ("node_rank", "num_nodes"),
+        )
+        for lo, hi in pairs:
+            if getattr(self, lo) >= getattr(self, hi):
+                raise DistConfigError(
+                    f"{var(lo)}={getattr(self, lo)} must be < {var(hi)}={getattr(self, hi)}; "
+                    "the launcher's variables disagree (a stale export in your shell or sbatch "
+                    "script?)"
+                )
+        if self.local_world_size > self.world_size:
+            raise DistConfigError(
+                f"{var('local_world_size')}={self.local_world_size} exceeds "
+                f"{var('world_size')}={self.world_size}; the launcher's variables disagree"
+            )
+        if not 1 <= self.master_port <= 65535:
+            raise DistConfigError(
+                f"master port {self.master_port} (from {self.master_source}) is out of range; "
+                "set MASTER_PORT to a free port in 1024-65535"
+            )
+        if not self.master_addr:
+            raise DistConfigError("master address is empty; set MASTER_ADDR to rank 0's host")
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def is_distributed(self) -> bool:
+        """More than one process: a process group is needed."""
+        return self.world_size > 1
+
+
+def master_port_for_job(job_id: str | int, step_id: str | int | None = None) -> int:
+    """A stable port for a job (and step), in ``[20000, 30000)``.
+
+    Numeric ids map by remainder, so consecutive jobs sharing a node never collide (ids 10000
+    apart would); other ids are hashed (crc32). The step id shifts the port so two concurrent
+    ``srun`` steps of one job do not collide either; step 0 (or None) gives the job's own port.
+    """
+    text = str(job_id).strip()
+    if not text:
+        raise DistConfigError("job id is empty; cannot derive a master port (set MASTER_PORT)")
+    base = int(text) if text.isdigit() else zlib.crc32(text.encode())
+    step = str(step_id).strip() if step_id is not None else "0"
+    offset = int(step) if step.isdigit() else zlib.crc32(step.encode())
+    return PORT_BASE + (base + 97 * offset) % PORT_SPAN
+
+
+def detect(env: Mapping[str, str] | None = None) -> DistInfo:
+    """Read the launcher's variables (``os.environ`` by default) into a :class:`DistInfo`.
+
+    Pure: no network, no subprocess. Raises :class:`DistConfigError` (a ValueError) with one line
+    naming the variable when they are malformed or inconsistent.
+    """
+    env = os.environ if env is None else env
+    job_id = _get(env, "SLURM_JOB_ID", "SLURM_JOBID")
+    if any(_get(env, name) is not None for name in ("RANK", "WORLD_SIZE")):
+        return _from_torchrun(env, job_id)
+    if _get(env, "SLURM_PROCID") is not None and _is_task_step(env):
+        return _from_srun(env, job_id)
+    return _with_master(DistInfo(launcher="single", job_id=job_id), env, None)
+
+
+def _get(env: Mapping[str, str], *names: str) -> str | None:
+    """The first of ``names`` that is set to something non-blank."""
+    for name in names:
+        value = env.get(name)
+        if value is not None and value.strip():
+            return value.strip()
+    return None
+
+
+def _int(env: Mapping[str, str], *names: str, default: int | None = None) -> int:
+    for name in names:
+        value = _get(env, name)
+        if value is None:
+            continue
+        if not re.fullmatch(r"[+-]?\d+", value):
+            raise DistConfigError(f"{name}={value!r} is not an integer; fix or unset it")
+        return int(value)
+    if default is None:
+        raise DistConfigError(f"{' / '.join(names)} is not set")
+    return default
+
+
+def _is_task_step(env: Mapping[str, str]) -> bool:
+    """True inside a task launched by srun; False in a batch shell, salloc shell or extern step."""
+    step = _get(env, "SLURM_STEP_ID", "SLURM_STEPID")
+    if step is None:
+        return False
+    if step.lower() in _SPECIAL_STEP_IDS:
+        return False
+    return not (step.isdigit() and int(step) >= _SPECIAL_STEP_MIN)
+
+
+def _from_torchrun(env: Mapping[str, str], job_id: str | None) -> DistInfo:
+    missing = [name for name in ("RANK", "WORLD_SIZE") if _get(env, name) is None]
+    if missing:
+        raise DistConfigError(
+            f"{missing[0]} is not set but {'RANK' if missing[0] == 'WORLD_SIZE' else 'WORLD_SIZE'}"
+            " is: set both (torchrun sets them) or unset both"
+        )
+    rank = _int(env, "RANK")
+    world_size = _int(env, "WORLD_SIZE")
+    if world_size > 1 and _get(env, "LOCAL_RANK") is None:
+        # rank % gpus_per_node guesses wrong on uneven nodes; refuse to guess.
+        raise DistConfigError(
+            "LOCAL_RANK is not set while WORLD_SIZE > 1; launch with torchrun (which sets it) "
+            "or export LOCAL_RANK and LOCAL_WORLD_SIZE yourself"
+        )
+    if world_size > 1 and _get(env, "LOCAL_WORLD_SIZE") is None:
+        raise DistConfigError(
+            "LOCAL_WORLD_SIZE is not set while WORLD_SIZE > 1; launch with torchrun (which sets "
+            "it) or export it (the number of processes on this node)"
+        )
+    local_rank = _int(env, "LOCAL_RANK", default=0)
+    local_world_size = _int(env, "LOCAL_WORLD_SIZE", default=1)
+    node_default = rank // local_world_size if local_world_size > 0 else 0
+    node_rank = _int(env, "GROUP_RANK", default=node_default)
+    nodes_default = max(-(-world_size // max(local_world_size, 1)), node_rank + 1, 1)
+    num_nodes = _int(env, "GROUP_WORLD_SIZE", default=nodes_default)
+    # Identity first: a RANK >= WORLD_SIZE is the error to report, not a missing MASTER_ADDR.
+    info = DistInfo(
+        launcher="torchrun",
+        rank=rank,
+        local_rank=local_rank,
+        world_size=world_size,
+        local_world_size=local_world_size,
+        node_rank=node_rank,
+        num_nodes=num_nodes,
+        job_id=job_id,
+    )
+    return _with_master(info, env, None)
+
+
+def _from_srun(env: Mapping[str, str], job_id: str | None) -> DistInfo:
+    rank = _int(env, "SLURM_PROCID")
+    world_size = _int(env, "SLURM_STEP_NUM_TASKS", "SLURM_NTASKS", "SLURM_NPROCS", default=1)
+    local_rank = _int(env, "SLURM_LOCALID", default=0)
+    node_rank = _int(env, "SLURM_NODEID", default=0)
+    per_node_var, per_node = _tasks_per_node(env)
+    num_nodes = _int(env, "SLURM_STEP_NUM_NODES", "SLURM_NNODES", default=len(per_node or [1]))
+    if per_node is not None:
+        if len(per_node) != num_nodes or sum(per_node) != world_size:
+            raise DistConfigError(
+                f"{per_node_var}={_get(env, per_node_var)!r} does not describe {world_size} tasks "
+                f"on {num_nodes} nodes; the SLURM variables disagree (stale exports?)"
+            )
+        if node_rank >= len(per_node):
+            raise DistConfigError(
+                f"SLURM_NODEID={node_rank} must be < the {len(per_node)} nodes of {per_node_var}"
+            )
+        local_world_size = per_node[node_rank]
+    else:
+        local_world_size = max(-(-world_size // max(num_nodes, 1)), local_rank + 1)
+    info = DistInfo(
+        launcher="srun",
+        rank=rank,
+        local_rank=local_rank,
+        world_size=world_size,
+        local_world_size=local_world_size,
+        node_rank=node_rank,
+        num_nodes=num_nodes,
+        job_id=job_id,
+    )
+    return _with_master(info, env, _get(env, "SLURM_STEP_ID", "SLURM_STEPID"))
+
+
+def _with_master(info: DistInfo, env: Mapping[str, str], step: str | None) -> DistInfo:
+    addr, port, source = _master(env, info.job_id, step, world_size=info.world_size)
+    return dataclasses.replace(info, master_addr=addr, master_port=port, master_source=source)
+
+
+def _tasks_per_node(env: Mapping[str, str]) -> tuple[str, list[int] | None]:
+    for name in ("SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE"):
+        value = _get(env, name)
+        if value is not None:
+            try:
+                return name, parse_tasks_per_node(value)
+            except ValueError as e:
+                raise DistConfigError(f"{name}: {e}") from None
+    return "", None
+
+
+def _master(
+    env: Mapping[str, str], job_id: str | None, step: str | None, *, world_size: int
+) -> tuple[str, int, str]:
+    """(address, port, where they came from); an error only when a process group needs them."""
+    sources = []
+    addr = _get(env, "MASTER_ADDR")
+    if addr is not None:
+        sources.append("MASTER_ADDR")
+    else:
+        for name in ("SLURM_STEP_NODELIST", "SLURM_NODELIST", "SLURM_JOB_NODELIST"):
+            nodelist = _get(env, name)
+            if nodelist is None:
+                continue
+            try:
+                addr = first_host(nodelist)
+            except ValueError as e:
+                raise DistConfigError(f"{name}: {e}") from None
+            sources.append(f"first host of {name}")
+            break
+    if addr is None:
+        if world_size > 1:
+            raise DistConfigError(
+                f"world size is {world_size} but MASTER_ADDR is not set and there is no SLURM "
+                "node list to take it from; export MASTER_ADDR=<rank 0's host>"
+            )
+        addr = "127.0.0.1"
+        sources.append("default address")
+
+    port_text = _get(env, "MASTER_PORT")
+    if port_text is not None:
+        if not port_text.isdigit():
+            raise DistConfigError(
+                f"MASTER_PORT={port_text!r} is not a port number; set it to a free port in "
+                "1024-65535"
+            )
+        port = int(port_text)
+        sources.append("MASTER_PORT")
+    elif job_id is not None:
+        port = master_port_for_job(job_id, step)
+        sources.append(f"port from job id {job_id}" + (f" step {step}" if step else ""))
+    elif world_size > 1:
+        raise DistConfigError(
+            f"world size is {world_size} but MASTER_PORT is not set and there is no SLURM job id "
+            "to derive it from; export MASTER_PORT=<a free port>"
+        )
+    else:
+        port = DEFAULT_PORT
+        sources.append("default port")
+    if not 1 <= port <= 65535:
+        raise DistConfigError(
+            f"MASTER_PORT={port} is out of range; set it to a free port in 1024-65535"
+        )
+    return addr, port, ", ".join(sources)

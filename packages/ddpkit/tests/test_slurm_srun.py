@@ -1,0 +1,117 @@
+"""Inside a real SLURM (tools/localslurm.py: slurmctld + slurmd on 127.0.0.1).
+
+`srun -n 2` gives ranks 0 and 1 that all-reduce correctly; the batch shell of `sbatch -n 2` is
+one process (not a launcher), and its srun step is.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+from ddpkit import master_port_for_job
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+ROOT = Path(__file__).resolve().parents[3]
+# The local cluster's node name (n<hex>) resolves nowhere; real clusters' node names do.
+MASTER = {"MASTER_ADDR": "127.0.0.1"}
+
+
+def load_localslurm() -> ModuleType | None:
+    path = ROOT / "tools" / "localslurm.py"
+    if not path.is_file():
+        return None
+    spec = importlib.util.spec_from_file_location("localslurm", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    localslurm = load_localslurm()
+    reason = (
+        "tools/localslurm.py not found" if localslurm is None else localslurm.unavailable_reason()
+    )
+    if reason is not None:
+        if os.environ.get("PYRECOVER_REQUIRE_SLURM") == "1":
+            pytest.fail(f"PYRECOVER_REQUIRE_SLURM=1 but no local SLURM: {reason}")
+        pytest.skip(reason)
+    assert localslurm is not None
+    with localslurm.LocalCluster(tmp_path_factory.mktemp("slurm"), cpus=4) as c:
+        for key in list(c.env):  # an enclosing launcher's variables must not leak into the jobs
+            if key in (
+                "RANK",
+                "WORLD_SIZE",
+                "LOCAL_RANK",
+                "LOCAL_WORLD_SIZE",
+                "GROUP_RANK",
+            ) or key.startswith(("MASTER_", "TORCHELASTIC_", "PYRECOVER_DIST")):
+                del c.env[key]
+        c.env["OMP_NUM_THREADS"] = "1"
+        yield c
+
+
+def json_lines(text: str) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in text.splitlines() if line.startswith("{")]
+
+
+def test_srun_two_ranks_all_reduce(cluster: Any) -> None:
+    argv = [
+        "srun",
+        "-n",
+        "2",
+        "--time=2",
+        sys.executable,
+        "-m",
+        "ddpkit",
+        "check",
+        "--json",
+        "--timeout",
+        "60",
+    ]
+    out = cluster.run(argv, env=MASTER, timeout=180, check=False)
+    assert out.returncode == 0, f"{out.stdout}\n{out.stderr}\n{cluster.logs(10)}"
+    lines = sorted(json_lines(out.stdout), key=lambda d: d["rank"])
+    assert [d["rank"] for d in lines] == [0, 1]
+    for d in lines:
+        assert d["launcher"] == "srun" and d["world_size"] == 2 and d["backend"] == "gloo"
+        assert d["sum"] == 3 and d["any_rank"] is True and d["ok"] is True
+    assert lines[0]["master"] == lines[1]["master"]
+    assert lines[0]["local_rank"] == 0 and lines[1]["local_rank"] == 1
+
+
+def test_batch_shell_is_single_and_its_step_is_srun(cluster: Any, tmp_path: Path) -> None:
+    py = sys.executable
+    script = f"""#!/bin/bash
+#SBATCH -n 2
+#SBATCH --time=2
+#SBATCH -o {tmp_path}/job.out
+export MASTER_ADDR=127.0.0.1
+{py} -m ddpkit info --json > {tmp_path}/batch.json
+srun -n 2 {py} -m ddpkit check --json --timeout 60 > {tmp_path}/step.json
+echo done > {tmp_path}/done
+"""
+    job = cluster.sbatch(script)
+    info = cluster.wait_for(job, {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"}, timeout=180)
+    log = (tmp_path / "job.out").read_text() if (tmp_path / "job.out").exists() else "(no log)"
+    assert info["JobState"] == "COMPLETED", log
+    batch = json.loads((tmp_path / "batch.json").read_text())
+    # sbatch -n 2 sets SLURM_PROCID=0 and SLURM_NTASKS=2 in the batch shell: still one process.
+    assert (batch["launcher"], batch["world_size"], batch["job_id"]) == ("single", 1, job)
+    steps = sorted(json_lines((tmp_path / "step.json").read_text()), key=lambda d: d["rank"])
+    assert [(d["rank"], d["launcher"], d["sum"], d["ok"]) for d in steps] == [
+        (0, "srun", 3, True),
+        (1, "srun", 3, True),
+    ]
+    # MASTER_PORT was not set: derived from the job id and step 0, the same on both ranks.
+    assert steps[0]["master"] == f"127.0.0.1:{master_port_for_job(job, 0)}"
