@@ -1,0 +1,406 @@
+"""The ``dcp`` format: ``torch.distributed.checkpoint`` with ckptstore's own storage layer.
+
+DCP does the planning: every rank offers its tensors, replicated ones (DDP) are assigned to one
+rank each (DCP's dedup), and a later load on any world size plans which chunks each rank reads.
+ckptstore does the bytes: each rank writes one ``shard-rNNNNN.<token>.bin`` with checksums, and
+the coordinator's ``finish`` writes the manifest (which carries DCP's metadata as JSON, not as
+DCP's pickled ``.metadata``) only after every rank's ``write_data`` returned, i.e. after every
+payload is durable. Only tensors go through DCP; everything else lives in the JSON tree, so
+loading never unpickles (DCP's own reader would ``torch.load(weights_only=False)`` non-tensors).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+import torch
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.metadata import (
+    ChunkStorageMetadata,
+    Metadata,
+    MetadataIndex,
+    TensorProperties,
+    TensorStorageMetadata,
+)
+from torch.distributed.checkpoint.planner import (
+    LoadItemType,
+    LoadPlan,
+    LoadPlanner,
+    SavePlan,
+    SavePlanner,
+    WriteItemType,
+)
+from torch.distributed.checkpoint.storage import StorageReader, StorageWriter, WriteResult
+from torch.futures import Future
+
+from ..buffers import ALIGN, TENSOR_ALIGN, align_up, aligned_empty, as_bytes
+from ..errors import CheckpointError, CorruptCheckpointError, IncompatibleCheckpointError
+from ..manifest import FileEntry, Manifest, _file_from_json
+from ..storage import Dest, SegmentPayload
+from ..tree import EncodedState, decode, dtype_from_name, dtype_name, encode_state, tensor_keys
+from . import LoadContext, SaveContext
+
+_BIG = 1 << 20  # tensors this large start on a page boundary so O_DIRECT can read them in place
+
+
+def _chunk_key(fqn: str, offsets: Sequence[int]) -> str:
+    return f"{fqn}@{','.join(str(int(o)) for o in offsets)}"
+
+
+class DCPFormat:
+    """Each rank writes its shard; replicated tensors once; loadable on any world size."""
+
+    name = "dcp"
+
+    def writes_on(self, rank: int, world_size: int) -> bool:
+        return True
+
+    def stage(self, enc: EncodedState | None, ctx: SaveContext) -> Any:
+        assert enc is not None
+        flat: dict[str, torch.Tensor] = dict(enc.tensors)
+        event = None
+        if ctx.background:
+            if any(type(t).__name__ == "DTensor" for t in flat.values()):
+                raise CheckpointError(
+                    "async save of sharded (DTensor) state is not supported yet; "
+                    "save with blocking=True"
+                )
+            cuda = any(t.is_cuda for t in flat.values())
+            offsets, pos = {}, 0
+            for k, t in flat.items():
+                pos = align_up(pos, TENSOR_ALIGN)
+                offsets[k] = pos
+                pos += t.numel() * t.element_size()
+            buf = ctx.arena.take(max(pos, 1), pin=cuda)
+            snap, pairs = {}, []
+            for k, t in flat.items():
+                n = t.numel() * t.element_size()
+                view = buf[offsets[k] : offsets[k] + n]
+                if n:
+                    pairs.append((view, as_bytes(t)))
+                snap[k] = (
+                    view.view(t.dtype).view(t.shape) if n else torch.empty_like(t, device="cpu")
+                )
+            ctx.io.copy_all(pairs, cuda=cuda)
+            flat = snap
+            if cuda:
+                event = torch.cuda.Event()
+                event.record()
+        return flat, enc, event
+
+    def persist(self, staged: Any, ctx: SaveContext) -> None:
+        flat, enc, event = staged
+        if event is not None:
+            event.synchronize()
+        writer = _Writer(ctx, enc)
+        try:
+            with _quiet():
+                dcp.save(
+                    flat,
+                    storage_writer=writer,
+                    planner=dcp.DefaultSavePlanner(),
+                    process_group=ctx.group,
+                    no_dist=ctx.group is None,
+                )
+        except dcp.CheckpointException as e:
+            raise _unwrap(e) from e
+
+    def load(
+        self, manifest: Manifest, ctx: LoadContext, keys: Sequence[str], like: Mapping[str, Any]
+    ) -> dict[str, Any]:
+        tree, tmeta = _tree_and_meta(manifest)
+        wanted = list(dict.fromkeys(k for key in keys for k in tensor_keys(tree[key])))
+        sharded = _sharded_targets(like, keys)
+        targets: dict[str, torch.Tensor] = {}
+        for k in wanted:
+            if k not in tmeta:
+                raise CorruptCheckpointError(f"{manifest.url}: tree references unknown {k!r}")
+            m = tmeta[k]
+            dtype, size = dtype_from_name(m["dtype"]), [int(x) for x in m["size"]]
+            nbytes = dtype.itemsize * _prod(size)
+            dt = sharded.get(k)
+            if dt is not None and list(dt.shape) == size and dt.dtype == dtype:
+                # the caller's tensor is sharded (FSDP2): DCP reads just this rank's shard
+                targets[k] = torch.empty_like(dt)
+            elif nbytes >= _BIG:
+                targets[k] = aligned_empty(nbytes).view(dtype).view(size)
+            else:
+                targets[k] = torch.empty(size, dtype=dtype)
+        if targets:
+            reader = _Reader(manifest, ctx, tmeta)
+            try:
+                with _quiet():
+                    dcp.load(
+                        targets,
+                        storage_reader=reader,
+                        planner=dcp.DefaultLoadPlanner(),
+                        process_group=ctx.group,
+                        no_dist=ctx.group is None,
+                    )
+            except dcp.CheckpointException as e:
+                raise _unwrap(e) from e
+        return {key: decode(tree[key], targets) for key in keys}
+
+    def describe(self, manifest: Manifest, ctx: LoadContext) -> dict[str, Any]:
+        tree, tmeta = _tree_and_meta(manifest)
+        return {
+            "tree": tree,
+            "types": manifest.format_data.get("types", {}),
+            "tensors": [
+                {
+                    "key": k,
+                    "dtype": m["dtype"],
+                    "shape": m["size"],
+                    "nbytes": dtype_from_name(m["dtype"]).itemsize * _prod(m["size"]),
+                    "file": ",".join(sorted({c["file"] for c in m["chunks"]})),
+                }
+                for k, m in tmeta.items()
+            ],
+        }
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """dcp.save/load warn on every single-process call, which is how we use them outside a
+    job; silence exactly that warning."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings(
+            "ignore", message=r"torch\.distributed is disabled, unavailable or uninitialized"
+        )
+        yield
+
+
+def _sharded_targets(like: Mapping[str, Any], keys: Sequence[str]) -> dict[str, torch.Tensor]:
+    """DTensors in the caller's state, under the keys the encoder gives them."""
+    out: dict[str, torch.Tensor] = {}
+    for key in keys:
+        if key not in like:
+            continue
+        try:
+            enc = encode_state({key: like[key]}, allow_dtensor=True)
+        except (CheckpointError, TypeError):
+            continue
+        out.update((k, t) for k, t in enc.tensors.items() if type(t).__name__ == "DTensor")
+    return out
+
+
+def _prod(xs: Sequence[int]) -> int:
+    out = 1
+    for x in xs:
+        out *= int(x)
+    return out
+
+
+def _unwrap(e: BaseException) -> Exception:
+    """DCP wraps per-rank failures; surface ours (corruption, disk full) with their message."""
+    failures = getattr(e, "failures", None) or {}
+    inners = [(r, err[0] if isinstance(err, tuple) else err) for r, err in sorted(failures.items())]
+    for rank, inner in inners:
+        if isinstance(inner, CheckpointError):
+            return type(inner)(f"rank {rank}: {inner}")
+    for rank, inner in inners:
+        if isinstance(inner, (RuntimeError, ValueError)):
+            return IncompatibleCheckpointError(f"rank {rank}: {type(inner).__name__}: {inner}")
+    if inners:  # storage trouble (OSError, botocore, ...): the caller may try another copy
+        rank, inner = inners[0]
+        return OSError(f"rank {rank}: {inner!r}")
+    return CheckpointError(f"torch.distributed.checkpoint failed: {e}")
+
+
+def _tree_and_meta(manifest: Manifest) -> tuple[dict[str, Any], dict[str, Any]]:
+    try:
+        tree, tmeta = manifest.format_data["tree"], manifest.format_data["tensors"]
+        if not isinstance(tree, dict) or not isinstance(tmeta, dict):
+            raise TypeError("tree and tensors must be objects")
+        for m in tmeta.values():
+            dtype_from_name(str(m["dtype"]))
+            for c in m["chunks"]:
+                manifest.file(str(c["file"]))
+                if int(c["offset"]) < 0 or int(c["length"]) < 0:
+                    raise ValueError("negative offset")
+    except (KeyError, TypeError, ValueError) as e:
+        raise CorruptCheckpointError(f"{manifest.url}: malformed 'dcp' metadata ({e})") from None
+    return tree, tmeta
+
+
+class _Writer(StorageWriter):
+    def __init__(self, ctx: SaveContext, enc: EncodedState) -> None:
+        super().__init__()
+        self.ctx, self.enc = ctx, enc
+
+    def reset(self, checkpoint_id: Any = None) -> None:
+        pass
+
+    def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def prepare_local_plan(self, plan: SavePlan) -> SavePlan:
+        return plan
+
+    def prepare_global_plan(self, plans: list[SavePlan]) -> list[SavePlan]:
+        return plans
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id: Any) -> bool:
+        return True
+
+    def storage_meta(self) -> None:
+        return None
+
+    def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
+        ctx = self.ctx
+        name = f"shard-r{ctx.rank:05d}.{ctx.token}.bin"
+        segs: list[tuple[int, torch.Tensor]] = []
+        placed = []
+        pos = 0
+        for item in plan.items:
+            if item.type == WriteItemType.BYTE_IO:
+                raise CheckpointError(f"unexpected non-tensor item {item.index.fqn!r} in DCP plan")
+            data = planner.resolve_data(item)
+            assert isinstance(data, torch.Tensor)
+            b = as_bytes(data)
+            pos = align_up(pos, ALIGN if b.numel() >= _BIG else TENSOR_ALIGN)
+            segs.append((pos, b))
+            placed.append((item, pos, b.numel()))
+            pos += b.numel()
+        results: list[WriteResult] = []
+        if placed:
+            ctx.storage.makedirs(ctx.step_dir)
+            path = ctx.storage.join(ctx.step_dir, name)
+            entry = ctx.storage.write_payload(
+                path, SegmentPayload(pos, segs), ctx.io, background=ctx.background
+            )
+            file_json = FileEntry(entry.path, entry.size, entry.checksum, ctx.rank).to_json()
+            for i, (item, off, n) in enumerate(placed):
+                sd: dict[str, Any] = {"file": name, "offset": off, "length": n}
+                if i == 0:
+                    sd["entry"] = file_json
+                results.append(WriteResult(index=item.index, size_in_bytes=n, storage_data=sd))
+        fut: Future[list[WriteResult]] = Future()
+        fut.set_result(results)
+        return fut
+
+    def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
+        files: dict[str, FileEntry] = {}
+        where: dict[str, dict[str, Any]] = {}
+        for rank_results in results:
+            for wr in rank_results:
+                sd = wr.storage_data
+                if "entry" in sd:
+                    entry = _file_from_json(sd["entry"])
+                    files[entry.path] = entry
+                offsets = wr.index.offset if wr.index.offset is not None else ()
+                where[_chunk_key(wr.index.fqn, offsets)] = sd
+        tensors: dict[str, Any] = {}
+        for fqn, md in metadata.state_dict_metadata.items():
+            if not isinstance(md, TensorStorageMetadata):
+                raise CheckpointError(f"unexpected non-tensor entry {fqn!r} in DCP metadata")
+            chunks = []
+            for c in md.chunks:
+                sd = where[_chunk_key(fqn, c.offsets)]
+                chunks.append(
+                    {
+                        "offsets": list(c.offsets),
+                        "sizes": list(c.sizes),
+                        "file": sd["file"],
+                        "offset": sd["offset"],
+                        "length": sd["length"],
+                    }
+                )
+            tensors[fqn] = {
+                "dtype": dtype_name(md.properties.dtype),
+                "size": list(md.size),
+                "chunks": chunks,
+            }
+        format_data = {"tree": self.enc.tree, "types": self.enc.types, "tensors": tensors}
+        self.ctx.commit(sorted(files.values(), key=lambda f: f.path), format_data)
+
+
+class _Reader(StorageReader):
+    def __init__(self, manifest: Manifest, ctx: LoadContext, tmeta: dict[str, Any]) -> None:
+        super().__init__()
+        self.manifest, self.ctx, self.tmeta = manifest, ctx, tmeta
+        self.where: dict[str, dict[str, Any]] = {
+            _chunk_key(fqn, c["offsets"]): c for fqn, m in tmeta.items() for c in m["chunks"]
+        }
+
+    def reset(self, checkpoint_id: Any = None) -> None:
+        pass
+
+    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
+        md = {
+            fqn: TensorStorageMetadata(
+                properties=TensorProperties(dtype=dtype_from_name(m["dtype"])),
+                size=torch.Size(m["size"]),
+                chunks=[
+                    ChunkStorageMetadata(
+                        offsets=torch.Size(c["offsets"]), sizes=torch.Size(c["sizes"])
+                    )
+                    for c in m["chunks"]
+                ],
+            )
+            for fqn, m in self.tmeta.items()
+        }
+        return Metadata(state_dict_metadata=md)  # type: ignore[arg-type]
+
+    def set_up_storage_reader(
+        self, metadata: Metadata, is_coordinator: bool, *args: Any, **kwargs: Any
+    ) -> None:
+        pass
+
+    def prepare_local_plan(self, plan: LoadPlan) -> LoadPlan:
+        return plan
+
+    def prepare_global_plan(self, plans: list[LoadPlan]) -> list[LoadPlan]:
+        return plans
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id: Any) -> bool:
+        return True
+
+    def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
+        per_file: dict[str, list[Any]] = {}
+        for req in plan.items:
+            if req.type == LoadItemType.BYTE_IO:
+                raise CorruptCheckpointError(
+                    f"{self.manifest.url}: unexpected non-tensor item {req.storage_index.fqn!r}"
+                )
+            idx: MetadataIndex = req.storage_index
+            c = self.where[_chunk_key(idx.fqn, idx.offset or ())]
+            per_file.setdefault(c["file"], []).append((req, c))
+        for fname, reqs in per_file.items():
+            self._read_file(fname, reqs, planner)
+        fut: Future[None] = Future()
+        fut.set_result(None)
+        return fut
+
+    def _read_file(self, fname: str, reqs: list[Any], planner: LoadPlanner) -> None:
+        entry = self.manifest.file(fname)
+        dests: list[Dest] = []
+        later: list[tuple[Any, torch.Tensor, Any]] = []
+        direct: list[tuple[Any, torch.Tensor]] = []
+        for req, c in reqs:
+            target = planner.resolve_tensor(req).detach()
+            whole = list(req.lengths) == list(c["sizes"]) and not any(req.storage_offsets)
+            if whole and target.is_contiguous() and target.device.type == "cpu":
+                dests.append(Dest(int(c["offset"]), as_bytes(target)))
+                direct.append((req, target))
+            else:
+                tmp = torch.empty(int(c["length"]), dtype=torch.uint8)
+                dests.append(Dest(int(c["offset"]), tmp))
+                later.append((req, tmp, c))
+        path = self.ctx.storage.join(self.ctx.step_dir, fname)
+        self.ctx.storage.read_into(path, entry, dests, self.ctx.io)
+        for req, target in direct:
+            planner.commit_tensor(req, target)
+        for req, tmp, c in later:
+            m = self.tmeta[req.storage_index.fqn]
+            t = tmp.view(dtype_from_name(m["dtype"])).view(c["sizes"])
+            for dim, (off, n) in enumerate(zip(req.storage_offsets, req.lengths, strict=True)):
+                t = t.narrow(dim, off, n)
+            target = planner.resolve_tensor(req).detach()
+            target.copy_(t)
+            planner.commit_tensor(req, target)

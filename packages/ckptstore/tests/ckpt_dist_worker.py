@@ -1,0 +1,109 @@
+"""One rank of the multi-process tests (gloo on 127.0.0.1). Writes result-<rank>.json.
+
+python ckpt_dist_worker.py ROOT   (with RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT set)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import traceback
+import warnings
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+from ckpt_helpers import BIG_DIST, assert_same_state, blank_state, make_state  # noqa: E402
+
+from ckptstore import CheckpointStore, CheckpointWarning  # noqa: E402
+
+
+def scenario(root: Path, rank: int) -> dict[str, object]:
+    out: dict[str, object] = {}
+    # 1 -> 2: checkpoints the test wrote from a single process
+    for fmt in ("dcp", "torch"):
+        with CheckpointStore(str(root / f"{fmt}1"), format=fmt) as store:
+            loaded = blank_state()
+            assert store.load(loaded).step == 1
+            assert_same_state(make_state(1), loaded)
+    # 2 -> 2, blocking, both formats
+    for fmt in ("dcp", "torch"):
+        with CheckpointStore(str(root / f"{fmt}2"), format=fmt) as store:
+            store.save(2, make_state(2))
+            loaded = blank_state()
+            assert store.load(loaded).step == 2
+            assert_same_state(make_state(2), loaded)
+    # async on 2 ranks while training runs collectives on the default group
+    with CheckpointStore(str(root / "dcp2"), format="dcp") as store:
+        state = make_state(3)
+        handle = store.save(3, state, blocking=False)
+        with torch.no_grad():
+            for p in state["model"].parameters():
+                p.mul_(-1.0)
+        for i in range(50):
+            t = torch.full((1000,), float(i + rank))
+            dist.all_reduce(t)
+            assert float(t[0]) == 2 * i + 1
+        out["async_blocking_s"] = handle.blocking_s
+        handle.result()
+        loaded = blank_state()
+        assert store.load(loaded).step == 3
+        assert_same_state(make_state(3), loaded)
+        out["stats"] = [s.to_dict() for s in store.saves_completed()]
+    # sharded (DTensor, as FSDP2 makes them): each rank writes and reads only its shard
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    mesh = init_device_mesh("cpu", (2,))
+    full = torch.arange(64 * 3, dtype=torch.float32).reshape(64, 3)
+    with CheckpointStore(str(root / "sharded"), format="dcp") as store:
+        store.save(1, {"w": {"x": distribute_tensor(full, mesh, [Shard(0)])}})
+        target = {"w": {"x": distribute_tensor(torch.zeros(64, 3), mesh, [Shard(0)])}}
+        store.load(target)
+        assert torch.equal(target["w"]["x"].full_tensor(), full)
+        assert target["w"]["x"].to_local().shape == (32, 3)
+    # ranks agree on a fallback even when only one of them reads the corrupt bytes
+    with CheckpointStore(str(root / "torch3"), format="torch") as store:
+        store.save(2, make_state(2, big=BIG_DIST))
+        store.save(3, make_state(3, big=BIG_DIST))
+        dist.barrier()
+        if rank == 0:
+            f = next((root / "torch3" / "step-00000003").glob("state.*.ckpt"))
+            with open(f, "r+b") as fh:  # the last bytes belong to "big", which only rank 1 reads
+                fh.seek(-8, os.SEEK_END)
+                b = fh.read(1)
+                fh.seek(-8, os.SEEK_END)
+                fh.write(bytes([b[0] ^ 0xFF]))
+        dist.barrier()
+        loaded = blank_state(big=BIG_DIST) if rank == 1 else blank_state()
+        with warnings.catch_warnings(record=True) as rec:
+            warnings.simplefilter("always")
+            step = store.load(loaded, strict=True).step
+        assert step == 2, step
+        msgs = [str(w.message) for w in rec if issubclass(w.category, CheckpointWarning)]
+        assert any("rank 1" in m and "checksum mismatch" in m for m in msgs), msgs
+        assert_same_state(make_state(2, big=BIG_DIST), loaded, keys=list(loaded))
+    return out
+
+
+def main() -> None:
+    root = Path(sys.argv[1])
+    rank = int(os.environ["RANK"])
+    dist.init_process_group("gloo")
+    result: dict[str, object] = {"rank": rank}
+    try:
+        result.update(scenario(root, rank))
+        result["ok"] = True
+    except BaseException:
+        result["ok"] = False
+        result["error"] = traceback.format_exc()
+    (root / f"result-{rank}.json").write_text(json.dumps(result))
+    dist.destroy_process_group()
+    sys.exit(0 if result["ok"] else 1)
+
+
+if __name__ == "__main__":
+    main()

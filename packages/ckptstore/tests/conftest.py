@@ -1,0 +1,59 @@
+"""Fixtures: every storage kind (local path, file://, memory://, s3:// on a real moto_server)."""
+
+from __future__ import annotations
+
+import os
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import fsspec
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # for ckpt_helpers
+
+from ckpt_helpers import s3server  # noqa: E402
+
+
+def require_or_skip(env: str, why: str) -> None:
+    if os.environ.get(env) == "1":
+        pytest.fail(f"{why} (and {env}=1 says it is required)")
+    pytest.skip(why)
+
+
+@pytest.fixture(scope="session")
+def moto() -> Iterator[Any]:
+    why = s3server.unavailable_reason()
+    if why is not None:
+        require_or_skip("PYRECOVER_REQUIRE_S3", why)
+    try:
+        import s3fs  # noqa: F401
+    except ImportError:
+        require_or_skip("PYRECOVER_REQUIRE_S3", "s3fs missing: pip install 'ckptstore[s3]'")
+    with s3server.MotoServer() as server:
+        server.make_bucket("ckpt")
+        yield server
+
+
+@pytest.fixture
+def storage(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
+    """(url, storage_options) of an empty checkpoint root of the requested kind."""
+    kind = getattr(request, "param", "local")
+    tag = uuid.uuid4().hex[:10]
+    if kind == "local":
+        yield str(tmp_path / "ckpt"), {}
+    elif kind == "file":
+        yield f"file://{tmp_path}/ckpt", {}
+    elif kind == "memory":
+        url = f"memory://ckpt-{tag}"
+        yield url, {}
+        fs = fsspec.filesystem("memory")
+        if fs.exists(url):
+            fs.rm(url, recursive=True)
+    elif kind == "s3":
+        server = request.getfixturevalue("moto")
+        yield f"s3://ckpt/{tag}", server.storage_options()
+    else:
+        raise ValueError(kind)

@@ -1,0 +1,156 @@
+"""Async saves: one in flight, errors never swallowed, latest moves only after durability."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from ckptstore import CheckpointError, CheckpointStore, register_format
+from ckptstore.formats import SaveContext
+from ckptstore.formats.torchfile import TorchFormat
+
+EVENTS: list[str] = []
+GATE = threading.Event()
+
+
+class GatedFormat(TorchFormat):
+    """The 'torch' format, but persist() waits for GATE and logs what happens when."""
+
+    name = "gated"
+
+    def persist(self, staged: Any, ctx: SaveContext) -> None:
+        EVENTS.append(f"persist-start {ctx.step}")
+        assert GATE.wait(60)
+        super().persist(staged, ctx)
+        EVENTS.append(f"persist-end {ctx.step}")
+
+
+class BrokenFormat(TorchFormat):
+    name = "broken"
+
+    def persist(self, staged: Any, ctx: SaveContext) -> None:
+        if ctx.step == 2:
+            raise OSError(5, "Input/output error (injected)")
+        super().persist(staged, ctx)
+
+
+register_format("gated", GatedFormat, clobber=True)
+register_format("broken", BrokenFormat, clobber=True)
+
+
+def test_one_save_in_flight_and_latest_moves_after_durability(tmp_path: Path) -> None:
+    EVENTS.clear()
+    GATE.clear()
+    store = CheckpointStore(str(tmp_path), format="gated")
+    store.save(1, {"w": torch.ones(3)}, blocking=False)
+    assert store.latest_step() is None  # not durable yet: not a checkpoint, no pointer
+    assert not (tmp_path / "latest").exists()
+    second = threading.Thread(target=lambda: store.save(2, {"w": torch.full((3,), 2.0)}))
+    second.start()
+    second.join(0.5)
+    assert second.is_alive()  # waits for save 1: never two in flight
+    assert EVENTS == ["persist-start 1"]
+    GATE.set()
+    second.join(60)
+    assert EVENTS == ["persist-start 1", "persist-end 1", "persist-start 2", "persist-end 2"]
+    assert store.latest_step() == 2
+    store.close()
+
+
+def test_background_error_surfaces_at_the_next_call(tmp_path: Path) -> None:
+    store = CheckpointStore(str(tmp_path), format="broken")
+    store.save(1, {"w": torch.ones(3)}, blocking=False).result()
+    handle = store.save(2, {"w": torch.ones(3)}, blocking=False)
+    with pytest.raises(CheckpointError, match="injected"):
+        store.save(3, {"w": torch.ones(3)})  # the next call re-raises the background failure
+    assert [c.step for c in store.list()] == [1]
+    assert (tmp_path / "latest").read_text().strip() == "step-00000001"
+    with pytest.raises(CheckpointError, match="injected"):
+        handle.result()
+    store.save(3, {"w": torch.ones(3)})  # delivered once; the store keeps working
+    assert store.latest_step() == 3
+    store.close()
+
+
+def test_error_surfaces_at_wait_and_close(tmp_path: Path) -> None:
+    store = CheckpointStore(str(tmp_path), format="broken")
+    store.save(2, {"w": torch.ones(3)}, blocking=False)
+    with pytest.raises(CheckpointError, match="injected"):
+        store.wait()
+    store.save(2, {"w": torch.ones(3)}, blocking=False)
+    with pytest.raises(CheckpointError, match="injected"):
+        store.close()
+    with pytest.raises(CheckpointError, match="closed"):
+        store.save(4, {})
+
+
+def test_snapshot_buffers_are_reused(tmp_path: Path) -> None:
+    w = torch.randn(1000, 100)
+    with CheckpointStore(str(tmp_path)) as store:
+        store.save(1, {"w": w}, blocking=False).result()
+        arena = store._arena._buf
+        assert arena is not None
+        ptr = arena.data_ptr()
+        for step in (2, 3):
+            w.add_(1)
+            store.save(step, {"w": w}, blocking=False).result()
+            assert store._arena._buf is not None and store._arena._buf.data_ptr() == ptr
+        loaded = {"w": torch.zeros_like(w)}
+        store.load(loaded)
+        assert torch.equal(loaded["w"], w)
+
+
+def test_saves_completed_drains_stats(tmp_path: Path) -> None:
+    with CheckpointStore(str(tmp_path)) as store:
+        for step in range(3):
+            store.save(step, {"w": torch.ones(10)}, blocking=step % 2 == 0)
+        store.wait()
+        stats = store.saves_completed()
+        assert [s.step for s in stats] == [0, 1, 2]
+        for s in stats:
+            d = s.to_dict()
+            assert set(d) >= {"step", "bytes", "blocking_s", "total_s", "durable_at", "url"}
+            assert s.total_s >= s.blocking_s >= 0 and s.bytes > 0 and s.target == "primary"
+        assert store.saves_completed() == []
+
+
+def test_a_script_that_ends_right_after_an_async_save_still_commits(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    script = (
+        "import sys, torch\n"
+        "from ckptstore import CheckpointStore\n"
+        "s = CheckpointStore(sys.argv[1])\n"
+        "s.save(1, {'w': torch.arange(3_000_000, dtype=torch.float32)}, blocking=False)\n"
+    )  # no wait(), no close(): the interpreter must still finish the save
+    r = subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path)], capture_output=True, text=True, timeout=300
+    )
+    assert r.returncode == 0, r.stderr
+    with CheckpointStore(str(tmp_path)) as store:
+        assert store.verify(1).ok
+        loaded = {"w": torch.zeros(3_000_000)}
+        store.load(loaded)
+        assert torch.equal(loaded["w"], torch.arange(3_000_000, dtype=torch.float32))
+
+
+def test_reserve_prepares_the_snapshot_buffer(tmp_path: Path) -> None:
+    state = {"w": torch.randn(1000, 300), "opt": {"m": torch.randn(300)}}
+    with CheckpointStore(str(tmp_path)) as store:
+        store.reserve(state)
+        store.save(1, state, blocking=False).result()
+        buf = store._arena._buf
+        assert buf is not None and buf.numel() >= 1000 * 300 * 4
+        ptr = buf.data_ptr()
+        store.save(2, state, blocking=False).result()  # the reserved buffer is the one used
+        assert store._arena._buf is not None and store._arena._buf.data_ptr() == ptr
+        loaded = {"w": torch.zeros(1000, 300), "opt": None}
+        store.load(loaded)
+        assert torch.equal(loaded["w"], state["w"]) and torch.equal(
+            loaded["opt"]["m"], state["opt"]["m"]
+        )

@@ -1,0 +1,161 @@
+"""The ckptstore command line, in-process (fast) and once through the real entry point."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+import torch
+from ckpt_helpers import corrupt, make_state
+
+from ckptstore import CheckpointStore
+from ckptstore.cli import main
+
+
+@pytest.fixture
+def ckpts(tmp_path: Path) -> Path:
+    root = tmp_path / "ckpt"
+    with CheckpointStore(str(root)) as store:
+        for step in (10, 9000, 10000):
+            store.save(step, make_state(step % 7), metadata={"val_loss": step / 1e4})
+    return root
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_list(ckpts: Path, capsys: Any) -> None:
+    code, out, _ = run(capsys, "list", str(ckpts))
+    assert code == 0
+    lines = out.strip().splitlines()
+    assert lines[0].split()[:3] == ["step", "time", "format"]
+    assert [ln.split()[0] for ln in lines[1:]] == ["10", "9000", "10000"]
+    assert "(latest)" in lines[-1]
+    code, out, _ = run(capsys, "list", str(ckpts), "--json")
+    assert [orjson.loads(ln)["step"] for ln in out.splitlines()] == [10, 9000, 10000]
+
+
+def test_verify_names_the_bad_file(ckpts: Path, capsys: Any) -> None:
+    assert run(capsys, "verify", str(ckpts))[0] == 0
+    bad = corrupt(str(ckpts / "step-00009000"), {}, "flip")
+    code, out, _ = run(capsys, "verify", str(ckpts), "--step", "9000")
+    assert code == 1 and "CORRUPT" in out and f"BAD {bad}" in out and "checksum mismatch" in out
+    code, out, _ = run(capsys, "verify", str(ckpts), "--step", "all")
+    assert code == 1 and out.count("OK ") == 2
+    code, out, _ = run(capsys, "verify", str(ckpts / "step-00000010"))  # a step directory
+    assert code == 0 and "step-00000010" in out
+
+
+def test_inspect_shows_shapes_and_dtypes(ckpts: Path, capsys: Any) -> None:
+    code, out, _ = run(capsys, "inspect", str(ckpts), "--step", "10")
+    assert code == 0
+    assert "model/body.weight  float32  [16, 16]" in out
+    assert "val_loss" in out and "state." in out
+    code, out, _ = run(capsys, "inspect", str(ckpts), "--json")
+    info = orjson.loads(out)
+    assert info["step"] == 10000 and any(t["key"] == "buf" for t in info["tensors"])
+
+
+def test_prune(ckpts: Path, capsys: Any) -> None:
+    code, out, _ = run(capsys, "prune", str(ckpts), "--keep-last", "1", "--dry-run")
+    assert code == 0 and "would delete 2" in out
+    code, out, _ = run(capsys, "prune", str(ckpts), "--keep-last", "1")
+    assert code == 0 and "deleted 2 checkpoint(s): steps 10, 9000" in out
+    assert sorted(p.name for p in ckpts.iterdir()) == ["latest", "step-00010000"]
+
+
+@pytest.mark.parametrize("fmt", ["torch", "dcp"])
+def test_export_plain_weights(tmp_path: Path, capsys: Any, fmt: str) -> None:
+    state = make_state(4)
+    with CheckpointStore(str(tmp_path / "c"), format=fmt) as store:
+        store.save(4, state)
+    out_file = tmp_path / "weights.pt"
+    code, out, _ = run(
+        capsys, "export", str(tmp_path / "c"), "--step", "latest", "--out", str(out_file)
+    )
+    assert code == 0 and "exported 'model'" in out
+    sd = torch.load(out_file, weights_only=True)
+    fresh = type(state["model"])()
+    fresh.load_state_dict(sd)
+    for a, b in zip(fresh.state_dict().values(), state["model"].state_dict().values(), strict=True):
+        assert torch.equal(a, b)
+    assert out_file.stat().st_size < 64_000  # views were cloned: not the whole read buffer
+    code, _, _ = run(
+        capsys,
+        "export",
+        str(tmp_path / "c"),
+        "--step",
+        "4",
+        "--out",
+        str(tmp_path / "o.pt"),
+        "--key",
+        "optim",
+    )
+    assert code == 0 and "state" in torch.load(tmp_path / "o.pt", weights_only=True)
+
+
+@pytest.mark.parametrize(
+    "argv, needle",
+    [
+        (["list"], "url"),
+        (["prune", "/x", "--keep-last", "0"], "must be >= 1"),
+        (["verify", "/x", "--step", "abc"], "--step"),
+        (["frobnicate"], "invalid choice"),
+        (["list", "/x", "--storage-options", "{nope"], "not JSON"),
+    ],
+)
+def test_usage_errors_exit_2_with_one_line(argv: list[str], needle: str, capsys: Any) -> None:
+    code, out, err = run(capsys, *argv)
+    assert code == 2 and out == ""
+    assert len(err.strip().splitlines()) == 1 and needle in err
+
+
+def test_export_of_a_missing_key_is_a_usage_error(ckpts: Path, capsys: Any, tmp_path: Path) -> None:
+    code, _, err = run(
+        capsys, "export", str(ckpts), "--step", "10", "--out", str(tmp_path / "x"), "--key", "nope"
+    )
+    assert code == 2 and "choose one with --key" in err and "model" in err
+    assert not (tmp_path / "x").exists()
+
+
+def test_nothing_there_exits_1(tmp_path: Path, capsys: Any) -> None:
+    code, _, err = run(capsys, "verify", str(tmp_path / "empty"))
+    assert code == 1 and "no checkpoint" in err
+
+
+def test_entry_point_and_module(ckpts: Path) -> None:
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    r = subprocess.run(
+        [sys.executable, "-m", "ckptstore", "verify", str(ckpts)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert r.returncode == 0 and "OK" in r.stdout
+    r = subprocess.run(
+        [sys.executable, "-m", "ckptstore", "list"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.s3
+def test_list_on_s3_with_storage_options(moto: Any, capsys: Any) -> None:
+    url = "s3://ckpt/cli-list"
+    with CheckpointStore(url, storage_options=moto.storage_options()) as store:
+        store.save(3, {"w": torch.ones(2)})
+    opts = orjson.dumps(moto.storage_options()).decode()
+    code, out, _ = run(capsys, "list", url, "--storage-options", opts)
+    assert code == 0 and out.splitlines()[1].startswith("3")

@@ -1,0 +1,71 @@
+"""A disk that fills up during a save: a clear error, nothing half-committed, the previous
+checkpoint intact and loadable. Uses a real 8 MiB tmpfs (needs root / CAP_SYS_ADMIN)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from ckpt_helpers import assert_same_state
+
+from ckptstore import CheckpointError, CheckpointStore
+
+
+@pytest.fixture
+def tiny_disk(tmp_path: Path) -> Iterator[Path]:
+    mnt = tmp_path / "tiny"
+    mnt.mkdir()
+    r = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(mnt)],
+        capture_output=True,
+        text=True,
+    )
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here ({r.stderr.strip() or r.returncode}); needs root")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def state_of(n: int, seed: int) -> dict[str, torch.Tensor]:
+    return {"w": torch.randn(n, generator=torch.Generator().manual_seed(seed))}
+
+
+@pytest.mark.parametrize("fmt", ["torch", "dcp"])
+@pytest.mark.parametrize("blocking", [True, False], ids=["sync", "async"])
+def test_disk_full_during_save(tiny_disk: Path, fmt: str, blocking: bool) -> None:
+    root = str(tiny_disk / "ckpt")
+    small = state_of(250_000, 1)  # 1 MB
+    with CheckpointStore(root, format=fmt) as store:
+        store.save(1, small)
+        full = "no space left.*previous checkpoint is intact"
+        if blocking:
+            with pytest.raises(CheckpointError, match=full):
+                store.save(2, state_of(2_500_000, 2))  # 10 MB > 8 MiB
+        else:
+            handle = store.save(2, state_of(2_500_000, 2), blocking=False)
+            with pytest.raises(CheckpointError, match=full):
+                store.wait()  # the background error surfaces here...
+            store.wait()  # ...once
+            with pytest.raises(CheckpointError, match=full):
+                handle.result()  # and the handle still tells what happened
+        assert [c.step for c in store.list()] == [1]
+        assert store.verify(1).ok
+        loaded = {"w": torch.zeros(250_000)}
+        assert store.load(loaded).step == 1
+        assert_same_state(small, loaded)
+    leftovers = [f for _, _, fs in os.walk(tiny_disk) for f in fs if ".tmp-" in f]
+    assert leftovers == []
+    assert (tiny_disk / "ckpt" / "latest").read_text().strip() == "step-00000001"
+
+
+def test_disk_full_error_is_raised_by_the_blocking_call(tiny_disk: Path) -> None:
+    with CheckpointStore(str(tiny_disk / "c")) as store, pytest.raises(CheckpointError) as info:
+        store.save(1, state_of(2_500_000, 0))
+    msg = str(info.value)
+    assert "no space left" in msg and "free space" in msg and "\n" not in msg

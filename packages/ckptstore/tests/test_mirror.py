@@ -1,0 +1,76 @@
+"""Mirror: every committed checkpoint is copied (verified) to a second URL in the background,
+with its own commit marker; load restores from it when the primary is missing or corrupt."""
+
+from __future__ import annotations
+
+import shutil
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+from ckpt_helpers import assert_same_state, blank_state, corrupt, fs_for, make_state
+
+from ckptstore import CheckpointStore, CheckpointWarning, MirrorError
+
+
+@pytest.fixture(params=["memory", "s3"])
+def mirror(request: pytest.FixtureRequest) -> tuple[str, dict[str, Any]]:
+    tag = uuid.uuid4().hex[:8]
+    if request.param == "memory":
+        return f"memory://mirror-{tag}", {}
+    server = request.getfixturevalue("moto")
+    return f"s3://ckpt/mirror-{tag}", server.storage_options()
+
+
+@pytest.mark.parametrize("fmt", ["torch", "dcp"])
+def test_mirror_receives_each_commit_and_restores(
+    tmp_path: Path, mirror: tuple[str, dict[str, Any]], fmt: str
+) -> None:
+    murl, mopts = mirror
+    primary = str(tmp_path / "primary")
+    store = CheckpointStore(
+        primary, format=fmt, mirror=murl, mirror_storage_options=mopts, keep_last=2
+    )
+    for step in (1, 2, 3):
+        store.save(step, make_state(step), blocking=step != 2)
+    store.wait_mirror()
+    stats = store.saves_completed()
+    assert {(s.step, s.target) for s in stats} >= {(1, "primary"), (3, "primary"), (3, "mirror")}
+    assert all(s.url.startswith(("s3://", "memory://")) for s in stats if s.target == "mirror")
+    mfs, mpath = fs_for(murl, mopts)
+    assert mfs.cat_file(f"{mpath}/latest").strip() == b"step-00000003"
+    with CheckpointStore(murl, format=fmt, storage_options=mopts) as m:
+        assert m.steps()[-1] == 3 and len(m.steps()) <= 2  # retention applies there too
+        assert m.verify(3).ok
+
+    # primary copy corrupt: the same step comes from the mirror
+    corrupt(f"{primary}/step-00000003", {}, "flip")
+    loaded = blank_state()
+    with pytest.warns(CheckpointWarning, match="checksum mismatch.*mirror"):
+        assert store.load(loaded).step == 3
+    assert_same_state(make_state(3), loaded)
+    store.close()
+
+    # primary gone altogether (node-local disk wiped): the mirror still restores
+    shutil.rmtree(primary)
+    with CheckpointStore(primary, format=fmt, mirror=murl, mirror_storage_options=mopts) as again:
+        loaded = blank_state()
+        assert again.load(loaded).step == 3
+        assert_same_state(make_state(3), loaded)
+
+
+def test_mirror_failure_is_reported_not_fatal(tmp_path: Path) -> None:
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("a file where the mirror root should be")
+    store = CheckpointStore(str(tmp_path / "p"), mirror=str(blocker / "m"))
+    with pytest.warns(CheckpointWarning, match="mirroring step 1"):
+        store.save(1, make_state(1))
+        with pytest.raises(MirrorError, match="primary copy is fine"):
+            store.wait_mirror()
+    assert store.verify(1).ok
+    loaded = blank_state()
+    assert store.load(loaded).step == 1
+    with pytest.warns(CheckpointWarning), pytest.raises(MirrorError):
+        store.save(2, make_state(2))
+        store.close()  # close() reports the mirror failure too
