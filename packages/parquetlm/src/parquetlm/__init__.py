@@ -1,3 +1,55 @@
-"""Parquet text to tokens to packed, sharded, exactly resumable language-model batches."""
+"""Parquet text to tokens to packed, sharded, exactly resumable language-model batches.
+
+The core imports neither torch nor tokenizers; ``parquetlm.torch`` is the PyTorch adapter.
+"""
+
+from .cache import TokenCache, default_cache_dir
+from .errors import (
+    CacheError,
+    EmptyDatasetError,
+    LoaderError,
+    MissingExtraError,
+    NullRowsWarning,
+    ParquetLMError,
+    SourceError,
+    TokenizerError,
+)
+from .loader import LoaderConfig, PackedLoader
+from .perm import FeistelPermutation
+from .source import ParquetSource
+from .tokenizer import (
+    ByteTokenizer,
+    HFTokenizer,
+    Tokenizer,
+    gpt2_tokenizer,
+    load_tokenizer,
+    register_tokenizer,
+    train_tokenizer,
+)
 
 __version__ = "0.1.0"
+
+__all__ = [
+    "ByteTokenizer",
+    "CacheError",
+    "EmptyDatasetError",
+    "FeistelPermutation",
+    "HFTokenizer",
+    "LoaderConfig",
+    "LoaderError",
+    "MissingExtraError",
+    "NullRowsWarning",
+    "PackedLoader",
+    "ParquetLMError",
+    "ParquetSource",
+    "SourceError",
+    "TokenCache",
+    "Tokenizer",
+    "TokenizerError",
+    "__version__",
+    "default_cache_dir",
+    "gpt2_tokenizer",
+    "load_tokenizer",
+    "register_tokenizer",
+    "train_tokenizer",
+]

@@ -1,0 +1,570 @@
+"""TokenCache: a dataset tokenized once, on disk, memory-mapped.
+
+Layout of ``CACHE_DIR/tokens-KEY/`` (KEY = hash of the dataset content + tokenizer + format)::
+
+    tokens.bin   every document's tokens followed by EOT, concatenated (uint16, or uint32 when
+                 the vocabulary has more than 65536 ids)
+    docs.bin     int64 offsets, num_docs + 1 of them: document i is tokens[docs[i]:docs[i+1]]
+                 (its trailing EOT included)
+    meta.json    counts, dtype, fingerprints, where it came from
+
+Build protocol (safe against kills and concurrent builders such as two ranks on one node):
+an exclusive ``flock`` on ``tokens-KEY.lock``; row groups are tokenized in parallel into
+``tokens-KEY.partial/units/`` (each unit is made durable by renaming its small JSON last, so a
+killed build resumes from the units it finished); then the units are concatenated in order, the
+meta written, and the directory renamed to ``tokens-KEY``. A cache exists only once that rename
+happened, so an interrupted build never looks complete.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import hashlib
+import importlib.util
+import json
+import os
+import pickle
+import selectors
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+import warnings
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .errors import CacheError, EmptyDatasetError, NullRowsWarning, TokenizerError
+from .source import ParquetSource, Unit, _is_url
+from .tokenizer import Tokenizer, encode_to_array
+
+FORMAT_VERSION = 1
+CACHE_ENV = "PARQUETLM_CACHE"
+CACHE_DIRNAME = ".parquetlm-cache"
+ProgressFn = Callable[[int, int], None]
+
+
+def default_cache_dir(source: ParquetSource) -> Path:
+    """``$PARQUETLM_CACHE`` if set; else ``.parquetlm-cache/`` in the dataset's directory when it
+    is local and writable; else ``$XDG_CACHE_HOME/parquetlm`` (``~/.cache/parquetlm``)."""
+    env = os.environ.get(CACHE_ENV)
+    if env:
+        return Path(env)
+    if not any(_is_url(f) for f in source.files):
+        parents = [
+            os.path.dirname(os.path.abspath(f.removeprefix("file://"))) for f in source.files
+        ]
+        candidate = Path(os.path.commonpath(parents)) / CACHE_DIRNAME
+        try:
+            candidate.mkdir(exist_ok=True)
+            if os.access(candidate, os.W_OK | os.X_OK):
+                return candidate
+        except OSError:
+            pass  # read-only dataset directory: fall back to the user cache
+    home = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(home) / "parquetlm"
+
+
+def dtype_for(vocab_size: int) -> np.dtype[Any]:
+    """uint16 when every id fits (vocab_size <= 65536), else uint32."""
+    if vocab_size <= 0 or vocab_size > 2**32:
+        raise TokenizerError(f"vocab_size={vocab_size} cannot be stored: it must be in 1..2**32")
+    return np.dtype(np.uint16) if vocab_size <= 2**16 else np.dtype(np.uint32)
+
+
+def cache_key(source: ParquetSource, tokenizer: Tokenizer) -> str:
+    spec = f"parquetlm-cache-v{FORMAT_VERSION}\0{source.fingerprint()}\0{tokenizer.fingerprint()}"
+    return hashlib.sha256(spec.encode()).hexdigest()[:24]
+
+
+class TokenCache:
+    """A tokenized dataset on disk. Make one with :meth:`build` (reuses an existing one)."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self._path = Path(path)
+        meta_path = self._path / "meta.json"
+        try:
+            meta = json.loads(meta_path.read_text())
+            self._meta: dict[str, Any] = meta
+            self._dtype = np.dtype(meta["dtype"])
+            num_tokens, num_docs = int(meta["num_tokens"]), int(meta["num_docs"])
+            version = int(meta["format"])
+        except FileNotFoundError:
+            raise CacheError(f"{self._path} is not a complete token cache (no meta.json)") from None
+        except (ValueError, KeyError, TypeError) as e:
+            raise CacheError(f"{meta_path} is corrupt ({e}): delete {self._path}") from e
+        if version != FORMAT_VERSION:
+            raise CacheError(f"{self._path} has cache format {version}, expected {FORMAT_VERSION}")
+        tok_path, doc_path = self._path / "tokens.bin", self._path / "docs.bin"
+        for p, want in (
+            (tok_path, num_tokens * self._dtype.itemsize),
+            (doc_path, (num_docs + 1) * 8),
+        ):
+            got = p.stat().st_size if p.exists() else -1
+            if got != want:
+                raise CacheError(
+                    f"{p} has {got} bytes, meta.json says {want}: the cache is damaged; delete "
+                    f"{self._path} and build again"
+                )
+        self.tokens: np.ndarray = np.memmap(
+            tok_path, dtype=self._dtype, mode="r", shape=(num_tokens,)
+        )
+        self.doc_offsets: np.ndarray = np.memmap(
+            doc_path, dtype=np.int64, mode="r", shape=(num_docs + 1,)
+        )
+
+    # -- building ------------------------------------------------------------------------------
+
+    @classmethod
+    def build(
+        cls,
+        source: ParquetSource,
+        tokenizer: Tokenizer,
+        cache_dir: str | os.PathLike[str] | None = None,
+        *,
+        workers: int | None = None,
+        progress: ProgressFn | None = None,
+    ) -> TokenCache:
+        """Tokenize ``source`` into ``cache_dir`` (default :func:`default_cache_dir`), or reuse the
+        cache a previous run built for the same content and tokenizer.
+
+        ``workers``: processes tokenizing row groups in parallel (default: the CPUs this process
+        may use; 1 tokenizes in this process). ``progress(done, total)`` is called after each row
+        group is durable. Null rows are skipped, counted (``null_rows``) and warned about.
+        """
+        root = Path(cache_dir) if cache_dir is not None else default_cache_dir(source)
+        key = cache_key(source, tokenizer)
+        final = root / f"tokens-{key}"
+        existing = _try_open(final)
+        if existing is not None:
+            return existing
+        try:
+            root.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise CacheError(f"cannot create cache directory {root} ({e}): pass cache_dir=") from e
+        with _exclusive(root / f"tokens-{key}.lock") as locked:
+            existing = _try_open(final, repair=locked)
+            if existing is not None:
+                return existing  # another builder finished while we waited for the lock
+            # Without a working lock each builder uses its own directory: wasteful, never corrupt.
+            suffix = "partial" if locked else f"partial-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+            partial = root / f"tokens-{key}.{suffix}"
+            try:
+                _build_into(partial, source, tokenizer, key, workers=workers, progress=progress)
+            except EmptyDatasetError:
+                shutil.rmtree(partial, ignore_errors=True)
+                raise
+            try:
+                os.rename(partial, final)
+            except OSError as e:
+                if e.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+                    raise
+                shutil.rmtree(partial, ignore_errors=True)  # a concurrent builder won the race
+            _fsync_dir(root)
+        cache = cls(final)
+        if cache.null_rows:
+            warnings.warn(
+                f"skipped {cache.null_rows} null rows of {source.describe()}",
+                NullRowsWarning,
+                stacklevel=2,
+            )
+        return cache
+
+    @classmethod
+    def open(cls, path: str | os.PathLike[str]) -> TokenCache:
+        return cls(path)
+
+    # -- reading -------------------------------------------------------------------------------
+
+    @property
+    def path(self) -> Path:
+        return self._path
+
+    @property
+    def key(self) -> str:
+        """Identifies the content + tokenizer; loader states are tied to it."""
+        return str(self._meta["key"])
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self._meta["num_tokens"])
+
+    @property
+    def num_docs(self) -> int:
+        return int(self._meta["num_docs"])
+
+    @property
+    def dtype(self) -> np.dtype[Any]:
+        return self._dtype
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self._meta["vocab_size"])
+
+    @property
+    def eot_id(self) -> int:
+        return int(self._meta["eot_id"])
+
+    @property
+    def null_rows(self) -> int:
+        return int(self._meta["null_rows"])
+
+    @property
+    def meta(self) -> dict[str, Any]:
+        return dict(self._meta)
+
+    def document(self, i: int) -> np.ndarray:
+        """Tokens of document ``i`` (without its trailing EOT)."""
+        if not -self.num_docs <= i < self.num_docs:
+            raise IndexError(f"document {i} out of range: the cache has {self.num_docs}")
+        i %= self.num_docs
+        return np.asarray(self.tokens[self.doc_offsets[i] : self.doc_offsets[i + 1] - 1])
+
+    def __len__(self) -> int:
+        return self.num_tokens
+
+    def __repr__(self) -> str:
+        return (
+            f"TokenCache({str(self._path)!r}, tokens={self.num_tokens}, docs={self.num_docs}, "
+            f"dtype={self._dtype.name})"
+        )
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Worker processes reopen the memory map by path instead of copying the tokens.
+        return (TokenCache, (str(self._path),))
+
+
+def _try_open(final: Path, *, repair: bool = False) -> TokenCache | None:
+    if not final.exists():
+        return None
+    try:
+        return TokenCache(final)
+    except CacheError as e:
+        if not repair:
+            return None  # looked at again, and repaired, under the lock
+        warnings.warn(f"rebuilding a damaged token cache: {e}", stacklevel=3)
+        shutil.rmtree(final)
+        return None
+
+
+@contextlib.contextmanager
+def _exclusive(lock_path: Path) -> Iterator[bool]:
+    """Hold an exclusive flock (released by the kernel if we die); yields False where the file
+    system cannot lock (then builders do not share partial work)."""
+    try:
+        import fcntl
+    except ImportError:  # not POSIX
+        yield False
+        return
+    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            locked = True
+        except OSError as e:
+            if e.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.EINVAL):
+                raise
+            locked = False
+        yield locked
+    finally:
+        os.close(fd)
+
+
+# -- the build itself ----------------------------------------------------------------------------
+
+_worker: dict[str, Any] = {}
+
+
+def _init_worker(source: ParquetSource, tokenizer: Tokenizer, dtype: str, units_dir: str) -> None:
+    _worker.update(source=source, tokenizer=tokenizer, dtype=np.dtype(dtype), units_dir=units_dir)
+
+
+def _encode_unit(unit: Unit) -> int:
+    source: ParquetSource = _worker["source"]
+    tokenizer: Tokenizer = _worker["tokenizer"]
+    dtype: np.dtype[Any] = _worker["dtype"]
+    base = os.path.join(_worker["units_dir"], f"{unit.index:07d}")
+    tmp = f"{base}.{os.getpid()}.tmp"
+    num_tokens = num_docs = nulls = text_bytes = 0
+    limit = min(tokenizer.vocab_size, np.iinfo(dtype).max + 1)
+    with open(tmp + "tok", "wb") as ftok, open(tmp + "len", "wb") as flen:
+        for texts, n_null in source.read_unit(unit):
+            nulls += n_null
+            if not len(texts):
+                continue
+            text_bytes += _text_bytes(texts)
+            tokens, lengths = encode_to_array(tokenizer, texts)
+            if len(tokens) and (int(tokens.min()) < 0 or int(tokens.max()) >= limit):
+                raise TokenizerError(
+                    f"tokenizer produced id {int(tokens.max())} outside its vocabulary of "
+                    f"{tokenizer.vocab_size}: its vocab_size is wrong"
+                )
+            ftok.write(tokens.astype(dtype, copy=False).tobytes())
+            flen.write(lengths.astype(np.int64, copy=False).tobytes())
+            num_tokens += len(tokens)
+            num_docs += len(lengths)
+        for out in (ftok, flen):
+            out.flush()
+            os.fsync(out.fileno())
+    os.replace(tmp + "tok", base + ".tok")
+    os.replace(tmp + "len", base + ".len")
+    info = {"tokens": num_tokens, "docs": num_docs, "nulls": nulls, "text_bytes": text_bytes}
+    with open(tmp + "json", "w") as fj:
+        json.dump(info, fj)
+        fj.flush()
+        os.fsync(fj.fileno())
+    os.replace(tmp + "json", base + ".json")  # last: marks the unit complete
+    return unit.index
+
+
+def _text_bytes(texts: Any) -> int:
+    import pyarrow.compute as pc
+
+    return int(pc.sum(pc.binary_length(texts)).as_py() or 0)
+
+
+def _run_units(
+    todo: list[Unit],
+    initargs: tuple[Any, ...],
+    workers: int,
+    on_done: Callable[[], None],
+) -> None:
+    # A tokenizer with a vectorized encode_arrow (bytes) is bound by reading: processes would
+    # only add their start-up time.
+    cheap = hasattr(initargs[1], "encode_arrow")
+    if workers > 1 and len(todo) > 1 and not cheap:
+        payload = _picklable(initargs)
+        if payload is not None:
+            _run_in_processes(todo, payload, min(workers, len(todo)), on_done, initargs[3])
+            return
+    _init_worker(*initargs)
+    try:
+        for unit in todo:
+            _encode_unit(unit)
+            on_done()
+    finally:
+        _worker.clear()
+
+
+def _picklable(initargs: tuple[Any, ...]) -> bytes | None:
+    """The workers' arguments, or None when they cannot travel to a fresh interpreter (a
+    tokenizer class defined in ``__main__``): then this process tokenizes alone."""
+    for a in initargs:
+        module = type(a).__module__
+        try:
+            if module == "__main__" or importlib.util.find_spec(module) is None:
+                return None
+        except (ImportError, ValueError):
+            return None
+    try:
+        return pickle.dumps(initargs)
+    except Exception:
+        return None
+
+
+def _run_in_processes(
+    todo: list[Unit], payload: bytes, workers: int, on_done: Callable[[], None], units_dir: str
+) -> None:
+    # Fresh interpreters running our own module, not multiprocessing: no fork of a process that
+    # runs pyarrow/tokenizers threads, and no re-import of the caller's __main__ (spawn's trap).
+    job = os.path.join(units_dir, f"job-{os.getpid()}-{uuid.uuid4().hex[:8]}.pkl")
+    with open(job, "wb") as f:
+        pickle.dump((payload, todo), f)
+    # The processes are the parallelism: no tokenizers thread pool inside each.
+    env = dict(os.environ, TOKENIZERS_PARALLELISM="false")
+    # The parent's import path, so the tokenizer's class imports in the child as it does here.
+    env["PYTHONPATH"] = os.pathsep.join(p or os.getcwd() for p in sys.path)
+    # stderr goes to files: a chatty worker must not block on a full pipe nobody reads.
+    with contextlib.ExitStack() as stack:
+        logs = [stack.enter_context(tempfile.TemporaryFile()) for _ in range(workers)]
+        procs = [
+            subprocess.Popen(
+                [sys.executable, "-m", "parquetlm._worker", job],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=log,
+                env=env,
+            )
+            for log in logs
+        ]
+        try:
+            _schedule(procs, logs, len(todo), on_done)
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+                p.wait()
+                for pipe in (p.stdin, p.stdout):
+                    if pipe is not None:
+                        pipe.close()
+            os.unlink(job)
+
+
+def _schedule(
+    procs: list[subprocess.Popen[bytes]], logs: list[Any], n: int, on_done: Callable[[], None]
+) -> None:
+    """Hand out units one at a time to whichever worker is free (big and small row groups
+    balance); a worker prints a line when it is ready for the next one."""
+    queue = iter(range(n))
+    with selectors.DefaultSelector() as sel:
+        for p in procs:
+            assert p.stdout is not None
+            sel.register(p.stdout, selectors.EVENT_READ, (p, logs[procs.index(p)]))
+        running = len(procs)
+        while running:
+            for key, _ in sel.select():
+                proc, log = key.data
+                line = key.fileobj.readline()  # type: ignore[union-attr]
+                if line.startswith(b"done"):
+                    on_done()
+                if line:
+                    assert proc.stdin is not None
+                    nxt = next(queue, None)
+                    proc.stdin.write(b"stop\n" if nxt is None else b"%d\n" % nxt)
+                    proc.stdin.flush()
+                    continue
+                sel.unregister(key.fileobj)
+                running -= 1
+                _check(proc, log)
+
+
+def _check(proc: subprocess.Popen[bytes], log: Any) -> None:
+    if proc.wait() != 0:
+        log.seek(0)
+        lines = log.read().decode(errors="replace").strip().splitlines()
+        marked = [ln.split(" ", 1)[1] for ln in lines if ln.startswith("PARQUETLM-WORKER-ERROR ")]
+        last = marked[-1] if marked else (lines[-1] if lines else f"exit {proc.returncode}")
+        if last.startswith("parquetlm.errors."):
+            raise CacheError(last.split(": ", 1)[-1])
+        raise CacheError(f"a tokenizer worker failed: {last}")
+
+
+def _default_workers() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def split_units(units: list[Unit], *, max_parts: int = 16, min_rows: int = 256) -> list[Unit]:
+    """Cut big row groups into up to ``max_parts`` parts of >= ``min_rows`` rows, so workers
+    balance even on a file with one row group. Depends on the metadata only (a resumed build
+    finds the same parts). Each part re-reads its row group up to its end: cheap next to BPE."""
+    out: list[Unit] = []
+    for u in units:
+        parts = max(1, min(max_parts, u.num_rows // min_rows))
+        edges = [u.num_rows * k // parts for k in range(parts + 1)]
+        for lo, hi in zip(edges, edges[1:], strict=False):
+            out.append(Unit(len(out), u.file_index, u.row_group, u.num_rows, lo, hi))
+    return out
+
+
+def _build_into(
+    partial: Path,
+    source: ParquetSource,
+    tokenizer: Tokenizer,
+    key: str,
+    *,
+    workers: int | None,
+    progress: ProgressFn | None,
+) -> None:
+    t0 = time.time()
+    dtype = dtype_for(tokenizer.vocab_size)
+    units_dir = partial / "units"
+    units_dir.mkdir(parents=True, exist_ok=True)
+    units = source.units if hasattr(tokenizer, "encode_arrow") else split_units(source.units)
+    done = sum(1 for u in units if (units_dir / f"{u.index:07d}.json").exists())
+    todo = [u for u in units if not (units_dir / f"{u.index:07d}.json").exists()]
+    counter = [done]
+
+    def on_done() -> None:
+        counter[0] += 1
+        if progress is not None:
+            progress(counter[0], len(units))
+
+    n_workers = _default_workers() if workers is None else int(workers)
+    if n_workers < 1:
+        raise CacheError(f"workers={workers} must be >= 1 (or None for all CPUs)")
+    _run_units(todo, (source, tokenizer, dtype.name, str(units_dir)), n_workers, on_done)
+    if progress is not None and not todo:
+        progress(len(units), len(units))
+    totals = _assemble(partial, units, units_dir)
+    if totals["num_docs"] == 0:
+        raise EmptyDatasetError(
+            f"empty dataset: all {totals['null_rows']} rows of column {source.column!r} in "
+            f"{source.describe()} are null"
+        )
+    meta = {
+        "format": FORMAT_VERSION,
+        "key": key,
+        "dtype": dtype.name,
+        "vocab_size": tokenizer.vocab_size,
+        "eot_id": tokenizer.eot_id,
+        "tokenizer": repr(tokenizer),
+        "tokenizer_fingerprint": tokenizer.fingerprint(),
+        "source_fingerprint": source.fingerprint(),
+        "column": source.column,
+        "files": source.files[:100],
+        "num_files": len(source.files),
+        "num_rows": source.num_rows,
+        **totals,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "build_seconds": round(time.time() - t0, 3),
+    }
+    _write_json(partial / "meta.json", meta)
+    shutil.rmtree(units_dir)
+    _fsync_dir(partial)
+
+
+def _assemble(partial: Path, units: list[Unit], units_dir: Path) -> dict[str, int]:
+    """Concatenate the units in dataset order into tokens.bin and docs.bin (bounded memory)."""
+    num_tokens = num_docs = nulls = text_bytes = 0
+    with open(partial / "tokens.bin", "wb") as ftok, open(partial / "docs.bin", "wb") as fdoc:
+        fdoc.write(np.zeros(1, dtype=np.int64).tobytes())
+        for unit in units:
+            base = units_dir / f"{unit.index:07d}"
+            info = json.loads(base.with_suffix(".json").read_text())
+            with open(base.with_suffix(".tok"), "rb") as fin:
+                shutil.copyfileobj(fin, ftok, 1 << 24)
+            lengths = np.fromfile(base.with_suffix(".len"), dtype=np.int64)
+            fdoc.write((np.cumsum(lengths) + num_tokens).tobytes())
+            num_tokens += int(info["tokens"])
+            num_docs += int(info["docs"])
+            nulls += int(info["nulls"])
+            text_bytes += int(info["text_bytes"])
+        for out in (ftok, fdoc):
+            out.flush()
+            os.fsync(out.fileno())
+    return {
+        "num_tokens": num_tokens,
+        "num_docs": num_docs,
+        "null_rows": nulls,
+        "text_bytes": text_bytes,
+    }
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w") as f:
+        json.dump(data, f, indent=1)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass  # some file systems cannot fsync a directory
+    finally:
+        os.close(fd)
