@@ -1,0 +1,53 @@
+"""``pyrecover-train [train] [FLAGS]`` and ``pyrecover-train report EXP_DIR``.
+
+Exit status of ``train``: 0 finished all --training-steps; 75 (EX_TEMPFAIL) stopped early for
+time or by a signal, a checkpoint was saved and a requeue is wanted; 1 error; 2 usage error
+(nothing written). ``python -m pyrecover_train`` is the same command.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+from .config import UsageError, config_from_args
+
+PROG = "pyrecover-train"
+log = logging.getLogger("pyrecover_train")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else list(argv)
+    if args and args[0] == "report":
+        from . import report
+
+        return report.main(args[1:])
+    if args and args[0] == "train":
+        args = args[1:]
+    try:
+        cfg = config_from_args(args)
+    except SystemExit as e:  # argparse: --help (0) or a usage error (2), already printed
+        return int(e.code or 0)
+    except UsageError as e:
+        return _usage(e)
+    from .trainer import TrainingDiverged, train  # torch is imported only for an actual run
+
+    try:
+        return train(cfg).exit_code
+    except UsageError as e:
+        return _usage(e)
+    except TrainingDiverged as e:
+        print(f"{PROG}: error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(f"{PROG}: interrupted before training started; nothing was saved", file=sys.stderr)
+        return 130
+    except Exception as e:
+        logging.getLogger("pyrecover_train").addHandler(logging.StreamHandler(sys.stderr))
+        log.exception("%s: error: %s: %s", PROG, type(e).__name__, e)
+        return 1
+
+
+def _usage(e: UsageError) -> int:
+    print(f"{PROG}: error: {e}", file=sys.stderr)
+    return 2

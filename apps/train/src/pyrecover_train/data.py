@@ -1,0 +1,97 @@
+"""Dataset -> tokenizer -> token cache -> train/val loaders (parquetlm), rank-0 first."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from parquetlm import (
+    PackedLoader,
+    ParquetLMError,
+    ParquetSource,
+    TokenCache,
+    Tokenizer,
+    load_tokenizer,
+    train_tokenizer,
+)
+
+from .config import TrainConfig, UsageError
+from .corpus import default_cache_dir, prepare_shakespeare
+
+
+@dataclass(slots=True)
+class Data:
+    source: ParquetSource
+    tokenizer: Tokenizer
+    cache: TokenCache
+    train: PackedLoader
+    val: PackedLoader | None
+    dataset: str  # what was read, for logs and metadata
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "dataset": self.dataset,
+            "files": len(self.source.files),
+            "tokenizer": getattr(self.tokenizer, "name", type(self.tokenizer).__name__),
+            "tokenizer_fingerprint": self.tokenizer.fingerprint(),
+            "vocab_size": self.tokenizer.vocab_size,
+            "tokens": self.cache.num_tokens,
+            "docs": self.cache.num_docs,
+            "train_windows": self.train.windows_per_epoch,
+            "val_windows": 0 if self.val is None else self.val.windows_per_epoch,
+            "cache": str(self.cache.path),
+        }
+
+
+def cache_root(cfg: TrainConfig) -> Path:
+    return Path(cfg.cache_dir) if cfg.cache_dir else default_cache_dir()
+
+
+def prepare(cfg: TrainConfig) -> tuple[ParquetSource, Tokenizer, TokenCache, str]:
+    """Build (or reuse) the corpus, tokenizer and token cache. Call on one rank per node first:
+    the caches are shared files and building them twice is wasted time."""
+    root = cache_root(cfg)
+    try:
+        dataset = cfg.dataset or str(prepare_shakespeare(root))
+        source = ParquetSource(dataset, column=cfg.text_column)
+        tokenizer = _tokenizer(cfg.tokenizer, source, root)
+        cache = TokenCache.build(source, tokenizer, root / "tokens")
+    except ParquetLMError as e:
+        raise UsageError(f"--dataset/--tokenizer: {e}") from None
+    return source, tokenizer, cache, dataset
+
+
+def _tokenizer(spec: str, source: ParquetSource, root: Path) -> Tokenizer:
+    m = re.fullmatch(r"bpe(?::(\d+))?", spec)
+    if m:
+        # Trained tokenizers go to our cache dir, not next to a possibly read-only dataset.
+        vocab = int(m.group(1)) if m.group(1) else 8192
+        return train_tokenizer(source, vocab_size=vocab, cache_dir=root / "tokenizers")
+    if spec.endswith(".json") and not Path(spec).is_file():
+        raise UsageError(
+            f"--tokenizer {spec}: no such file (give a tokenizer.json or byte|gpt2|bpe:N)"
+        )
+    return load_tokenizer(spec, source)
+
+
+def loaders(
+    cfg: TrainConfig, cache: TokenCache, *, rank: int, world_size: int
+) -> tuple[PackedLoader, PackedLoader | None]:
+    """Train loader (state checkpointed) and the held-out val loader (read from the start at
+    every evaluation, so it has no state to save)."""
+    common: dict[str, Any] = {
+        "seq_len": cfg.sequence_length,
+        "batch_size": cfg.batch_size,
+        "seed": cfg.seed,
+        "rank": rank,
+        "world_size": world_size,
+        "val_fraction": cfg.val_fraction,
+    }
+    try:
+        train = PackedLoader(cache, split="train", **common)
+        val = PackedLoader(cache, split="val", **common) if cfg.val_fraction > 0 else None
+    except ParquetLMError as e:
+        raise UsageError(f"data: {e}") from None
+    return train, val

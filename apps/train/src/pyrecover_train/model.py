@@ -1,0 +1,292 @@
+"""A Llama-style decoder: RMSNorm, RoPE, SwiGLU, grouped-query attention, SDPA.
+
+The model is deliberately plain (no fused kernels of its own) so that it runs the same on CPU and
+CUDA, compiles with ``torch.compile``, and gives bitwise-repeatable results on CPU.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class ModelConfig:
+    """The shape of the model. Two checkpoints are compatible when their configs are equal."""
+
+    dim: int
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    ffn_dim: int
+    vocab_size: int
+    max_seq_len: int
+    rope_theta: float = 10000.0
+    norm_eps: float = 1e-5
+
+    def __post_init__(self) -> None:
+        for name in ("dim", "n_layers", "n_heads", "n_kv_heads", "ffn_dim", "vocab_size"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"model {name} must be positive, got {getattr(self, name)}")
+        if self.max_seq_len <= 0:
+            raise ValueError(f"sequence length must be positive, got {self.max_seq_len}")
+        if self.dim % self.n_heads:
+            raise ValueError(
+                f"model dim {self.dim} is not divisible by n_heads {self.n_heads}: "
+                "pick a dim that is a multiple of the head count"
+            )
+        if self.n_heads % self.n_kv_heads:
+            raise ValueError(
+                f"n_heads {self.n_heads} is not a multiple of n_kv_heads {self.n_kv_heads}: "
+                "grouped-query attention shares each kv head among a whole number of heads"
+            )
+        if self.head_dim % 2:
+            raise ValueError(f"head dim {self.head_dim} must be even for RoPE")
+
+    @property
+    def head_dim(self) -> int:
+        return self.dim // self.n_heads
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ModelConfig:
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in known})
+
+    def differences(self, other: ModelConfig | dict[str, Any]) -> list[str]:
+        """Fields that differ, as ``name: mine != theirs`` (empty when compatible).
+
+        ``max_seq_len`` is left out: RoPE tables are rebuilt, weights do not depend on it.
+        """
+        theirs = other if isinstance(other, dict) else other.to_dict()
+        out = []
+        for f in fields(self):
+            if f.name == "max_seq_len":
+                continue
+            mine = getattr(self, f.name)
+            if f.name in theirs and theirs[f.name] != mine:
+                out.append(f"{f.name}: {theirs[f.name]} in the checkpoint != {mine} here")
+        return out
+
+    def num_params(self, *, embedding: bool = True) -> int:
+        attn = self.dim * self.dim * 2 + 2 * self.dim * self.n_kv_heads * self.head_dim
+        mlp = 3 * self.dim * self.ffn_dim
+        per_layer = attn + mlp + 2 * self.dim
+        body = self.n_layers * per_layer + self.dim + self.vocab_size * self.dim  # norm + lm head
+        return body + (self.vocab_size * self.dim if embedding else 0)
+
+    def flops_per_token(self, seq_len: int) -> float:
+        """Training FLOPs per token (forward + backward), the PaLM appendix-B count.
+
+        6 per weight of every matmul (the input embedding is a lookup, not a matmul) plus the
+        attention scores and values: 12 * layers * dim * seq_len (causal masking not discounted,
+        as in PaLM and nanoGPT, so figures compare across codebases).
+        """
+        return 6.0 * self.num_params(embedding=False) + 12.0 * self.n_layers * self.dim * seq_len
+
+
+# Presets. vocab_size None = the tokenizer's vocabulary (rounded up to a multiple of 64).
+PRESETS: dict[str, dict[str, Any]] = {
+    "tiny": {
+        "dim": 128,
+        "n_layers": 4,
+        "n_heads": 4,
+        "n_kv_heads": 2,
+        "ffn_dim": 384,
+        "vocab_size": None,
+    },
+    "small": {
+        "dim": 384,
+        "n_layers": 6,
+        "n_heads": 6,
+        "n_kv_heads": 2,
+        "ffn_dim": 1024,
+        "vocab_size": None,
+    },
+    "125m": {
+        "dim": 768,
+        "n_layers": 12,
+        "n_heads": 12,
+        "n_kv_heads": 4,
+        "ffn_dim": 2048,
+        "vocab_size": None,
+    },
+    "350m": {
+        "dim": 1024,
+        "n_layers": 24,
+        "n_heads": 16,
+        "n_kv_heads": 4,
+        "ffn_dim": 2816,
+        "vocab_size": None,
+    },
+    # Llama-3.2-1B's shape (embeddings untied here, so 1.5B parameters).
+    "1b": {
+        "dim": 2048,
+        "n_layers": 16,
+        "n_heads": 32,
+        "n_kv_heads": 8,
+        "ffn_dim": 8192,
+        "vocab_size": 128256,
+        "rope_theta": 500000.0,
+    },
+    # The original PyRecover's Llama-3-8B shape.
+    "8b": {
+        "dim": 4096,
+        "n_layers": 32,
+        "n_heads": 32,
+        "n_kv_heads": 8,
+        "ffn_dim": 14336,
+        "vocab_size": 128256,
+        "rope_theta": 500000.0,
+    },
+}
+
+
+def preset_config(name: str, *, vocab_size: int, max_seq_len: int) -> ModelConfig:
+    """The preset's shape, with the tokenizer's vocabulary where the preset has none of its own."""
+    if name not in PRESETS:
+        raise ValueError(f"unknown model size {name!r}: pick one of {', '.join(PRESETS)}")
+    spec = dict(PRESETS[name])
+    preset_vocab = spec.pop("vocab_size")
+    if preset_vocab is None:
+        vocab = -(-vocab_size // 64) * 64  # a multiple of 64 keeps the lm-head matmul efficient
+    elif vocab_size > preset_vocab:
+        raise ValueError(
+            f"the tokenizer has {vocab_size} ids but model size {name!r} has a vocabulary of "
+            f"{preset_vocab}: use a smaller tokenizer or another --model-size"
+        )
+    else:
+        vocab = preset_vocab
+    return ModelConfig(vocab_size=vocab, max_seq_len=max_seq_len, **spec)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Normalise in fp32 whatever the autocast dtype: the mean of squares underflows in bf16.
+        xf = x.float()
+        out = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return out.type_as(x) * self.weight
+
+
+def rope_tables(head_dim: int, seq_len: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
+    angles = torch.outer(torch.arange(seq_len, dtype=torch.float64), inv_freq)
+    return angles.cos().float(), angles.sin().float()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate pairs (x[2i], x[2i+1]); x is (batch, heads, seq, head_dim)."""
+    t = x.shape[-2]
+    c, s = cos[:t].to(x.dtype), sin[:t].to(x.dtype)
+    x1, x2 = x[..., 0::2], x[..., 1::2]
+    return torch.stack((x1 * c - x2 * s, x1 * s + x2 * c), dim=-1).flatten(-2)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.n_heads, self.n_kv_heads, self.head_dim = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+        self.wq = nn.Linear(cfg.dim, cfg.n_heads * cfg.head_dim, bias=False)
+        self.wk = nn.Linear(cfg.dim, cfg.n_kv_heads * cfg.head_dim, bias=False)
+        self.wv = nn.Linear(cfg.dim, cfg.n_kv_heads * cfg.head_dim, bias=False)
+        self.wo = nn.Linear(cfg.n_heads * cfg.head_dim, cfg.dim, bias=False)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        b, t, _ = x.shape
+        q = self.wq(x).view(b, t, self.n_heads, self.head_dim).transpose(1, 2)
+        k = self.wk(x).view(b, t, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        v = self.wv(x).view(b, t, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if self.n_kv_heads != self.n_heads:
+            # Expanding kv heads explicitly works on every backend and torch version; SDPA's
+            # enable_gqa is not supported by all kernels.
+            rep = self.n_heads // self.n_kv_heads
+            k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.wo(y.transpose(1, 2).reshape(b, t, -1))
+
+
+class FeedForward(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.w1 = nn.Linear(cfg.dim, cfg.ffn_dim, bias=False)
+        self.w3 = nn.Linear(cfg.dim, cfg.ffn_dim, bias=False)
+        self.w2 = nn.Linear(cfg.ffn_dim, cfg.dim, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.attn_norm = RMSNorm(cfg.dim, cfg.norm_eps)
+        self.attn = Attention(cfg)
+        self.ffn_norm = RMSNorm(cfg.dim, cfg.norm_eps)
+        self.ffn = FeedForward(cfg)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.attn_norm(x), cos, sin)
+        return x + self.ffn(self.ffn_norm(x))
+
+
+class GPT(nn.Module):
+    """Token ids (batch, seq) -> logits (batch, seq, vocab)."""
+
+    cos: torch.Tensor
+    sin: torch.Tensor
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.tok_embeddings = nn.Embedding(cfg.vocab_size, cfg.dim)
+        self.layers = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
+        self.norm = RMSNorm(cfg.dim, cfg.norm_eps)
+        self.output = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
+        cos, sin = rope_tables(cfg.head_dim, cfg.max_seq_len, cfg.rope_theta)
+        # Not persistent: derived from the config, so checkpoints hold weights only.
+        self.register_buffer("cos", cos, persistent=False)
+        self.register_buffer("sin", sin, persistent=False)
+
+    def init_weights(self, seed: int) -> None:
+        """Seeded init, independent of the global RNG: same seed, same weights on any device."""
+        gen = torch.Generator(device="cpu").manual_seed(seed)
+        residual_std = 0.02 / math.sqrt(2 * self.cfg.n_layers)
+        with torch.no_grad():
+            for name, p in self.named_parameters():
+                if p.ndim == 1:
+                    p.fill_(1.0)  # norm weights
+                    continue
+                std = residual_std if name.endswith(("wo.weight", "w2.weight")) else 0.02
+                # Drawn on CPU so the weights do not depend on the device's RNG implementation.
+                p.copy_(torch.empty(p.shape, dtype=torch.float32).normal_(0.0, std, generator=gen))
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        if tokens.shape[1] > self.cfg.max_seq_len:
+            raise ValueError(
+                f"input of length {tokens.shape[1]} exceeds max_seq_len {self.cfg.max_seq_len}"
+            )
+        h = self.tok_embeddings(tokens)
+        for layer in self.layers:
+            h = layer(h, self.cos, self.sin)
+        return self.output(self.norm(h))
+
+
+def build_model(cfg: ModelConfig, *, seed: int, device: torch.device | str = "cpu") -> GPT:
+    """A freshly initialised model on ``device`` (weights in fp32)."""
+    with torch.device(device):
+        model = GPT(cfg)
+    model.init_weights(seed)
+    return model

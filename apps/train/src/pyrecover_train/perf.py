@@ -1,0 +1,93 @@
+"""Throughput arithmetic: MFU per GPU, the learning-rate schedule, the Young/Daly interval."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Callable
+
+import torch
+
+# Dense (no sparsity) bf16/fp16 tensor-core peaks, TFLOP/s per GPU, from the vendors' datasheets.
+# Matched by substring of torch.cuda.get_device_name(), most specific first.
+PEAK_TFLOPS: tuple[tuple[str, float], ...] = (
+    ("GB200", 2500.0),
+    ("B200", 2250.0),
+    ("H200", 989.4),
+    ("GH200", 989.4),
+    ("H100 NVL", 835.0),
+    ("H100 PCIe", 756.0),
+    ("H100", 989.4),  # SXM
+    ("H800", 989.4),
+    ("A100", 312.0),
+    ("A800", 312.0),
+    ("L40S", 362.0),
+    ("L4", 121.0),
+    ("A10G", 70.0),
+    ("A10", 125.0),
+    ("V100", 125.0),
+    ("MI300X", 1307.0),
+    ("MI250X", 383.0),
+)
+
+
+def peak_flops(device: torch.device, override_tflops: float | None = None) -> float | None:
+    """Per-GPU peak FLOP/s, or None on CPU / an unknown GPU (then no MFU is reported)."""
+    if override_tflops is not None:
+        return override_tflops * 1e12
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    for key, tflops in PEAK_TFLOPS:
+        if key in name:
+            return tflops * 1e12
+    return None
+
+
+def mfu(tokens_per_s_per_gpu: float, flops_per_token: float, peak: float | None) -> float | None:
+    """Model FLOPs utilisation of ONE GPU: its own tokens/s times FLOPs per token over its peak.
+
+    (The original PyRecover divided the global tokens/s by one GPU's peak, which overstates MFU
+    by the number of GPUs.)
+    """
+    if peak is None or peak <= 0:
+        return None
+    return tokens_per_s_per_gpu * flops_per_token / peak
+
+
+def warmup_cosine(*, warmup: int, total: int, min_ratio: float) -> Callable[[int], float]:
+    """LR multiplier for LambdaLR: linear warmup to 1, cosine decay to ``min_ratio`` at ``total``.
+
+    A plain function (not an object) on purpose: LambdaLR then stores nothing of it in its
+    state dict, so a resumed run follows the schedule of its own flags.
+    """
+
+    def factor(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        progress = min(1.0, (step - warmup) / max(1, total - warmup))
+        return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+    return factor
+
+
+def checkpoint_interval(
+    setting: float | str | None, measured_costs: list[float], assumed_cost: float, mtbf_s: float
+) -> float | None:
+    """Seconds between time-based saves for ``--checkpoint-interval-seconds``: None (off), a fixed
+    number, or "auto" = Young/Daly with the median measured blocking cost of a save (the assumed
+    cost until one was measured)."""
+    if setting is None:
+        return None
+    if setting == "auto":
+        cost = statistics.median(measured_costs) if measured_costs else assumed_cost
+        return young_daly_interval(cost, mtbf_s)
+    return float(setting)
+
+
+def young_daly_interval(save_cost_s: float, mtbf_s: float) -> float:
+    """Optimal seconds between checkpoints, sqrt(2 * C * MTBF) (Young 1974, Daly 2006).
+
+    Valid while C << MTBF; the interval is never shorter than the save itself.
+    """
+    return max(save_cost_s, math.sqrt(2.0 * max(save_cost_s, 0.0) * mtbf_s))

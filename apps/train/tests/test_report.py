@@ -1,0 +1,148 @@
+"""``pyrecover-train report``: the numbers (goodput, lost steps, overhead) and the PNG."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from pyrecover_train.cli import main
+from pyrecover_train.report import summarize
+
+
+def two_runs() -> list[dict[str, Any]]:
+    """Run 1 trains steps 0..30 (saves at 10, 20) and is killed; run 2 resumes at 20 and
+    finishes at 50."""
+    ev: list[dict[str, Any]] = []
+    args = {"training_steps": 50}
+    ev.append(
+        {"event": "start", "run": "a", "time": 1.0, "process_start": 0.0, "step": 0, "args": args}
+    )
+    for s in range(1, 31):
+        ev.append(
+            {
+                "event": "step",
+                "run": "a",
+                "time": float(s),
+                "step": s,
+                "loss": 5.0 - s / 20,
+                "steps": 1,
+                "step_time_s": 1.0,
+            }
+        )
+        if s in (10, 20):
+            ev.append({"event": "save", "run": "a", "time": s + 0.1, "step": s, "blocking_s": 0.5})
+            ev.append(
+                {
+                    "event": "saved",
+                    "run": "a",
+                    "time": s + 0.5,
+                    "step": s,
+                    "total_s": 0.8,
+                    "bytes": 1000,
+                }
+            )
+    ev[-1]["time"] = 40.0  # the last line written before SIGKILL
+    ev.append(
+        {
+            "event": "start",
+            "run": "b",
+            "time": 51.0,
+            "process_start": 50.0,
+            "step": 20,
+            "args": args,
+        }
+    )
+    ev.append(
+        {"event": "resume", "run": "b", "time": 51.0, "step": 20, "reason": "resumed from step 20"}
+    )
+    for s in range(21, 51):
+        t = 50.0 + (s - 20)
+        ev.append(
+            {
+                "event": "step",
+                "run": "b",
+                "time": t,
+                "step": s,
+                "loss": 4.0 - s / 50,
+                "steps": 1,
+                "step_time_s": 1.0,
+            }
+        )
+        if s % 10 == 0:
+            ev.append({"event": "save", "run": "b", "time": t + 0.1, "step": s, "blocking_s": 0.5})
+            ev.append(
+                {
+                    "event": "saved",
+                    "run": "b",
+                    "time": t + 0.5,
+                    "step": s,
+                    "total_s": 0.8,
+                    "bytes": 1000,
+                }
+            )
+    ev.append({"event": "eval", "run": "b", "time": 85.0, "step": 50, "val_loss": 3.5})
+    ev.append(
+        {
+            "event": "stop",
+            "run": "b",
+            "time": 90.0,
+            "step": 50,
+            "cause": "done",
+            "reason": "done: reached",
+        }
+    )
+    return ev
+
+
+def test_summary_numbers() -> None:
+    s = summarize(two_runs())
+    assert [r.outcome for r in s.runs] == ["killed", "done"]
+    assert [(r.start_step, r.end_step, r.persisted_steps, r.lost_steps) for r in s.runs] == [
+        (0, 30, 20, 10),
+        (20, 50, 30, 0),
+    ]
+    assert s.wall_s == pytest.approx(80.0)
+    assert s.persisted_step_s == pytest.approx(50.0)
+    assert s.goodput == pytest.approx(50 / 80)
+    assert s.lost_steps == 10
+    assert s.saves == 5 and s.checkpoint_overhead == pytest.approx(2.5 / 80)
+    assert s.final_step == 50 and s.target_steps == 50 and s.last_val_loss == 3.5
+
+
+def write(path: Path, events: list[dict[str, Any]]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"".join(orjson.dumps(e) + b"\n" for e in events))
+
+
+def test_report_cli_writes_png_and_summary(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    write(tmp_path / "exp" / "metrics.jsonl", two_runs())
+    assert main(["report", str(tmp_path / "exp")]) == 0
+    out = capsys.readouterr().out
+    assert "goodput 62.5%" in out and "lost steps 10" in out and "checkpoint overhead 3.1%" in out
+    png = tmp_path / "exp" / "report.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+
+
+def test_report_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    write(tmp_path / "m.jsonl", two_runs())
+    assert (
+        main(
+            ["report", str(tmp_path), "--metrics", str(tmp_path / "m.jsonl"), "--json", "--no-plot"]
+        )
+        == 0
+    )
+    data = orjson.loads(capsys.readouterr().out)
+    assert data["lost_steps"] == 10 and data["runs"][0]["lost_steps"] == 10
+
+
+def test_report_of_a_missing_experiment_is_a_usage_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["report", str(tmp_path / "nope")]) == 2
+    err = capsys.readouterr().err
+    assert "metrics.jsonl not found" in err and len(err.strip().splitlines()) == 1

@@ -1,0 +1,87 @@
+"""The sbatch script on a real single-node SLURM (tools/localslurm.py): the batch shell gets
+SIGUSR2, forwards it to the training step, the trainer saves and exits 75, the script requeues
+the job, and the restarted job resumes from the latest checkpoint and finishes -- no human action.
+(The full scenarios -- deadlines, preemption, multi-task steps -- are the e2e suite's.)"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+from train_helpers import ROOT, tiny_flags
+
+from pyrecover_train.metrics import read_events
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+SCRIPT = ROOT / "apps" / "train" / "slurm" / "submit-training-simple.sh"
+
+
+def _localslurm() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("localslurm", ROOT / "tools" / "localslurm.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[Any]:
+    localslurm = _localslurm()
+    why = localslurm.unavailable_reason()
+    if why is not None:
+        if os.environ.get("PYRECOVER_REQUIRE_SLURM") == "1":
+            pytest.fail(f"PYRECOVER_REQUIRE_SLURM=1 but no local SLURM: {why}")
+        pytest.skip(f"no local SLURM for the test: {why}")
+    with localslurm.LocalCluster(tmp_path / "slurm", cpus=4) as c:
+        yield c
+
+
+def test_signal_requeue_resume_until_done(
+    cluster: Any, corpus: Path, cache_dir: Path, tmp_path: Path
+) -> None:
+    ckpt = tmp_path / "ckpt"
+    args = tiny_flags(
+        corpus, cache_dir, ckpt, "--training-steps", "200", "--checkpoint-frequency", "20"
+    )
+    job = cluster.sbatch(
+        SCRIPT,
+        "--time=10",
+        "--signal=B:USR2@30",  # SLURM's own warning would come only near the 10-minute limit
+        "--cpus-per-task=1",
+        f"--output={tmp_path}/job-%j.out",
+        cwd=tmp_path,
+        env={"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"},
+        script_args=["--exp_name=sl", *args],
+    )
+    metrics = ckpt / "sl" / "metrics.jsonl"
+    deadline = time.monotonic() + 180
+    while not (metrics.exists() and any(e["event"] == "step" for e in read_events(metrics))):
+        assert time.monotonic() < deadline, cluster.logs()
+        time.sleep(0.2)
+    # What --signal=B:USR2@N does at the deadline: signal the batch shell only.
+    cluster.run(["scancel", "--signal=USR2", "--batch", job])
+    info = cluster.wait_for(job, {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"}, timeout=300)
+    out = (tmp_path / f"job-{job}.out").read_text()
+    assert info["JobState"] == "COMPLETED", out
+    assert info["RestartCnt"] == "1", out
+    assert "received SIGUSR2: forwarding to the training step" in out
+    assert "training step exited with status 75" in out
+    assert "requeueing job" in out and "requeue failed" not in out
+    assert "training finished" in out
+
+    events = list(read_events(metrics))
+    stops = [e for e in events if e["event"] == "stop"]
+    assert [(s["cause"], s["exit_code"]) for s in stops] == [("signal", 75), ("done", 0)]
+    resume = next(e for e in events if e["event"] == "resume")
+    assert resume["restart_count"] == 1 and resume["job_id"] == job
+    assert resume["step"] == stops[0]["step"]  # nothing lost: the final save was at the stop
+    assert stops[-1]["step"] == 200
+    # The trainer read its deadline from SLURM itself.
+    start = next(e for e in events if e["event"] == "start")
+    assert start["deadline_source"] in ("SLURM_JOB_END_TIME", "squeue", "scontrol")
