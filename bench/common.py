@@ -19,7 +19,14 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-RESULTS = Path(__file__).resolve().parent / "results"
+# BENCH_RESULTS moves every suite's output (bench/run.py --out, and --quick runs, which must not
+# overwrite the committed results).
+RESULTS = Path(os.environ.get("BENCH_RESULTS") or Path(__file__).resolve().parent / "results")
+
+
+def quick() -> bool:
+    """True for a fast smoke run (``BENCH_QUICK=1``, set by ``bench/run.py --quick``)."""
+    return os.environ.get("BENCH_QUICK", "") not in ("", "0")
 
 
 def machine() -> dict[str, Any]:
@@ -38,6 +45,11 @@ def machine() -> dict[str, Any]:
                 if line.startswith("model name"):
                     info["processor"] = line.split(":", 1)[1].strip()
                     break
+    except OSError:
+        pass
+    try:
+        # Other users' load on a shared machine is the main source of noise: say how much.
+        info["load_avg_1_5_15"] = [round(x, 2) for x in os.getloadavg()]
     except OSError:
         pass
     try:

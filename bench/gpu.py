@@ -1,0 +1,359 @@
+"""Python half of bench/gpu.sh: data, checkpoint timing from GPU memory, summaries.
+
+    python bench/gpu.py corpus PATH [--docs N]            a generated parquet corpus
+    python bench/gpu.py mfu METRICS.jsonl OUT.json ...    MFU/tokens/s of a pyrecover-train run
+    python bench/gpu.py fits --model-size 8b OUT.json     would the preset train on this GPU?
+    python bench/gpu.py ckpt OUT.json [--model-size 1b] [--repeats 2] [--dir D] [--device cuda]
+    python bench/gpu.py summary DIR                       DIR/*.json -> DIR/gpu.json + a table
+
+The checkpoint timing builds the trainer's model (``--model-size``) and fused AdamW state on the
+device, then measures side by side, interleaved, ``--repeats`` rounds after a warm-up async save
+(its blocking time, which includes allocating the pinned snapshot buffer, is reported apart):
+torch.save of the state dicts + fsync (the baseline), ckptstore sync save (durable), ckptstore
+async save (how long the caller is blocked -- until save() returns and the GPU's snapshot
+copies are done -- and until durable), then cold loads (page cache evicted): torch.load +
+load_state_dict vs ckptstore's verified load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import machine, print_table  # noqa: E402
+
+
+def corpus(path: str, docs: int) -> None:
+    import random
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rnd = random.Random(0)
+    words = ["the", "king", "queen", "night", "day", "sword", "crown", "heart", "love", "death"]
+    texts = [
+        " ".join(rnd.choice(words) for _ in range(rnd.randint(200, 2000))) + "."
+        for _ in range(docs)
+    ]
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.table({"text": texts}), path)
+    print(f"wrote {path}: {docs} documents")
+
+
+def _max_memory_mib(smi_csv: str | None) -> float | None:
+    """Highest ``memory.used`` in an ``nvidia-smi --query-gpu=memory.used --format=csv`` log."""
+    if not smi_csv or not Path(smi_csv).exists():
+        return None
+    used = []
+    for line in Path(smi_csv).read_text().splitlines():
+        for cell in line.split(","):
+            cell = cell.strip()
+            if cell.endswith("MiB") and cell[:-3].strip().isdigit():
+                used.append(float(cell[:-3]))
+                break
+    return max(used) if used else None
+
+
+def mfu(
+    metrics: str, out: str, skip: int, label: str, extra: dict[str, Any], smi: str | None = None
+) -> int:
+    """Medians over the step events after step ``skip`` (compilation and warm-up excluded)."""
+    events = [json.loads(line) for line in Path(metrics).read_text().splitlines() if line.strip()]
+    steps = [e for e in events if e.get("event") == "step" and e.get("step", 0) > skip]
+    if not steps:
+        print(f"{metrics}: no step events after step {skip}: did the run fail? see its log")
+        return 1
+    mfus = [e["mfu"] for e in steps if e.get("mfu") is not None]
+    start: dict[str, Any] = next((e for e in events if e.get("event") == "start"), {})
+    data = {
+        "label": label,
+        "steps_used": [e["step"] for e in steps],
+        "mfu_median": statistics.median(mfus) if mfus else None,
+        "tokens_per_s_per_gpu_median": statistics.median(e["tokens_per_s_per_rank"] for e in steps),
+        "step_time_s_median": statistics.median(e["step_time_s"] for e in steps),
+        "params": start.get("params"),
+        "model": start.get("model"),
+        "device": start.get("device"),
+        "gpu_memory_used_max_mib": _max_memory_mib(smi),
+        **extra,
+    }
+    Path(out).write_text(json.dumps(data, indent=2))
+    m = data["mfu_median"]
+    print(
+        f"{label}: {data['tokens_per_s_per_gpu_median']:,.0f} tokens/s per GPU, "
+        f"MFU {'n/a (no GPU peak known)' if m is None else f'{m * 100:.1f}%'}"
+    )
+    return 0
+
+
+def _preset_params(size: str) -> int:
+    from pyrecover_train.model import preset_config
+
+    return preset_config(size, vocab_size=50304, max_seq_len=2048).num_params()
+
+
+def fits(size: str, out: str) -> int:
+    """Exit 0 when the preset's weights + grads + AdamW state (fp32: 16 bytes a parameter) take
+    less than 85% of the device memory (the rest for activations), else 1 with the numbers."""
+    import torch
+
+    params = _preset_params(size)
+    need = params * 16
+    if torch.cuda.is_available():
+        total = torch.cuda.mem_get_info()[1]
+        where = torch.cuda.get_device_name(0)
+    else:
+        total, where = 0, "no GPU"
+    ok = need < 0.85 * total
+    why = (
+        f"{size}: {params / 1e9:.2f}B parameters x 16 bytes (fp32 weights, grads, AdamW moments) "
+        f"= {need / 2**30:.0f} GiB {'<' if ok else '>='} 85% of {total / 2**30:.0f} GiB on {where}"
+    )
+    Path(out).write_text(json.dumps({"model_size": size, "fits": ok, "why": why}, indent=2))
+    print(("fits: " if ok else "does not fit, skipped: ") + why)
+    return 0 if ok else 1
+
+
+# -- checkpoints from GPU memory ---------------------------------------------------------------
+
+
+def _state(size: str, device: str) -> tuple[Any, Any, int]:
+    import torch
+
+    from pyrecover_train.model import build_model, preset_config
+
+    cfg = preset_config(size, vocab_size=50304, max_seq_len=2048)
+    model = build_model(cfg, seed=0, device=device)
+    fused = device.startswith("cuda")
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=fused)
+    for p in model.parameters():
+        p.grad = torch.full_like(p, 1e-3)
+    opt.step()  # creates the moments
+    opt.zero_grad(set_to_none=True)
+    nbytes = sum(p.numel() * p.element_size() for p in model.parameters()) * 3
+    return model, opt, nbytes
+
+
+def _sync(device: str) -> None:
+    import torch
+
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def _drop_cache(root: str) -> None:
+    """Evict the files under ``root`` from the page cache (clean pages; no root needed)."""
+    for d, _, files in os.walk(root):
+        for f in files:
+            fd = os.open(os.path.join(d, f), os.O_RDONLY)
+            try:
+                os.fdatasync(fd)
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+
+
+def ckpt(out: str, size: str, repeats: int, scratch_parent: str | None, device: str) -> int:
+    import torch
+
+    from ckptstore import CheckpointStore
+
+    model, opt, nbytes = _state(size, device)
+    gb = nbytes / 1e9
+    print(f"state: {size} model + AdamW moments, {gb:.2f} GB on {device}")
+    scratch = tempfile.mkdtemp(prefix="gpu-ckpt-", dir=scratch_parent)
+    try:
+        store = CheckpointStore(os.path.join(scratch, "store"), keep_last=1)
+        state = {"model": model, "optim": opt, "step": 0}
+        plain = os.path.join(scratch, "plain.pt")
+        samples: dict[str, list[float]] = {}
+        step = 0
+
+        def record(name: str, seconds: float) -> None:
+            samples.setdefault(name, []).append(seconds)
+
+        # Warm-up: the first async save allocates and touches the pinned snapshot buffer once
+        # per run (reported apart); the rounds after it are what every later save costs.
+        t0 = time.perf_counter()
+        store.save(0, state, blocking=False)
+        _sync(device)
+        first_async_block = time.perf_counter() - t0
+        store.wait()
+        for _ in range(repeats):
+            # torch.save + fsync of the state dicts, as a training script would save them; its
+            # cold load; then the file goes (the disk may hold only two copies of the state).
+            t0 = time.perf_counter()
+            torch.save({"model": model.state_dict(), "optim": opt.state_dict()}, plain)
+            fd = os.open(plain, os.O_RDONLY)
+            os.fsync(fd)
+            os.close(fd)
+            record("torch.save+fsync", time.perf_counter() - t0)
+            _drop_cache(scratch)
+            t0 = time.perf_counter()
+            loaded = torch.load(plain, map_location=device, weights_only=True)
+            model.load_state_dict(loaded["model"])
+            opt.load_state_dict(loaded["optim"])
+            del loaded
+            _sync(device)
+            record("torch.load+load_state_dict (cold)", time.perf_counter() - t0)
+            os.remove(plain)
+            gc.collect()
+
+            step += 1
+            _sync(device)
+            t0 = time.perf_counter()
+            store.save(step, {**state, "step": step}, blocking=True)
+            record("ckptstore sync", time.perf_counter() - t0)
+
+            step += 1
+            _sync(device)
+            t0 = time.perf_counter()
+            handle = store.save(step, {**state, "step": step}, blocking=False)
+            returned = time.perf_counter() - t0
+            # On CUDA save() returns once the device-to-host copies are queued; the training
+            # stream runs them before the next step's kernels, so the step really waits until
+            # they are done: that (returned + synchronize) is the honest blocking time.
+            _sync(device)
+            blocked = time.perf_counter() - t0
+            store.wait()
+            total = time.perf_counter() - t0
+            record("ckptstore async: save() returns", returned)
+            record("ckptstore async: blocking", blocked)
+            record("ckptstore async: until durable", total)
+            del handle
+
+            _drop_cache(scratch)
+            t0 = time.perf_counter()
+            store.load(state)  # the latest: the async save just made durable
+            _sync(device)
+            record("ckptstore verified load (cold)", time.perf_counter() - t0)
+        store.close()
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+    med = {k: statistics.median(v) for k, v in samples.items()}
+    base_save, base_load = med["torch.save+fsync"], med["torch.load+load_state_dict (cold)"]
+    ratios = {
+        "sync_save_speedup_vs_torch_save": base_save / med["ckptstore sync"],
+        "async_blocking_share_of_torch_save": med["ckptstore async: blocking"] / base_save,
+        "verified_load_speed_vs_torch_load": base_load / med["ckptstore verified load (cold)"],
+    }
+    rows = [[k, f"{v:.2f}", f"{gb / v:.2f}"] for k, v in med.items()]
+    print_table(
+        f"checkpoint from {device} memory: {gb:.1f} GB, median of {repeats} interleaved rounds",
+        ["candidate", "seconds", "GB/s"],
+        rows,
+    )
+    print_table("ratios", ["figure", "value"], [[k, f"{v:.3f}"] for k, v in ratios.items()])
+    data = {
+        "model_size": size,
+        "device": device,
+        "state_gb": gb,
+        "repeats": repeats,
+        "median_s": med,
+        "ratios": ratios,
+        "first_async_blocking_s": first_async_block,
+        "samples_s": samples,
+    }
+    Path(out).write_text(json.dumps(data, indent=2))
+    return 0
+
+
+# -- summary -----------------------------------------------------------------------------------
+
+
+def summary(folder: str) -> int:
+    root = Path(folder)
+    parts = {
+        p.stem: json.loads(p.read_text()) for p in sorted(root.glob("*.json")) if p.stem != "gpu"
+    }
+    rows: list[list[object]] = []
+    for name, d in parts.items():
+        if "mfu_median" in d:
+            m = d["mfu_median"]
+            rows.append(
+                [
+                    d.get("label", name),
+                    f"{d['tokens_per_s_per_gpu_median']:,.0f} tok/s/GPU",
+                    "n/a" if m is None else f"MFU {m * 100:.1f}%",
+                ]
+            )
+        elif "ratios" in d:
+            med = d["median_s"]
+            rows.append(
+                [
+                    f"checkpoint {d['model_size']} ({d['state_gb']:.1f} GB)",
+                    f"torch.save {med['torch.save+fsync']:.1f} s, sync {med['ckptstore sync']:.1f}"
+                    f" s, async blocks {med['ckptstore async: blocking']:.2f} s",
+                    f"async blocking {d['ratios']['async_blocking_share_of_torch_save'] * 100:.1f}%"
+                    " of torch.save",
+                ]
+            )
+            rows.append(
+                [
+                    "load (cold)",
+                    f"torch.load {med['torch.load+load_state_dict (cold)']:.1f} s, ckptstore "
+                    f"{med['ckptstore verified load (cold)']:.1f} s",
+                    f"{d['ratios']['verified_load_speed_vs_torch_load']:.2f}x torch.load",
+                ]
+            )
+        elif "fits" in d:
+            rows.append([f"{d['model_size']} fits?", "yes" if d["fits"] else "no", d["why"]])
+    print_table("GPU results", ["what", "measured", "figure"], rows)
+    payload = {"when": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "machine": machine(), **parts}
+    (root / "gpu.json").write_text(json.dumps(payload, indent=2, default=str))
+    print(f"wrote {root / 'gpu.json'}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="bench/gpu.py", description=__doc__.split("\n\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    c = sub.add_parser("corpus")
+    c.add_argument("path")
+    c.add_argument("--docs", type=int, default=4000)
+    m = sub.add_parser("mfu")
+    m.add_argument("metrics")
+    m.add_argument("out")
+    m.add_argument("--skip", type=int, default=10, help="ignore steps up to this one (compile)")
+    m.add_argument("--label", default="pyrecover-train")
+    m.add_argument("--extra", default="{}", help="JSON object merged into the result")
+    m.add_argument("--smi", default=None, help="nvidia-smi memory log of the run")
+    f = sub.add_parser("fits")
+    f.add_argument("--model-size", default="8b")
+    f.add_argument("out")
+    k = sub.add_parser("ckpt")
+    k.add_argument("out")
+    k.add_argument("--model-size", default="1b")
+    k.add_argument("--repeats", type=int, default=2)
+    k.add_argument("--dir", default=None, help="scratch directory on the disk to measure")
+    k.add_argument("--device", default="cuda")
+    s = sub.add_parser("summary")
+    s.add_argument("folder")
+    args = ap.parse_args(argv)
+    if args.cmd == "corpus":
+        corpus(args.path, args.docs)
+        return 0
+    if args.cmd == "mfu":
+        return mfu(args.metrics, args.out, args.skip, args.label, json.loads(args.extra), args.smi)
+    if args.cmd == "fits":
+        return fits(args.model_size, args.out)
+    if args.cmd == "ckpt":
+        if args.repeats < 1:
+            ap.error("--repeats must be >= 1")
+        return ckpt(args.out, args.model_size, args.repeats, args.dir, args.device)
+    return summary(args.folder)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

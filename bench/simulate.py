@@ -1,0 +1,627 @@
+"""Time-budget simulator: which stop rule keeps the most training, and how often to checkpoint.
+
+Part 1 -- time limits. One SLURM allocation of length L (10 minutes to 24 hours) is simulated step
+by step: start-up (launch, imports, restore), a slow compile-heavy first step and a few slow
+warm-up steps, then lognormal step times; a blocking periodic save every ~30 minutes; SIGKILL at
+L. Each stop rule decides when to stop and write the final checkpoint:
+
+* ``slurmclock``   -- the REAL ``slurmclock.TimeBudget`` (fake clock; pyrecover-train's settings
+                      with --compile: first save guess 1 s + state bytes / 200 MB/s, 3 warm-up
+                      steps, margin 60 s), asked after every step,
+                      and ``can_save()`` before every periodic save, as pyrecover-train does;
+* ``pyrecover-v0`` -- the original PyRecover rule: before each step, stop when the time left
+                      < 6 x max step + 2 x max save (running maxima, so the compile step counts);
+                      same first guesses as slurmclock;
+* ``submitit``     -- stop at min(0.8 x L, L - 10 min), then save (the rule as given in issue 9);
+* ``lightning-90s``-- a signal 90 s before the end (Lightning's SLURM default), then save.
+
+A rule whose final save does not finish before the kill loses everything since its last
+committed save. Reported per rule: goodput = time spent in steps that were persisted / L, lost
+work (steps computed but not persisted, redone by the next job) and how often the final save was
+killed. All rules see the same random step and save times in each trial (common random numbers),
+so differences are the rules', not the dice's.
+
+Part 2 -- failures. Kills arrive at random (exponential, mean MTBF), each followed by a restart;
+the checkpoint interval is fixed (10 min, 1 h, 4 h) or ``auto``: Young/Daly sqrt(2 x save cost x
+MTBF) with the measured median save cost, as ``pyrecover_train.perf.checkpoint_interval`` computes
+it (10 s assumed until the first save of each restart). Goodput = persisted work / wall time.
+Work is modelled as continuous (steps are much shorter than intervals); saves block.
+
+Pure Python + numpy, seeded; a few seconds (``--quick``: under one).
+
+    python bench/simulate.py [--quick] [--trials N] [--seed S] [--out DIR]
+
+Writes bench/results/simulate.json, simulate.png (goodput vs allocation length) and
+simulate_mtbf.png (goodput vs MTBF).
+"""
+
+from __future__ import annotations
+
+import argparse
+import bisect
+import math
+import os
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import RESULTS, print_table, write_results  # noqa: E402
+
+from slurmclock import Deadline, TimeBudget  # noqa: E402
+
+try:  # the trainer's own Young/Daly rule; a copy of it when the app is not installed
+    from pyrecover_train.perf import checkpoint_interval
+except ImportError:  # pragma: no cover - bench runs with apps/train installed
+
+    def checkpoint_interval(
+        setting: float | str | None, measured_costs: list[float], assumed_cost: float, mtbf_s: float
+    ) -> float | None:
+        if setting is None:
+            return None
+        if setting != "auto":
+            return float(setting)
+        cost = float(np.median(measured_costs)) if measured_costs else assumed_cost
+        return max(cost, math.sqrt(2.0 * cost * mtbf_s))
+
+
+MINUTE, HOUR, DAY = 60.0, 3600.0, 86400.0
+ALLOCATIONS = (10 * MINUTE, 20 * MINUTE, 30 * MINUTE, HOUR, 2 * HOUR, 4 * HOUR, 12 * HOUR, DAY)
+MTBFS = (0.5 * HOUR, HOUR, 2 * HOUR, 6 * HOUR, 12 * HOUR, DAY, 3 * DAY, 7 * DAY)
+ASSUMED_SAVE_BANDWIDTH = 200e6  # pyrecover-train's first guess of a save: 1 s + bytes / this
+AUTO_ASSUMED_SAVE_COST = 10.0  # pyrecover-train's Young/Daly cost before a save was measured
+STOP_POLICIES = ("slurmclock", "pyrecover-v0", "submitit", "lightning-90s")
+INTERVAL_POLICIES: dict[str, float | str] = {
+    "fixed 10 min": 10 * MINUTE,
+    "fixed 1 h": HOUR,
+    "fixed 4 h": 4 * HOUR,
+    "auto (Young/Daly)": "auto",
+}
+
+
+@dataclass(kw_only=True, slots=True)
+class Scenario:
+    """A training job's time profile. Times in seconds; lognormal ``sigma`` is of log-seconds."""
+
+    name: str
+    about: str
+    step_median: float
+    step_sigma: float
+    first_step: float  # compile + cache warm-up
+    slow_steps: int  # steps after the first that run ``slow_factor`` slower (autotuning, ...)
+    slow_factor: float
+    save_median: float  # until durable
+    save_sigma: float
+    state_bytes: float  # for the trainer's first guess of a save
+    startup: float  # launch, imports, data, restore: not training
+    periodic_every: float = 30 * MINUTE  # wall seconds of steps between periodic saves
+    restart: float | None = None  # after a failure (part 2): requeue wait + startup
+
+    def __post_init__(self) -> None:
+        for name in ("step_median", "first_step", "save_median", "state_bytes", "periodic_every"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"Scenario {self.name}: {name} must be > 0 seconds (or bytes)")
+        if self.step_sigma < 0 or self.save_sigma < 0:
+            raise ValueError(f"Scenario {self.name}: sigmas must be >= 0 (0 = constant times)")
+
+    @property
+    def initial_save_guess(self) -> float:
+        return 1.0 + self.state_bytes / ASSUMED_SAVE_BANDWIDTH
+
+    @property
+    def periodic_steps(self) -> int:
+        return max(1, round(self.periodic_every / self.step_median))
+
+    @property
+    def restart_cost(self) -> float:
+        return self.startup + 2 * MINUTE if self.restart is None else self.restart
+
+
+SCENARIOS = (
+    Scenario(
+        name="1b, one H100, local NVMe",
+        about="1.5B params, 0.3 s steps, 60 s compile, 18 GB state, saves ~10 s",
+        step_median=0.3,
+        step_sigma=0.1,
+        first_step=60.0,
+        slow_steps=5,
+        slow_factor=3.0,
+        save_median=10.0,
+        save_sigma=0.25,
+        state_bytes=18e9,
+        startup=90.0,
+    ),
+    Scenario(
+        name="8b, 4 nodes, busy Lustre",
+        about="8B params, 4 s steps, 240 s compile, 96 GB state, saves ~90 s with a heavy tail",
+        step_median=4.0,
+        step_sigma=0.15,
+        first_step=240.0,
+        slow_steps=5,
+        slow_factor=2.0,
+        save_median=90.0,
+        save_sigma=0.5,
+        state_bytes=96e9,
+        startup=180.0,
+    ),
+)
+
+
+def lognormal(rng: np.random.Generator, median: float, sigma: float, n: int) -> np.ndarray:
+    return median * np.exp(sigma * rng.standard_normal(n)) if sigma else np.full(n, median)
+
+
+# -- part 1: one allocation, four stop rules ---------------------------------------------------
+
+
+@dataclass(slots=True)
+class Outcome:
+    """What one rule got out of one allocation."""
+
+    useful: float  # seconds of steps that are in a committed checkpoint at the kill
+    lost: float  # seconds of steps computed after the last committed checkpoint
+    final_ok: bool  # the final save finished before the kill (False: killed, or none started)
+
+
+class Trial:
+    """The random draws of one allocation and the timeline all rules share until they stop."""
+
+    def __init__(self, sc: Scenario, length: float, rng: np.random.Generator) -> None:
+        self.sc, self.length = sc, length
+        low = sc.step_median * math.exp(-4 * sc.step_sigma)
+        n = int(max(0.0, length - sc.startup) / low) + 2
+        d = lognormal(rng, sc.step_median, sc.step_sigma, n)
+        d[0] = sc.first_step
+        d[1 : 1 + sc.slow_steps] *= sc.slow_factor
+        self.d = d
+        self.cs = np.cumsum(d)
+        self.every = sc.periodic_steps
+        n_saves = n // self.every + 2
+        self.saves = lognormal(rng, sc.save_median, sc.save_sigma, n_saves)  # saves[k-1]: k-th
+        self.final_save = float(lognormal(rng, sc.save_median, sc.save_sigma, 1)[0])
+        # Save k (k >= 1) runs after step number k * every (index k * every - 1).
+        cum_saves = np.concatenate(([0.0], np.cumsum(self.saves)))
+        idx = np.arange(n)
+        done_before = idx // self.every  # periodic saves finished before step index i starts
+        self.t_end = sc.startup + self.cs + cum_saves[done_before]
+        self.t_start = self.t_end - d
+        self.cum_saves = cum_saves
+
+    # - shared bookkeeping -
+
+    def useful(self, steps: int) -> float:
+        return float(self.cs[steps - 1]) if steps > 0 else 0.0
+
+    def result(self, persisted: int, computed: int, final_ok: bool) -> Outcome:
+        """Outcome from step counts: ``persisted`` in a committed checkpoint, ``computed`` done."""
+        return Outcome(
+            self.useful(persisted), self.useful(computed) - self.useful(persisted), final_ok
+        )
+
+    def last_step_done_before(self, t: float) -> int:
+        """Index of the last step finished by time t on the shared timeline (-1: none)."""
+        return int(np.searchsorted(self.t_end, t, side="right")) - 1
+
+    def periodic_committed(self, upto_index: int, kill: float) -> int:
+        """Steps persisted by the periodic saves of the shared timeline that finished by ``kill``
+        and cover steps up to index ``upto_index``."""
+        best = 0
+        k = (upto_index + 1) // self.every
+        while k >= 1:
+            end = self.t_end[k * self.every - 1] + self.saves[k - 1]
+            if end <= kill:
+                best = k * self.every
+                break
+            k -= 1
+        return best
+
+    def outcome_stop_after(self, j: int | None, *, final_needed: bool = True) -> Outcome:
+        """Stop after step index j on the shared timeline and write the final save (None: the
+        rule never stopped, the kill came first)."""
+        L = self.length
+        if j is None or self.t_end[j] > L:
+            last = self.last_step_done_before(L)
+            persisted = self.periodic_committed(last, L)
+            return self.result(persisted, last + 1, False)
+        if not final_needed:  # a periodic save of step j already ran: it is the final one
+            persisted = self.periodic_committed(j, L)
+            return self.result(persisted, j + 1, persisted == j + 1)
+        if self.t_end[j] + self.final_save <= L:
+            return self.result(j + 1, j + 1, True)
+        persisted = self.periodic_committed(j - 1, L)
+        return self.result(persisted, j + 1, False)
+
+
+def signal_rule(trial: Trial, signal_at: float) -> Outcome:
+    """Stop after the first step that ends once the signal arrived, then save."""
+    j = int(np.searchsorted(trial.t_end, signal_at, side="left"))
+    return trial.outcome_stop_after(j if j < len(trial.t_end) else None)
+
+
+def pyrecover_v0_rule(trial: Trial) -> Outcome:
+    """Before each step: stop when left < 6 x max step + 2 x max save (running maxima)."""
+    sc = trial.sc
+    max_step = np.maximum.accumulate(np.maximum(trial.d, sc.step_median))  # initial: the median
+    # Before step index i: the maxima of steps < i and of the saves done before i.
+    max_step_before = np.concatenate(([sc.step_median], max_step[:-1]))
+    save_max = np.maximum.accumulate(np.maximum(trial.saves, sc.initial_save_guess))
+    done = np.arange(len(trial.d)) // trial.every  # saves done before step index i starts
+    max_save_before = np.where(done > 0, save_max[np.maximum(done - 1, 0)], sc.initial_save_guess)
+    # Step index i starts after step i-1 and the periodic save that may follow it.
+    start = trial.t_start.copy()
+    left = trial.length - start
+    stop = np.nonzero(left < 6 * max_step_before + 2 * max_save_before)[0]
+    if len(stop) == 0:
+        return trial.outcome_stop_after(None)
+    i = int(stop[0])
+    if i == 0:  # stops before its first step: nothing to save, nothing trained
+        return Outcome(0.0, 0.0, True)
+    # The check runs after the periodic save of step i-1, if there was one.
+    return trial.outcome_stop_after(i - 1, final_needed=i % trial.every != 0)
+
+
+def _rolling_max(d: np.ndarray, window: int) -> np.ndarray:
+    if len(d) < window:
+        return np.maximum.accumulate(d)
+    from numpy.lib.stride_tricks import sliding_window_view
+
+    head = np.maximum.accumulate(d[: window - 1])
+    return np.concatenate((head, sliding_window_view(d, window).max(axis=1)))
+
+
+class _FakeClock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def slurmclock_rule(trial: Trial, margin: float = 60.0) -> Outcome:
+    """Drive the real TimeBudget as pyrecover-train does: record each step, ask should_stop()
+    after it, can_save() before a periodic save, record each save until durable."""
+    sc, L, d = trial.sc, trial.length, trial.d
+    clock = _FakeClock()
+    budget = TimeBudget(
+        Deadline(end=L, source="simulated"),
+        margin=margin,
+        initial_save_estimate=sc.initial_save_guess,
+        warmup_steps=3,  # what pyrecover-train passes with --compile
+        clock=clock,
+        timer=clock,
+    )
+    cfg = budget.config
+    w, window = cfg.warmup_steps, cfg.step_window
+    # Fast-forward: before index i0 the budget cannot say stop (time left >= an upper bound of
+    # what it needs), nor refuse a save, so the shared timeline holds; from i0 on, step by step.
+    step_bound = np.empty_like(d)
+    step_bound[:w] = d[:w]
+    step_bound[w:] = _rolling_max(d[w:], window) if len(d) > w else d[w:]
+    # The decision after step i has seen the periodic saves of steps before it: i // every.
+    seen = np.arange(len(d)) // trial.every
+    save_max = np.maximum.accumulate(trial.saves)
+    save_bound = np.where(seen > 0, save_max[np.maximum(seen - 1, 0)], sc.initial_save_guess)
+    bound = step_bound + save_bound + cfg.margin
+    close = np.nonzero(L - trial.t_end < bound)[0]
+    i0 = int(close[0]) if len(close) else len(d) - 1
+    for x in d[: min(w, i0)]:
+        budget.record_step(float(x))
+    for x in d[max(w, i0 - window) : i0]:
+        budget.record_step(float(x))
+    done = int(seen[i0])
+    for k in range(1, done + 1):
+        budget.record_save(float(trial.saves[k - 1]))
+    now = float(trial.t_start[i0])
+    if now > L:  # the kill came during the periodic save after step i0 - 1
+        persisted = (done - 1) * trial.every
+        return trial.result(persisted, i0, False)
+    persisted, k_next, i = done * trial.every, done + 1, i0
+    while i < len(d):
+        now += float(d[i])
+        if now > L:  # killed mid-step
+            return trial.result(persisted, i, False)
+        budget.record_step(float(d[i]))
+        clock.now = now
+        if budget.should_stop():
+            if now + trial.final_save <= L:
+                return trial.result(i + 1, i + 1, True)
+            return trial.result(persisted, i + 1, False)
+        if (i + 1) % trial.every == 0:
+            save = float(trial.saves[k_next - 1])
+            k_next += 1
+            if budget.can_save():
+                now += save
+                if now > L:  # killed mid-save
+                    return trial.result(persisted, i + 1, False)
+                budget.record_save(save)
+                persisted = i + 1
+        i += 1
+    raise RuntimeError("simulation ran out of drawn steps: raise the step count bound")
+
+
+def stop_rules(margin: float) -> dict[str, Callable[[Trial], Outcome]]:
+    return {
+        "slurmclock": lambda t: slurmclock_rule(t, margin),
+        "pyrecover-v0": pyrecover_v0_rule,
+        "submitit": lambda t: signal_rule(t, min(0.8 * t.length, t.length - 10 * MINUTE)),
+        "lightning-90s": lambda t: signal_rule(t, t.length - 90.0),
+    }
+
+
+def time_limit_study(
+    scenarios: Sequence[Scenario], lengths: Sequence[float], trials: int, seed: int, margin: float
+) -> list[dict[str, Any]]:
+    rules = stop_rules(margin)
+    rows: list[dict[str, Any]] = []
+    for si, sc in enumerate(scenarios):
+        for li, length in enumerate(lengths):
+            rng = np.random.default_rng([seed, si, li])
+            got: dict[str, list[Outcome]] = {name: [] for name in rules}
+            for _ in range(trials):
+                trial = Trial(sc, length, rng)
+                for name, rule in rules.items():
+                    got[name].append(rule(trial))
+            for name, outs in got.items():
+                goodput = np.array([o.useful for o in outs]) / length
+                rows.append(
+                    {
+                        "scenario": sc.name,
+                        "allocation_s": length,
+                        "policy": name,
+                        "goodput_mean": float(goodput.mean()),
+                        "goodput_p10": float(np.quantile(goodput, 0.1)),
+                        "lost_work_s_mean": float(np.mean([o.lost for o in outs])),
+                        "final_save_killed": float(np.mean([not o.final_ok for o in outs])),
+                        "trials": trials,
+                    }
+                )
+    return rows
+
+
+# -- part 2: random failures, checkpoint intervals ---------------------------------------------
+
+
+def failure_run(
+    sc: Scenario, setting: float | str, mtbf: float, horizon: float, rng: np.random.Generator
+) -> float:
+    """Goodput of one long run with exponential failures; saves block for their full time."""
+    t, persisted = 0.0, 0.0
+    while t < horizon:
+        end = min(t + float(rng.exponential(mtbf)), horizon)
+        persisted += one_process(sc, setting, mtbf, t + sc.restart_cost, end, rng)
+        t = end
+    return persisted / horizon
+
+
+def one_process(
+    sc: Scenario, setting: float | str, mtbf: float, t: float, end: float, rng: np.random.Generator
+) -> float:
+    """Work persisted by one process that trains from t until it is killed at ``end``. Each
+    process measures its own save costs, as the trainer does (nothing measured after a restart).
+    """
+    if setting != "auto":  # a fixed interval: all cycles at once
+        interval = float(setting)
+        n = int(max(0.0, end - t) // interval) + 1
+        ends = t + np.cumsum(interval + lognormal(rng, sc.save_median, sc.save_sigma, n))
+        return interval * int(np.searchsorted(ends, end, side="right"))
+    persisted = 0.0
+    costs: list[float] = []  # sorted, for the running median
+    while True:
+        # checkpoint_interval takes the median of what it is given; handing it the middle
+        # element(s) of the sorted costs gives that median without re-sorting every time.
+        n = len(costs)
+        every = checkpoint_interval(
+            setting, costs[(n - 1) // 2 : n // 2 + 1], AUTO_ASSUMED_SAVE_COST, mtbf
+        )
+        assert every is not None
+        save = sc.save_median * math.exp(sc.save_sigma * float(rng.standard_normal()))
+        t += every + save
+        if t > end:  # killed before this save committed: its work is lost
+            return persisted
+        persisted += every
+        bisect.insort(costs, save)
+
+
+def mtbf_study(
+    scenarios: Sequence[Scenario], mtbfs: Sequence[float], trials: int, seed: int, span: float
+) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    for si, sc in enumerate(scenarios):
+        for mi, mtbf in enumerate(mtbfs):
+            horizon = max(3 * DAY, span * mtbf)
+            for pi, (name, setting) in enumerate(INTERVAL_POLICIES.items()):
+                # Same seed for every policy at one MTBF: the same failure times, mostly.
+                goodputs = [
+                    failure_run(
+                        sc, setting, mtbf, horizon, np.random.default_rng([seed, si, mi, k])
+                    )
+                    for k in range(trials)
+                ]
+                interval = checkpoint_interval(setting, [sc.save_median], 0.0, mtbf)
+                rows.append(
+                    {
+                        "scenario": sc.name,
+                        "mtbf_s": mtbf,
+                        "policy": name,
+                        "interval_s": interval,
+                        "goodput_mean": float(np.mean(goodputs)),
+                        "trials": trials,
+                        "horizon_s": horizon,
+                        "order": pi,
+                    }
+                )
+    return rows
+
+
+# -- output ------------------------------------------------------------------------------------
+
+
+def fmt_len(s: float) -> str:
+    if s >= DAY and s % DAY == 0:
+        return f"{s / DAY:.3g} d"
+    if s >= HOUR:
+        return f"{s / HOUR:.3g} h"
+    return f"{s / MINUTE:.3g} min"
+
+
+def headline(rows: list[dict[str, Any]], mrows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Worst case over scenarios and lengths of slurmclock's goodput over the best other rule;
+    auto's goodput over the best fixed interval at each MTBF (worst case)."""
+    by = {(r["scenario"], r["allocation_s"], r["policy"]): r for r in rows}
+    ratios, killed = [], []
+    for (scn, length, pol), r in by.items():
+        if pol != "slurmclock":
+            continue
+        best = max(by[(scn, length, p)]["goodput_mean"] for p in STOP_POLICIES[1:])
+        ratios.append(r["goodput_mean"] / best if best > 0 else math.inf)
+        killed.append(r["final_save_killed"])
+    mby: dict[tuple[str, float], dict[str, float]] = {}
+    for r in mrows:
+        mby.setdefault((r["scenario"], r["mtbf_s"]), {})[r["policy"]] = r["goodput_mean"]
+    auto_vs_fixed = [
+        g["auto (Young/Daly)"] / max(v for k, v in g.items() if k.startswith("fixed"))
+        for g in mby.values()
+    ]
+    return {
+        "slurmclock_vs_best_other_min": min(ratios),
+        "slurmclock_vs_best_other_median": float(np.median(ratios)),
+        "slurmclock_final_save_killed_max": max(killed),
+        "auto_vs_best_fixed_min": min(auto_vs_fixed),
+        "auto_vs_best_fixed_median": float(np.median(auto_vs_fixed)),
+    }
+
+
+def print_tables(rows: list[dict[str, Any]], mrows: list[dict[str, Any]]) -> None:
+    table: list[list[object]]
+    for sc in dict.fromkeys(r["scenario"] for r in rows):
+        table = []
+        for length in dict.fromkeys(r["allocation_s"] for r in rows):
+            cells: list[object] = [fmt_len(length)]
+            for pol in STOP_POLICIES:
+                r = next(
+                    x
+                    for x in rows
+                    if (x["scenario"], x["allocation_s"], x["policy"]) == (sc, length, pol)
+                )
+                cells.append(
+                    f"{r['goodput_mean'] * 100:5.1f}% / {r['lost_work_s_mean']:6.0f} s"
+                    f" / {r['final_save_killed'] * 100:3.0f}%"
+                )
+            table.append(cells)
+        print_table(
+            f"time limits, {sc}: goodput / lost work / final save killed "
+            f"(mean of {rows[0]['trials']} trials)",
+            ["allocation", *STOP_POLICIES],
+            table,
+        )
+    for sc in dict.fromkeys(r["scenario"] for r in mrows):
+        table = []
+        for mtbf in dict.fromkeys(r["mtbf_s"] for r in mrows):
+            sel = [r for r in mrows if r["scenario"] == sc and r["mtbf_s"] == mtbf]
+            auto = next(r for r in sel if r["policy"].startswith("auto"))
+            goodputs = [f"{r['goodput_mean'] * 100:5.1f}%" for r in sel]
+            table.append([fmt_len(mtbf), *goodputs, fmt_len(auto["interval_s"])])
+        print_table(
+            f"random failures, {sc}: goodput (mean of {mrows[0]['trials']} runs)",
+            ["MTBF", *INTERVAL_POLICIES, "auto interval"],
+            table,
+        )
+
+
+def charts(rows: list[dict[str, Any]], mrows: list[dict[str, Any]], out: Path) -> list[Path]:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib not installed: no charts (pip install matplotlib)")
+        return []
+    paths = []
+    for data, xkey, policies, fname, title, xlabel in (
+        (rows, "allocation_s", STOP_POLICIES, "simulate.png", "Goodput per allocation",
+         "allocation length"),
+        (mrows, "mtbf_s", tuple(INTERVAL_POLICIES), "simulate_mtbf.png",
+         "Goodput under random failures", "mean time between failures"),
+    ):  # fmt: skip
+        scenarios = list(dict.fromkeys(r["scenario"] for r in data))
+        fig, axes = plt.subplots(1, len(scenarios), figsize=(6 * len(scenarios), 4.2), sharey=True)
+        for ax, sc in zip(np.atleast_1d(axes), scenarios, strict=True):
+            for pol in policies:
+                sel = [r for r in data if r["scenario"] == sc and r["policy"] == pol]
+                xs = [r[xkey] / HOUR for r in sel]
+                ax.plot(xs, [r["goodput_mean"] * 100 for r in sel], marker="o", label=pol)
+            ax.set_xscale("log")
+            ticks = [r[xkey] for r in data if r["scenario"] == sc and r["policy"] == policies[0]]
+            ax.set_xticks([x / HOUR for x in ticks], [fmt_len(x) for x in ticks], fontsize=8)
+            ax.minorticks_off()
+            ax.set_title(sc, fontsize=10)
+            ax.set_xlabel(xlabel)
+            ax.grid(alpha=0.3)
+        np.atleast_1d(axes)[0].set_ylabel("goodput, % of wall time (higher is better)")
+        np.atleast_1d(axes)[0].legend(fontsize=8)
+        fig.suptitle(title)
+        fig.tight_layout()
+        path = out / fname
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        print(f"wrote {path}")
+        paths.append(path)
+    return paths
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    quick_env = os.environ.get("BENCH_QUICK", "") not in ("", "0")
+    ap.add_argument("--quick", action="store_true", default=quick_env, help="few trials")
+    ap.add_argument("--trials", type=int, default=None, help="trials per cell (default 200)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--margin", type=float, default=60.0, help="slurmclock's margin, seconds")
+    ap.add_argument("--out", default=None, help="results directory (default bench/results)")
+    args = ap.parse_args(argv)
+    trials = args.trials or (20 if args.quick else 200)
+    if trials < 1:
+        ap.error("--trials must be >= 1")
+    out = Path(args.out) if args.out else RESULTS
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    rows = time_limit_study(SCENARIOS, ALLOCATIONS, trials, args.seed, args.margin)
+    t1 = time.perf_counter()
+    mrows = mtbf_study(
+        SCENARIOS, MTBFS, max(4, trials // 10), args.seed, span=10 if args.quick else 40
+    )
+    t2 = time.perf_counter()
+    print_tables(rows, mrows)
+    head = headline(rows, mrows)
+    print_table(
+        "headline (worst case over scenarios and lengths / MTBFs)",
+        ["figure", "value"],
+        [[k, f"{v:.3f}"] for k, v in head.items()],
+    )
+    print(f"simulated in {t1 - t0:.1f} s (time limits) + {t2 - t1:.1f} s (failures)")
+    write_results(
+        "simulate",
+        {
+            "headline": head,
+            "scenarios": [
+                {**asdict(s), "initial_save_guess": s.initial_save_guess} for s in SCENARIOS
+            ],
+            "trials": trials,
+            "seed": args.seed,
+            "margin_s": args.margin,
+            "time_limits": rows,
+            "failures": mrows,
+        },
+        out,
+    )
+    charts(rows, mrows, out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
