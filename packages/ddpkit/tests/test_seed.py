@@ -43,6 +43,14 @@ def test_works_without_numpy(monkeypatch: pytest.MonkeyPatch) -> None:
     assert torch.equal(torch.rand(1), x)
 
 
+def test_every_cuda_device_is_seeded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch's CUDA generators get the same effective seed (lazily, so also without a GPU)."""
+    seen: list[int] = []
+    monkeypatch.setattr(torch.cuda, "manual_seed_all", seen.append)
+    seed_everything(7, rank=2)
+    assert seen == [9]
+
+
 def test_real_numpy_stream() -> None:
     np = pytest.importorskip("numpy", reason="numpy is optional for ddpkit")
     seed_everything(5)

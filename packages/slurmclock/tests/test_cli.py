@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -104,6 +106,41 @@ def test_requeue_exit_codes(capsys: pytest.CaptureFixture[str], fakes: Any) -> N
     assert code == 1 and out == "" and "not requeueable" in err
     code, _, err = run(capsys, "requeue", env={})
     assert code == 1 and "not in a SLURM job" in err
+
+
+def test_requeue_ignores_sigterm_while_it_runs(
+    capsys: pytest.CaptureFixture[str], fakes: Any
+) -> None:
+    seen = []
+
+    def scontrol(argv: Any) -> str:
+        seen.append(signal.getsignal(signal.SIGTERM))
+        return ""
+
+    before = signal.getsignal(signal.SIGTERM)
+    code, out, _ = run(capsys, "requeue", env=JOB, runner=fakes.Runner(scontrol=scontrol))
+    assert code == 0 and out.startswith("requeued job 42")
+    assert seen == [signal.SIG_IGN]  # scontrol inherits it
+    assert signal.getsignal(signal.SIGTERM) == before  # and it is put back
+
+
+def test_requeue_command_survives_the_sigterm_slurm_sends(tmp_path: Path) -> None:
+    """A fake scontrol does what SLURM does on an accepted requeue: SIGTERM to the caller (and
+    itself) before the answer arrives. The command still prints it and exits 0."""
+    fake = tmp_path / "scontrol"
+    fake.write_text('#!/bin/sh\nkill -TERM "$PPID" "$$"\nsleep 0.5\nexit 0\n')
+    fake.chmod(0o755)
+    env = {**os.environ, "PATH": f"{tmp_path}{os.pathsep}{os.environ.get('PATH', '')}"}
+    env.update(SLURM_JOB_ID="42", SLURM_RESTART_COUNT="0")
+    out = subprocess.run(
+        [sys.executable, "-m", "slurmclock", "requeue"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+    assert out.returncode == 0, out
+    assert out.stdout.startswith("requeued job 42 (restart 1)")
 
 
 @pytest.mark.parametrize(

@@ -60,6 +60,16 @@ def test_requeue_failures_are_results_with_a_reason(
     assert result.message.startswith("not requeued")
 
 
+def test_scontrol_killed_by_slurms_sigterm_is_unconfirmed(fakes: Any) -> None:
+    """An accepted requeue SIGTERMs the job, scontrol included, maybe before it exits 0."""
+    argv = ["scontrol", "requeue", "42"]
+    killed = CommandError(argv, "failed", "exited with -15: no output", returncode=-15)
+    result = requeue(env={"SLURM_JOB_ID": "42"}, runner=fakes.Runner(scontrol=killed))
+    assert not result.ok and result.job_id == "42"
+    assert result.message.startswith("requeue of job 42 not confirmed: scontrol was killed by")
+    assert "SIGTERM" in result.message and "scontrol show job 42" in result.message
+
+
 def test_not_requeueable_tells_how_to_fix_it(fakes: Any) -> None:
     result = requeue(env={"SLURM_JOB_ID": "42"}, runner=fakes.Runner(scontrol=failed(DISABLED)))
     assert "#SBATCH --requeue" in result.message

@@ -74,16 +74,23 @@ write("result.json", {"received": stop.received, "count": stop.count})
 """
 )
 
+# An accepted requeue makes SLURM end this very run: SIGTERM at once, SIGKILL KillWait (5 s)
+# later. Ignoring SIGTERM (inherited by scontrol) leaves those 5 s to write first.json; without
+# it a busy machine may kill the probe between scontrol's exit and the write.
 REQUEUE_PROBE = (
     PRELUDE
     + """
+import signal
 from slurmclock import requeue, restart_count
 
 n = restart_count()
+print(f"run {n}: SLURM_RESTART_COUNT={os.environ.get('SLURM_RESTART_COUNT')}", flush=True)
 if n == 0:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     result = requeue()
     write("first.json", {"ok": result.ok, "message": result.message,
                          "env": os.environ.get("SLURM_RESTART_COUNT")})
+    print(f"run 0: {result.message}", flush=True)
     if result.ok:
         time.sleep(300)  # SLURM ends this run and starts the job again
 else:
@@ -116,6 +123,7 @@ class Job:
             *args,
             "-o",
             str(self.log),
+            "--open-mode=append",  # a requeued run must not erase the first run's output
             "-J",
             name,
             script_args=[str(self.dir)],
@@ -128,14 +136,25 @@ class Job:
         end = time.monotonic() + timeout
         while not path.exists():
             if time.monotonic() > end:
-                log = self.log.read_text() if self.log.exists() else "(no log)"
                 pytest.fail(
                     f"job {self.name} ({self.id}) wrote no {name} in {timeout:.0f} s; "
-                    f"state {self.cluster.job(self.id).get('JobState')}; log:\n{log}"
+                    + self.diagnostics()
                 )
             time.sleep(0.3)
         data: dict[str, Any] = json.loads(path.read_text())
         return data
+
+    def diagnostics(self) -> str:
+        """What SLURM and the job said, for a failure message."""
+        try:
+            info = self.cluster.job(self.id)
+        except Exception as e:  # the controller itself may be the problem
+            info = {"error": f"scontrol show job failed: {e}"}
+        keys = ("JobState", "Reason", "ExitCode", "Restarts", "RunTime", "StartTime", "EndTime")
+        state = " ".join(f"{k}={info[k]}" for k in (*keys, "error") if k in info)
+        files = sorted(p.name for p in self.dir.iterdir())
+        log = self.log.read_text(errors="replace") if self.log.exists() else "(no log)"
+        return f"{state}; files {files}; log:\n{log or '(empty)'}\n{self.cluster.logs(15)}"
 
     def end_time(self) -> float:
         """scontrol's EndTime (local time), as epoch seconds."""
@@ -218,14 +237,14 @@ def test_batch_signal_is_forwarded_to_the_srun_step_by_the_readme_pattern(
     cluster: Any, jobs: dict[str, Job]
 ) -> None:
     job = jobs["batch_signal"]
-    assert job.wait("result.json")["received"] == "SIGUSR2", job.log.read_text()
+    assert job.wait("result.json")["received"] == "SIGUSR2", job.diagnostics()
     # The step's exit status became the job's: the pattern does not turn success into failure.
     assert cluster.wait_for(job.id, {"COMPLETED"}, timeout=60)["ExitCode"] == "0:0"
 
 
 def test_signal_without_b_reaches_every_step(cluster: Any, jobs: dict[str, Job]) -> None:
     job = jobs["step_signal"]
-    assert job.wait("result.json")["received"] == "SIGUSR2", job.log.read_text()
+    assert job.wait("result.json")["received"] == "SIGUSR2", job.diagnostics()
 
 
 def test_requeue_brings_the_job_back_with_restart_count_1(
@@ -233,12 +252,16 @@ def test_requeue_brings_the_job_back_with_restart_count_1(
 ) -> None:
     job = jobs["requeue"]
     first = job.wait("first.json")
-    assert first["ok"] and first["message"].startswith(f"requeued job {job.id} (restart 1)")
-    assert first["env"] in (None, "0")
+    assert first["ok"], f"{first}; {job.diagnostics()}"
+    assert first["message"].startswith(f"requeued job {job.id} (restart 1)"), first
+    assert first["env"] in (None, "0"), first
     second = job.wait("second.json")
-    assert second == {"restart_count": 1, "env": "1"}
+    assert second == {"restart_count": 1, "env": "1"}, f"{second}; {job.diagnostics()}"
     info = cluster.wait_for(job.id, {"COMPLETED"}, timeout=60)
-    assert info["RestartCnt"] == "1"
+    assert info["RestartCnt"] == "1", job.diagnostics()
+    # --open-mode=append: the requeued run did not erase the first run's output.
+    log = job.log.read_text()
+    assert "run 0: SLURM_RESTART_COUNT=" in log and "run 1: SLURM_RESTART_COUNT=1" in log, log
 
 
 def test_requeue_of_a_no_requeue_job_says_why(jobs: dict[str, Job]) -> None:

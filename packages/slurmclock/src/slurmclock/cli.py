@@ -4,6 +4,7 @@
     slurmclock seconds-left         an integer, for `$(...)`; exit 1 without a deadline
     slurmclock end-time [--epoch]   the deadline (ISO-8601 or epoch); exit 1 without one
     slurmclock requeue              scontrol requeue $SLURM_JOB_ID; exit 0 only when requeued
+                                    (SIGTERM is ignored meanwhile: SLURM sends it at once)
 
 Exit codes: 0 success, 1 the answer is "no" (no deadline, not requeued), 2 usage error.
 """
@@ -11,13 +12,15 @@ Exit codes: 0 success, 1 the answer is "no" (no deadline, not requeued), 2 usage
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import math
 import os
+import signal
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from slurmclock import __version__
@@ -117,8 +120,12 @@ def _run(args: argparse.Namespace, env: Mapping[str, str] | None, runner: Runner
     if args.job_id:
         env = {**(os.environ if env is None else env), "SLURM_JOB_ID": args.job_id}
     if args.command == "requeue":
-        result = requeue(env=env, runner=runner, timeout=args.timeout)
-        print(result.message, file=sys.stdout if result.ok else sys.stderr)
+        # An accepted requeue makes SLURM send SIGTERM to every process of this run at once:
+        # ignored here (and so in scontrol, which inherits it), the answer is still printed and
+        # the exit status is still 0 -- SIGKILL comes only KillWait seconds later.
+        with _sigterm_ignored():
+            result = requeue(env=env, runner=runner, timeout=args.timeout)
+            print(result.message, file=sys.stdout if result.ok else sys.stderr, flush=True)
         return 0 if result.ok else 1
     try:
         info = status(
@@ -143,6 +150,20 @@ def _run(args: argparse.Namespace, env: Mapping[str, str] | None, runner: Runner
     else:
         print(math.floor(info["end_time"]) if args.epoch else info["deadline"])
     return 0
+
+
+@contextlib.contextmanager
+def _sigterm_ignored() -> Iterator[None]:
+    """SIGTERM ignored inside the block (main thread only; elsewhere nothing changes)."""
+    try:
+        previous = signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    except ValueError:  # not the main thread: Python cannot touch handlers there
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
 
 
 def _human(info: Mapping[str, Any]) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import signal
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -37,8 +38,11 @@ def requeue(
     """Run ``scontrol requeue JOB`` (JOB defaults to ``$SLURM_JOB_ID``); never raises.
 
     Call it last, after the final checkpoint is durable: SLURM ends the running job soon after
-    (SIGTERM to every step, SIGKILL ``KillWait`` seconds later) and starts it again with
-    ``SLURM_RESTART_COUNT`` one higher.
+    (SIGTERM to every process of the job, SIGKILL ``KillWait`` seconds later) and starts it again
+    with ``SLURM_RESTART_COUNT`` one higher. The SIGTERM may arrive before this function returns:
+    keep :class:`~slurmclock.StopSignals` installed (or SIGTERM ignored) across the call so it
+    only raises the flag, then log the message and exit. (``slurmclock requeue`` ignores SIGTERM
+    itself.) If scontrol is killed by that signal, the result says the requeue is unconfirmed.
     """
     job = job_id or _job_id(env)
     if not job:
@@ -69,6 +73,16 @@ def _explain(job: str, e: CommandError) -> str:
         return (
             f"not requeued: job {job}: scontrol not found on PATH (inside a container?); requeue "
             f"from the batch script instead: scontrol requeue {job}"
+        )
+    if e.kind == "failed" and e.returncode is not None and e.returncode < 0:
+        try:
+            name = signal.Signals(-e.returncode).name
+        except ValueError:
+            name = f"signal {-e.returncode}"
+        return (
+            f"requeue of job {job} not confirmed: scontrol was killed by {name} before it "
+            "answered -- most likely SLURM is ending this run because the requeue was accepted; "
+            f"`scontrol show job {job}` shows Restarts= one higher if so"
         )
     if e.kind == "timeout":
         return f"not requeued: job {job}: scontrol requeue timed out (controller busy?): {text}"
