@@ -10,15 +10,22 @@ import signal
 import subprocess
 import time
 from pathlib import Path
-from typing import Any
 
-import orjson
 import pytest
-from train_helpers import child_env, run_cli, start_cli, tiny_flags
+from train_helpers import (
+    assert_bitwise_equal,
+    child_env,
+    events,
+    final_state,
+    line_count,
+    run_cli,
+    start_cli,
+    tiny_flags,
+    wait_for_step,
+)
 
 import ckptstore
 from pyrecover_train.cli import main
-from pyrecover_train.metrics import read_events
 from pyrecover_train.state import tensors_equal
 
 STEPS = 24
@@ -38,26 +45,6 @@ def flags(corpus: Path, cache: Path, ckpt: Path, *extra: str) -> list[str]:
         "2",
         *extra,
     )
-
-
-def events(ckpt: Path, exp: str = "default-exp") -> list[dict[str, Any]]:
-    return list(read_events(ckpt / exp / "metrics.jsonl"))
-
-
-def final_state(
-    ckpt: Path | str, exp: str = "default-exp", **store_kw: Any
-) -> tuple[Any, dict[str, Any]]:
-    store = ckptstore.CheckpointStore(str(ckpt), experiment=exp, **store_kw)
-    try:
-        return store.read("latest")
-    finally:
-        store.close()
-
-
-def assert_bitwise_equal(a: dict[str, Any], b: dict[str, Any]) -> None:
-    for key in ("model", "optim", "sched", "data", "rng", "step"):
-        assert tensors_equal(a[key], b[key]) == [], f"{key} differs"
-    assert a["model"], "no weights compared"
 
 
 @pytest.fixture(scope="module")
@@ -98,36 +85,6 @@ def test_report_on_a_real_run(straight: Path, capsys: pytest.CaptureFixture[str]
     assert f"step {STEPS}/{STEPS} over 1 run(s)" in out and "lost steps 0" in out
     assert "goodput" in out and "checkpoint overhead" in out
     assert (straight / "default-exp" / "report.png").stat().st_size > 10_000
-
-
-def wait_for_step(
-    proc: subprocess.Popen[str], metrics: Path, run_start: int, at_least: int, timeout: float = 120
-) -> int:
-    """Block until this process logged a step >= at_least; returns it."""
-    deadline = time.monotonic() + timeout
-    seen = 0
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise AssertionError(
-                f"exited early ({proc.returncode}): {proc.stdout.read() if proc.stdout else ''}"
-            )
-        if metrics.exists():
-            data = metrics.read_bytes().splitlines()[run_start:]
-            for line in data:
-                try:
-                    e = orjson.loads(line)
-                except orjson.JSONDecodeError:
-                    continue
-                if e.get("event") == "step":
-                    seen = max(seen, e["step"])
-            if seen >= at_least:
-                return seen
-        time.sleep(0.005)
-    raise AssertionError(f"no step >= {at_least} within {timeout} s")
-
-
-def line_count(path: Path) -> int:
-    return len(path.read_bytes().splitlines()) if path.exists() else 0
 
 
 def interrupt(args: list[str], metrics: Path, how: str, rnd: random.Random) -> int:

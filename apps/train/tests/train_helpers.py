@@ -8,8 +8,16 @@ import os
 import random
 import subprocess
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
+
+import orjson
+
+import ckptstore
+from pyrecover_train.metrics import read_events
+from pyrecover_train.state import tensors_equal
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -130,11 +138,64 @@ def run_cli(
     )
 
 
-def start_cli(args: Sequence[str], *, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+def start_cli(
+    args: Sequence[str], *, env: dict[str, str] | None = None, cwd: Path | None = None
+) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, "-m", "pyrecover_train", *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
         env=env or child_env(),
+        cwd=cwd,
     )
+
+
+def events(ckpt: Path, exp: str = "default-exp") -> list[dict[str, Any]]:
+    return list(read_events(ckpt / exp / "metrics.jsonl"))
+
+
+def final_state(
+    ckpt: Path | str, exp: str = "default-exp", **store_kw: Any
+) -> tuple[Any, dict[str, Any]]:
+    store = ckptstore.CheckpointStore(str(ckpt), experiment=exp, **store_kw)
+    try:
+        return store.read("latest")
+    finally:
+        store.close()
+
+
+def assert_bitwise_equal(a: dict[str, Any], b: dict[str, Any]) -> None:
+    for key in ("model", "optim", "sched", "data", "rng", "step"):
+        assert tensors_equal(a[key], b[key]) == [], f"{key} differs"
+    assert a["model"], "no weights compared"
+
+
+def wait_for_step(
+    proc: subprocess.Popen[str], metrics: Path, run_start: int, at_least: int, timeout: float = 120
+) -> int:
+    """Block until this process logged a step >= at_least; returns it."""
+    deadline = time.monotonic() + timeout
+    seen = 0
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(
+                f"exited early ({proc.returncode}): {proc.stdout.read() if proc.stdout else ''}"
+            )
+        if metrics.exists():
+            data = metrics.read_bytes().splitlines()[run_start:]
+            for line in data:
+                try:
+                    e = orjson.loads(line)
+                except orjson.JSONDecodeError:
+                    continue
+                if e.get("event") == "step":
+                    seen = max(seen, e["step"])
+            if seen >= at_least:
+                return seen
+        time.sleep(0.005)
+    raise AssertionError(f"no step >= {at_least} within {timeout} s")
+
+
+def line_count(path: Path) -> int:
+    return len(path.read_bytes().splitlines()) if path.exists() else 0
