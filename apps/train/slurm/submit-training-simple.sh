@@ -112,6 +112,7 @@ fi
 # The batch shell gets SIGUSR2 (--signal=B:...) and SIGTERM (scancel, preemption): forward both
 # to the training step, whose tasks save a checkpoint and exit 75.
 step_pid=""
+# shellcheck disable=SC2317  # called by the traps below
 forward() {
     log "received SIG$1: forwarding to the training step"
     [ -n "$step_pid" ] && kill -s "$1" "$step_pid" 2>/dev/null

@@ -102,6 +102,36 @@ def test_interval_replaces_the_step_frequency_unless_both_given() -> None:
     assert both.checkpoint_frequency == 5 and both.checkpoint_interval_seconds == 30.0
 
 
+def test_checkpoint_frequency_minus_one_is_the_originals_off() -> None:
+    # The original PyRecover: "If set to -1 no checkpoints are created."
+    assert config_from_args(["--checkpoint-frequency", "-1"]).checkpoint_frequency == 0
+    assert config_from_args(["--checkpoint_frequency=-1"]).checkpoint_frequency == 0
+    assert config_from_args(["--checkpoint-frequency", "0"]).checkpoint_frequency == 0
+
+
+def test_experiment_names_ckptstore_accepts_pass() -> None:
+    for name in ("default-exp", "run_1.v2", "A" * 128):
+        assert config_from_args(["--experiment_name", name]).experiment_name == name
+
+
+def test_console_command_and_python_m_form() -> None:
+    """`pyrecover-train` (the console script) and `python -m pyrecover_train` are one command."""
+    import subprocess
+    import sys
+    from importlib.metadata import entry_points
+
+    (ep,) = entry_points(group="console_scripts", name="pyrecover-train")
+    assert ep.value == "pyrecover_train.cli:main" and ep.load() is main
+    script = Path(sys.executable).parent / "pyrecover-train"
+    for argv in ([str(script)], [sys.executable, "-m", "pyrecover_train"]):
+        if argv[0] == str(script) and not script.exists():
+            continue  # not installed as a script in this environment (e.g. a bare checkout)
+        r = subprocess.run([*argv, "--help"], capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0 and "--experiment_name" in r.stdout, r.stderr
+        r = subprocess.run([*argv, "--model-dtype", "fp8"], capture_output=True, text=True)
+        assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
 def test_keep_zero_means_keep_all_and_dcp_flag_picks_the_format() -> None:
     cfg = config_from_args(["--keep-last", "0", "--use_torch_distributed_ckpt"])
     assert cfg.keep_last is None and cfg.format == "dcp"
@@ -140,6 +170,10 @@ BAD = [
     (["--experiment_name", ".."], "must be a plain folder name"),
     (["--experiment_name", "x..y"], "must be a plain folder name"),
     (["--experiment-name", ""], "must be a plain folder name"),
+    (["--experiment_name", "my run"], "use letters, digits, '.', '_' and '-'"),
+    (["--experiment_name", "_x"], "starting with a letter or digit"),
+    (["--experiment_name", "x" * 129], "(at most 128)"),
+    (["--checkpoint-frequency", "-2"], "--checkpoint-frequency must be >= 0 (0 or -1 turns it"),
     (["--time-limit", "soon"], "is not a duration"),
     (["--time-limit", "0"], "--time-limit must be positive"),
     (["--checkpoint-interval-seconds", "often"], "neither seconds nor 'auto'"),

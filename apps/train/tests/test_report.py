@@ -146,3 +146,26 @@ def test_report_of_a_missing_experiment_is_a_usage_error(
     assert main(["report", str(tmp_path / "nope")]) == 2
     err = capsys.readouterr().err
     assert "metrics.jsonl not found" in err and len(err.strip().splitlines()) == 1
+
+
+def test_report_without_matplotlib_still_prints_the_summary(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import sys
+
+    write(tmp_path / "exp" / "metrics.jsonl", two_runs())
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
+    assert main(["report", str(tmp_path / "exp")]) == 1
+    captured = capsys.readouterr()
+    assert "goodput 62.5%" in captured.out
+    assert "pip install 'pyrecover-train[plot]'" in captured.err
+    assert len(captured.err.strip().splitlines()) == 1
+    assert not (tmp_path / "exp" / "report.png").exists()
+
+
+def test_report_usage_error_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as e:
+        main(["report"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert "the following arguments are required: exp_dir" in err and len(err.splitlines()) == 1

@@ -399,3 +399,247 @@ def test_cuda_requested_without_cuda_is_a_usage_error(
     err = capsys.readouterr().err.strip()
     assert "CUDA is not available" in err and len(err.splitlines()) == 1
     assert not ckpt.exists()
+
+
+def test_auto_interval_is_young_daly_from_the_measured_save_cost(
+    corpus: Path,
+    cache_dir: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """--checkpoint-interval-seconds auto: sqrt(2 x save cost x MTBF), with the assumed cost
+    until a save was measured, then the measured (median) blocking cost."""
+    import math
+    import statistics
+
+    from pyrecover_train import trainer
+
+    # A (tiny) assumed cost makes the first interval a few ms: the first step saves at once.
+    monkeypatch.setattr(trainer, "AUTO_ASSUMED_SAVE_COST", 1e-9)
+    ckpt = tmp_path / "ckpt"
+    argv = tiny_flags(corpus, cache_dir, ckpt, "--training-steps", "6", "--keep-last", "0")
+    argv += ["--checkpoint-interval-seconds", "auto", "--mtbf", "1:00:00"]
+    assert main(argv) == 0
+    assert "auto: Young/Daly with MTBF 1:00:00" in capsys.readouterr().out
+    saves = [e for e in events(ckpt) if e["event"] == "save"]
+    # After the first save the measured cost (>= 1 ms) gives an interval of seconds: no
+    # further time-based save in a run of a few steps, only the final one.
+    assert [(e["step"], e["kind"]) for e in saves] == [(1, "periodic"), (6, "final")]
+    costs = []
+    for e in saves:
+        costs.append(e["blocking_s"])
+        want = max(statistics.median(costs), math.sqrt(2 * statistics.median(costs) * 3600))
+        assert e["interval_s"] == pytest.approx(want)
+    assert saves[0]["interval_s"] > 1.0
+
+
+def test_auto_interval_defaults_save_rarely(
+    corpus: Path, cache_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """With the default assumed 10 s save and 6 h MTBF the first auto interval is ~11 min."""
+    ckpt = tmp_path / "ckpt"
+    argv = tiny_flags(corpus, cache_dir, ckpt, "--training-steps", "3")
+    assert main([*argv, "--checkpoint-interval-seconds", "auto"]) == 0
+    assert "every ~0:10:57 (auto: Young/Daly with MTBF 6:00:00" in capsys.readouterr().out
+    assert [e["kind"] for e in events(ckpt) if e["event"] == "save"] == ["final"]
+
+
+def test_grad_accum_equals_the_larger_batch_and_custom_metrics_path(
+    corpus: Path, cache_dir: Path, tmp_path: Path
+) -> None:
+    """2 x 2 with --grad-accum 2 sees the same windows and (up to float rounding) the same
+    gradients as a batch of 4; --metrics puts the JSONL where asked; --checkpoint-frequency -1
+    (the original's "off") leaves only the final save."""
+    runs = {}
+    for name, extra in (
+        ("accum", ["--batch-size", "2", "--grad-accum", "2"]),
+        ("batch", ["--batch-size", "4"]),
+    ):
+        ckpt = tmp_path / name
+        metrics = tmp_path / f"{name}.jsonl"
+        argv = tiny_flags(corpus, cache_dir, ckpt, "--training-steps", "3", "--grad-clip", "0")
+        argv += ["--checkpoint-frequency", "-1", "--metrics", str(metrics), *extra]
+        assert main(argv) == 0
+        assert not (ckpt / "default-exp" / "metrics.jsonl").exists()
+        from pyrecover_train.metrics import read_events
+
+        evs = list(read_events(metrics))
+        assert [(e["step"], e["kind"]) for e in evs if e["event"] == "save"] == [(3, "final")]
+        runs[name] = [e for e in evs if e["event"] == "step"]
+    accum, batch = runs["accum"], runs["batch"]
+    assert [e["data_position"] for e in accum] == [e["data_position"] for e in batch] == [4, 8, 12]
+    assert accum[0]["loss"] == pytest.approx(batch[0]["loss"], rel=1e-6)
+    for a, b in zip(accum[1:], batch[1:], strict=True):
+        assert a["loss"] == pytest.approx(b["loss"], rel=1e-4)
+
+
+def test_compile_and_fused_optimizer_say_when_unsupported(
+    corpus: Path,
+    cache_dir: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    import torch
+
+    from pyrecover_train import trainer
+
+    real_adamw = torch.optim.AdamW
+
+    def no_fused(*args: object, fused: bool | None = None, **kw: object) -> object:
+        if fused:
+            raise RuntimeError("`fused=True` requires all the params to be floating point CUDA")
+        return real_adamw(*args, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(trainer.torch.optim, "AdamW", no_fused)
+    monkeypatch.setattr(trainer.shutil, "which", lambda name: None)  # no C++ compiler
+    argv = tiny_flags(corpus, cache_dir, tmp_path / "a", "--training-steps", "2")
+    assert main([*argv, "--compile", "--fused-optimizer"]) == 0
+    out = capsys.readouterr().out
+    assert "--compile: no C++ compiler found for the CPU backend; running eagerly" in out
+    assert "--fused-optimizer: fused AdamW unsupported here (`fused=True` requires" in out
+    assert "using foreach" in out
+
+    def broken_compile(*args: object, **kw: object) -> object:
+        raise RuntimeError("Dynamo is not supported on Python 3.99+")
+
+    monkeypatch.setattr(trainer.shutil, "which", lambda name: "/usr/bin/" + name)
+    monkeypatch.setattr(trainer.torch, "compile", broken_compile)
+    argv = tiny_flags(corpus, cache_dir, tmp_path / "b", "--training-steps", "2")
+    assert main([*argv, "--compile"]) == 0
+    out = capsys.readouterr().out
+    assert "--compile: torch.compile is not available here (Dynamo is not supported" in out
+    assert "running eagerly" in out
+
+
+def test_fused_optimizer_is_used_where_supported(
+    corpus: Path, cache_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import torch
+
+    try:
+        torch.optim.AdamW([torch.zeros(1, requires_grad=True)], fused=True)
+    except (RuntimeError, ValueError):
+        pytest.skip("this torch has no fused AdamW on CPU (the fallback is tested above)")
+    ckpt = tmp_path / "ckpt"
+    argv = tiny_flags(corpus, cache_dir, ckpt, "--training-steps", "2", "--fused-optimizer")
+    assert main(argv) == 0
+    assert "--fused-optimizer" not in capsys.readouterr().out  # no warning
+    _, state = final_state(ckpt)
+    assert all(g["fused"] for g in state["optim"]["param_groups"])
+
+
+def test_fp16_on_a_cpu_that_cannot_is_one_line_exit_2(
+    corpus: Path,
+    cache_dir: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from pyrecover_train import precision
+
+    monkeypatch.setattr(precision, "_cpu_autocast_works", lambda dtype: False)
+    ckpt = tmp_path / "ckpt"
+    assert main([*flags(corpus, cache_dir, ckpt), "--model-dtype", "fp16"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "--model-dtype fp16 is not supported by this CPU" in err
+    assert "use --model-dtype fp32 on CPU" in err and len(err.splitlines()) == 1
+    assert not ckpt.exists()
+
+
+def test_dry_run_never_touches_a_folder_named_like_its_scratch(
+    straight: Path, corpus: Path, cache_dir: Path, tmp_path: Path
+) -> None:
+    """An experiment may be called "default-exp.dry-run": the dry run's scratch folder is a
+    fresh one of its own, removed afterwards; everything else stays as it was."""
+    import shutil
+
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(straight / "default-exp", ckpt / "default-exp")
+    shutil.copytree(straight / "default-exp", ckpt / "default-exp.dry-run")
+    (ckpt / "default-exp.dry-run-notes").mkdir()
+    (ckpt / "default-exp.dry-run-notes" / "keep.txt").write_text("mine")
+    before = {k: v for k, v in snapshot(ckpt).items() if not k.endswith(("metrics.jsonl", ".log"))}
+    argv = [*flags(corpus, cache_dir, ckpt), "--resume-from-checkpoint", "latest", "--dry-run"]
+    assert main(argv) == 0
+    after = {k: v for k, v in snapshot(ckpt).items() if not k.endswith(("metrics.jsonl", ".log"))}
+    assert after == before
+    assert sorted(p.name for p in ckpt.iterdir()) == [
+        "default-exp",
+        "default-exp.dry-run",
+        "default-exp.dry-run-notes",
+    ]
+
+
+@pytest.mark.slow
+def test_distributed_dry_run(corpus: Path, cache_dir: Path, tmp_path: Path) -> None:
+    """--dry-run under torchrun (2 processes, DCP): the ranks agree on one scratch folder, all
+    write their shards and read them back, then it is removed."""
+    import sys
+
+    ckpt = tmp_path / "ckpt"
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        "-m",
+        "pyrecover_train",
+        "--distributed",
+        "--use-torch-distributed-ckpt",
+        "--dry-run",
+        *tiny_flags(corpus, cache_dir, ckpt),
+    ]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=child_env())
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "dry run OK: 1 step" in r.stdout
+    assert "could not remove" not in r.stdout + r.stderr
+    assert sorted(p.name for p in ckpt.iterdir()) == ["default-exp"]
+
+
+def test_a_file_where_a_folder_goes_is_one_line_exit_2(
+    corpus: Path, cache_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    in_the_way = tmp_path / "ckpt"
+    in_the_way.write_text("not a folder")
+    assert main(flags(corpus, cache_dir, in_the_way)) == 2
+    err = capsys.readouterr().err.strip()
+    assert f"--checkpoint-dir: {in_the_way} is a file, not a directory" in err
+    assert len(err.splitlines()) == 1
+    ckpt = tmp_path / "ok"
+    assert main([*flags(corpus, cache_dir, ckpt), "--metrics", str(in_the_way / "m.jsonl")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert f"--metrics: {in_the_way} is a file, not a directory" in err
+    assert len(err.splitlines()) == 1
+    assert in_the_way.read_text() == "not a folder" and not ckpt.exists()
+
+
+@pytest.mark.parametrize("form", ["path", "step"])
+def test_resume_from_a_given_checkpoint(
+    form: str, straight: Path, corpus: Path, cache_dir: Path, tmp_path: Path
+) -> None:
+    """--resume-from-checkpoint PATH (any checkpoint folder, as in the original: it need not be
+    under --checkpoint-dir) or a step number: training continues from there, bitwise exactly."""
+    import shutil
+
+    source = straight / "default-exp" / f"step-{STEPS - EVERY:08d}"
+    if form == "path":
+        ckpt = tmp_path / "elsewhere"
+        target = str(source)
+    else:  # a step of this experiment: a copy of the straight run without its last checkpoint
+        ckpt = tmp_path / "copy"
+        shutil.copytree(straight / "default-exp", ckpt / "default-exp")
+        shutil.rmtree(ckpt / "default-exp" / f"step-{STEPS:08d}")
+        (ckpt / "default-exp" / "latest").unlink()
+        target = str(STEPS - EVERY)
+    assert main([*flags(corpus, cache_dir, ckpt), "--resume-from-checkpoint", target]) == 0
+    resume = [e for e in events(ckpt) if e["event"] == "resume"][-1]  # the copy has older ones
+    assert resume["step"] == STEPS - EVERY
+    _, want = final_state(straight)
+    manifest, got = final_state(ckpt)
+    assert manifest.step == STEPS
+    assert_bitwise_equal(want, got)
+    assert source.is_dir()  # the source checkpoint is left as it was

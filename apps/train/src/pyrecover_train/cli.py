@@ -30,13 +30,17 @@ def main(argv: list[str] | None = None) -> int:
         return int(e.code or 0)
     except UsageError as e:
         return _usage(e)
-    from .trainer import TrainingDiverged, train  # torch is imported only for an actual run
+    # torch is imported only for an actual run
+    from ckptstore import CheckpointError
+
+    from .trainer import TrainingDiverged, train
 
     try:
         return train(cfg).exit_code
     except UsageError as e:
         return _usage(e)
-    except TrainingDiverged as e:
+    except (TrainingDiverged, CheckpointError) as e:
+        # Their messages say what happened and what to do; the traceback is in train.log.
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

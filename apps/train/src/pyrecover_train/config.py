@@ -146,14 +146,17 @@ class TrainConfig:
     explicit: tuple[str, ...] = field(default=())
 
     def __post_init__(self) -> None:
+        if self.checkpoint_frequency == -1:
+            self.checkpoint_frequency = 0  # the original PyRecover's spelling of "off"
         for name in ("sequence_length", "batch_size", "training_steps", "grad_accum"):
             _positive_int(name, getattr(self, name))
         for name in ("log_every", "eval_batches"):
             _positive_int(name, getattr(self, name))
         for name in ("checkpoint_frequency", "eval_every", "warmup_steps"):
             if getattr(self, name) < 0:
+                off = "0 or -1" if name == "checkpoint_frequency" else "0"
                 raise ValueError(
-                    f"{_flag(name)} must be >= 0 (0 turns it off), got {getattr(self, name)}"
+                    f"{_flag(name)} must be >= 0 ({off} turns it off), got {getattr(self, name)}"
                 )
         if not (math.isfinite(self.learning_rate) and self.learning_rate > 0):
             raise ValueError(f"--learning-rate must be positive, got {self.learning_rate}")
@@ -253,6 +256,10 @@ def _positive_int(name: str, value: int) -> None:
         raise ValueError(f"{_flag(name)} must be a positive integer, got {value}")
 
 
+# ckptstore's rule for an experiment folder (checked here so a bad name fails before any work).
+_EXPERIMENT_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+
+
 def _check_experiment_name(name: str) -> None:
     if not name or name in (".", "..") or ".." in name or "/" in name or "\\" in name:
         raise ValueError(
@@ -261,6 +268,11 @@ def _check_experiment_name(name: str) -> None:
         )
     if os.sep in name or (os.altsep and os.altsep in name):
         raise ValueError(f"--experiment_name {name!r} must not contain a path separator")
+    if not _EXPERIMENT_RE.fullmatch(name):
+        raise ValueError(
+            f"--experiment_name {name!r}: use letters, digits, '.', '_' and '-' (at most 128), "
+            "starting with a letter or digit"
+        )
 
 
 # --- argparse -------------------------------------------------------------------------------------
@@ -367,7 +379,7 @@ def build_parser(prog: str = "pyrecover-train") -> argparse.ArgumentParser:
         *_both("--checkpoint-frequency"),
         type=int,
         default=S,
-        help="save every N steps, 0 = off (default 10)",
+        help="save every N steps, 0 or -1 = off (default 10)",
     )
     g.add_argument(
         *_both("--resume-from-checkpoint"),

@@ -48,6 +48,15 @@ def add_file(path: Path) -> None:
         logging.getLogger(name).addHandler(handler)
 
 
+def exception_to_file(message: str) -> None:
+    """The exception being handled, with its traceback, in train.log only: the console gets the
+    one line the CLI prints, the file keeps what a bug report needs."""
+    if _handlers.file is None:
+        return
+    record = log.makeRecord(log.name, logging.ERROR, __file__, 0, message, (), sys.exc_info())
+    _handlers.file.handle(record)
+
+
 def teardown() -> None:
     """Remove and close the handlers (tests run several trainings in one process)."""
     for handler in (_handlers.stream, _handlers.file):

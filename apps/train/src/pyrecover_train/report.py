@@ -13,7 +13,6 @@ Definitions (each process start is one "run" in the metrics file):
 
 from __future__ import annotations
 
-import argparse
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -21,6 +20,7 @@ from typing import Any
 
 import orjson
 
+from .config import _Parser
 from .metrics import fmt_duration, read_events
 
 PLOT_HINT = "pip install 'pyrecover-train[plot]' (matplotlib)"
@@ -230,7 +230,7 @@ def plot(events: list[dict[str, Any]], summary: Summary, out: Path) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog="pyrecover-train report",
         description="Summarise an experiment (goodput, lost steps, checkpoint overhead) and plot "
         "its loss curve and checkpoint/stop/resume timeline.",

@@ -23,6 +23,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import os
+import secrets
 import shutil
 import time
 import zlib
@@ -167,6 +169,7 @@ class Run:
         self.interrupt = slurmclock.StopSignals(("INT",))
         self.stop_flag = _AnyFlag(signals, self.interrupt)
         self.metrics = MetricsLog(None)
+        self._check_output_dirs()
         self._set_determinism()
         self.precision = self._precision()
         self.data = self._data()
@@ -202,6 +205,15 @@ class Run:
         self.wandb: Any = None
 
     # -- set-up -----------------------------------------------------------------------------
+
+    def _check_output_dirs(self) -> None:
+        """Local folders the run will write to: a file in the way, or a read-only parent, is a
+        usage error now (one line, before any work) rather than a traceback at the first write."""
+        cfg = self.cfg
+        if cfg.store_is_local:
+            flag = "--checkpoint-url" if cfg.checkpoint_url else "--checkpoint-dir"
+            _check_writable_dir(cfg.exp_dir, flag)
+        _check_writable_dir(cfg.metrics_path.parent, "--metrics")
 
     def _set_determinism(self) -> None:
         ddpkit.seed_everything(self.cfg.seed, self.dist.rank)
@@ -641,8 +653,16 @@ class Run:
         blocking_s = time.perf_counter() - t0
         self.last_saved_step, self.last_save_time = self.step, self.clock()
         self.save_costs.append(blocking_s)
+        extra: dict[str, Any] = {}
+        if self.cfg.checkpoint_interval_seconds is not None:
+            extra["interval_s"] = self.save_interval()  # until the next time-based save
         self.metrics.log(
-            "save", step=self.step, kind=kind, blocking_s=blocking_s, **{"async": not blocking}
+            "save",
+            step=self.step,
+            kind=kind,
+            blocking_s=blocking_s,
+            **{"async": not blocking},
+            **extra,
         )
         log.debug("step %d: %s save started (%.2f s blocking)", self.step, kind, blocking_s)
         del handle
@@ -775,7 +795,12 @@ class Run:
         every = []
         if cfg.checkpoint_frequency:
             every.append(f"every {cfg.checkpoint_frequency} steps")
-        if cfg.checkpoint_interval_seconds is not None:
+        if cfg.checkpoint_interval_seconds == "auto":
+            every.append(
+                f"every ~{fmt_duration(self.save_interval())} (auto: Young/Daly with MTBF "
+                f"{fmt_duration(cfg.mtbf)}, re-estimated from each measured save)"
+            )
+        elif cfg.checkpoint_interval_seconds is not None:
             every.append(f"every {cfg.checkpoint_interval_seconds} s")
         log.info(
             "  checkpoints: %s (%s, %s%s)",
@@ -865,12 +890,23 @@ class Run:
         self.train_step()
         self.step += 1
         step_s = time.perf_counter() - t0
+        # A fresh scratch folder of its own (rank 0 names it for all ranks): never one that
+        # exists already, which may be the user's (an experiment may be called "x.dry-run").
+        name = self.dist.all_gather_object(
+            f"{self.cfg.experiment_name[:100]}.dry-run-{secrets.token_hex(4)}"
+        )[0]
+        exists = self.dist.all_gather_object(
+            self.dist.rank == 0 and _scratch_exists(self.cfg, name)
+        )[0]
+        if exists:  # all ranks agree, so none waits for the others
+            raise RuntimeError(f"dry run: scratch folder {name} exists already; run it again")
         scratch = ckptstore.CheckpointStore(
             self.cfg.store_url,
             format=self.cfg.format,
             storage_options=self.cfg.storage_options,
-            experiment=f"{self.cfg.experiment_name}.dry-run",
+            experiment=name,
         )
+        ok = False
         try:
             t1 = time.perf_counter()
             scratch.save(
@@ -894,8 +930,14 @@ class Run:
                 raise RuntimeError(
                     f"dry run: what was loaded differs from what was saved at {diffs[:5]}"
                 )
+            ok = True
+            self.dist.barrier()  # every rank has read it back before rank 0 removes it
         finally:
-            _remove_experiment(scratch, self.cfg)
+            if not ok or self.dist.rank == 0:
+                _remove_experiment(scratch, self.cfg, name)
+            else:
+                with contextlib.suppress(Exception):
+                    scratch.close()
         log.info(
             "dry run OK: 1 step %.2f s; save %.2f s (%.1f MB), verified, read back equal "
             "(scratch experiment removed)",
@@ -999,15 +1041,37 @@ def _first_line(e: BaseException) -> str:
     return text.splitlines()[0] if text else type(e).__name__
 
 
-def _remove_experiment(store: ckptstore.CheckpointStore, cfg: TrainConfig) -> None:
-    """Delete the dry run's scratch experiment (only that folder, which the dry run created)."""
+def _check_writable_dir(path: Path, flag: str) -> None:
+    """``path`` is, or can be created as, a folder this process can write into."""
+    existing = path
+    while not existing.exists():
+        if existing.parent == existing:
+            return
+        existing = existing.parent
+    if not existing.is_dir():
+        raise UsageError(f"{flag}: {existing} is a file, not a directory")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise UsageError(f"{flag}: {existing} is not writable by this user")
+
+
+def _scratch_path(cfg: TrainConfig, name: str) -> tuple[Any, str]:
     import fsspec
 
+    fs, root = fsspec.core.url_to_fs(cfg.store_url, **(cfg.storage_options or {}))
+    return fs, f"{root.rstrip('/')}/{name}"
+
+
+def _scratch_exists(cfg: TrainConfig, name: str) -> bool:
+    fs, path = _scratch_path(cfg, name)
+    return bool(fs.exists(path))
+
+
+def _remove_experiment(store: ckptstore.CheckpointStore, cfg: TrainConfig, name: str) -> None:
+    """Delete the dry run's scratch experiment (only that folder, which the dry run created)."""
     with contextlib.suppress(Exception):
         store.close()
     try:
-        fs, root = fsspec.core.url_to_fs(cfg.store_url, **(cfg.storage_options or {}))
-        path = f"{root.rstrip('/')}/{cfg.experiment_name}.dry-run"
+        fs, path = _scratch_path(cfg, name)
         if fs.exists(path):
             fs.rm(path, recursive=True)
     except Exception as e:  # leaving a scratch folder behind is not worth failing for

@@ -1,0 +1,297 @@
+"""The sbatch scripts' own logic, with fake ``srun``/``sbatch``/``scontrol``/``slurmclock`` on PATH
+(no SLURM needed): the original's interface, trainer-flag passthrough, resume on restart, what
+each exit status of the training step leads to, the job-array and ``--dependency=afterany``
+alternatives, dataset staging, self-submission; plus ``bash -n`` and shellcheck. The real-SLURM
+runs are in test_slurm.py."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from train_helpers import ROOT
+
+SLURM_DIR = ROOT / "apps" / "train" / "slurm"
+SIMPLE = SLURM_DIR / "submit-training-simple.sh"
+CHAIN = SLURM_DIR / "submit-chain.sh"
+
+FAKE_SRUN = r"""#!/bin/bash
+# Records each call's arguments; runs staging commands (bash -c); the training step exits
+# with $FAKE_RC.
+n=$(find "$FAKE_DIR" -name 'srun.*.args' | wc -l)
+printf '%s\n' "$@" > "$FAKE_DIR/srun.$n.args"
+while [ $# -gt 0 ] && [[ $1 == --* ]]; do shift; done
+if [ "${1:-}" = bash ]; then exec "$@"; fi
+exit "${FAKE_RC:-0}"
+"""
+FAKE_RECORDER = r"""#!/bin/bash
+# Appends "NAME ARGS..." to calls.log; exits with $FAKE_<NAME>_RC (default 0).
+name=$(basename "$0")
+echo "$name $*" >> "$FAKE_DIR/calls.log"
+var="FAKE_$(echo "$name" | tr '[:lower:]' '[:upper:]')_RC"
+exit "${!var:-0}"
+"""
+FAKE_SBATCH = r"""#!/bin/bash
+# Records each submission (one argument per line, then ---) and prints a job id (--parsable).
+n=$(grep -c '^---$' "$FAKE_DIR/sbatch.log" 2>/dev/null)
+{ printf '%s\n' "$@"; echo ---; echo "PYRECOVER_CHAIN=${PYRECOVER_CHAIN:-}"; echo ---; } \
+    >> "$FAKE_DIR/sbatch.log"
+echo "$((1000 + ${n:-0} / 2));cluster"
+"""
+
+
+@pytest.fixture
+def fake(tmp_path: Path) -> Path:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, text in (
+        ("srun", FAKE_SRUN),
+        ("sbatch", FAKE_SBATCH),
+        ("scontrol", FAKE_RECORDER),
+        ("slurmclock", FAKE_RECORDER),
+    ):
+        path = bin_dir / name
+        path.write_text(text)
+        path.chmod(0o755)
+    return tmp_path
+
+
+def run_script(
+    fake: Path, script: Path, *args: str, job: bool = True, **env: str
+) -> subprocess.CompletedProcess[str]:
+    base = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("SLURM_", "SBATCH_", "PYRECOVER_", "FAKE_"))
+        and k not in ("PARTITION", "ACCOUNT", "MODULES", "PYTHON_ENV", "CONTAINER", "TRAIN_CMD")
+    }
+    base["PATH"] = f"{fake / 'bin'}{os.pathsep}{base.get('PATH', '')}"
+    base["FAKE_DIR"] = str(fake)
+    if job:
+        base.update(SLURM_JOB_ID="4242", SLURM_NNODES="1", SLURM_NTASKS="4")
+    base.update(env)
+    return subprocess.run(
+        ["bash", str(script), *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=base,
+        cwd=fake,
+    )
+
+
+def srun_calls(fake: Path) -> list[list[str]]:
+    files = sorted(fake.glob("srun.*.args"), key=lambda p: int(p.name.split(".")[1]))
+    return [p.read_text().splitlines() for p in files]
+
+
+def calls(fake: Path) -> list[str]:
+    log = fake / "calls.log"
+    return log.read_text().splitlines() if log.exists() else []
+
+
+def test_scripts_parse_and_pass_shellcheck() -> None:
+    for script in (SIMPLE, CHAIN):
+        r = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+        assert os.access(script, os.X_OK) or script.read_text().startswith("#!/bin/bash")
+    if shutil.which("shellcheck") is None:
+        pytest.skip("shellcheck is not installed (apt-get install shellcheck)")
+    r = subprocess.run(
+        ["shellcheck", str(SIMPLE), str(CHAIN)], capture_output=True, text=True, timeout=60
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_sbatch_header_has_signal_requeue_append() -> None:
+    text = SIMPLE.read_text()
+    for line in (
+        "#SBATCH --signal=B:USR2@",
+        "#SBATCH --requeue",
+        "#SBATCH --open-mode=append",
+    ):
+        assert line in text
+    # No cluster-specific settings hard-coded: partition/account/modules/container are variables.
+    assert "#SBATCH --partition" not in text and "#SBATCH --account" not in text
+    for var in ("PARTITION", "ACCOUNT", "MODULES", "CONTAINER"):
+        assert f"{var}=${{{var}:-" in text
+
+
+def test_original_interface_and_passthrough(fake: Path) -> None:
+    r = run_script(
+        fake,
+        SIMPLE,
+        "--distributed",
+        "--exp_name=run1",
+        "--continue",
+        "--use_torch_distributed_ckpt",
+        "--model-size",
+        "1b",
+        "--sequence-length=4096",
+        "--async-checkpoint",
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    (call,) = srun_calls(fake)
+    assert call[:3] == ["--ntasks=4", "--kill-on-bad-exit=1", "pyrecover-train"]
+    assert call[3:] == [
+        "--experiment_name",
+        "run1",
+        "--distributed",
+        "--use-torch-distributed-ckpt",
+        "--resume-from-checkpoint",
+        "latest",
+        "--model-size",
+        "1b",
+        "--sequence-length=4096",
+        "--async-checkpoint",
+    ]
+    assert "training finished" in r.stdout and calls(fake) == []  # no requeue
+
+
+def test_defaults_single_task_and_fresh_start(fake: Path) -> None:
+    r = run_script(fake, SIMPLE, "--training-steps", "50", TRAIN_CMD="my-train")
+    assert r.returncode == 0, r.stdout + r.stderr
+    (call,) = srun_calls(fake)
+    # Without --distributed one task, even in a 4-task allocation; no resume on a first start.
+    assert call == [
+        "--ntasks=1",
+        "--kill-on-bad-exit=1",
+        "my-train",
+        "--experiment_name",
+        "default-exp",
+        "--training-steps",
+        "50",
+    ]
+
+
+def test_restarted_job_resumes_from_latest(fake: Path) -> None:
+    r = run_script(fake, SIMPLE, "--exp_name=x", SLURM_RESTART_COUNT="2")
+    assert r.returncode == 0, r.stdout + r.stderr
+    (call,) = srun_calls(fake)
+    assert call[-2:] == ["--resume-from-checkpoint", "latest"]
+    assert "restart 2" in r.stdout
+
+
+def test_stopped_early_requeues_itself(fake: Path) -> None:
+    r = run_script(fake, SIMPLE, "--exp_name=x", FAKE_RC="75")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "training step exited with status 75" in r.stdout
+    assert "requeueing job 4242" in r.stdout
+    assert calls(fake) == ["slurmclock requeue"]
+
+
+def test_requeue_without_slurmclock_uses_scontrol(fake: Path) -> None:
+    (fake / "bin" / "slurmclock").unlink()
+    path = os.pathsep.join(
+        p
+        for p in os.environ.get("PATH", "").split(os.pathsep)
+        if p and not (Path(p) / "slurmclock").exists()
+    )
+    r = run_script(fake, SIMPLE, FAKE_RC="75", PATH=f"{fake / 'bin'}{os.pathsep}{path}")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert calls(fake) == ["scontrol requeue 4242"]
+
+
+def test_failed_requeue_exits_75_and_says_what_to_do(fake: Path) -> None:
+    r = run_script(fake, SIMPLE, FAKE_RC="75", FAKE_SLURMCLOCK_RC="1", FAKE_SCONTROL_RC="1")
+    assert r.returncode == 75, r.stdout + r.stderr
+    assert "requeue failed: resubmit with --continue" in r.stdout
+
+
+@pytest.mark.parametrize(
+    "env",
+    [{"SLURM_ARRAY_TASK_ID": "3"}, {"PYRECOVER_CHAIN": "1"}, {"REQUEUE": "0"}],
+    ids=["array", "chain", "REQUEUE=0"],
+)
+def test_array_task_or_chained_job_does_not_requeue(fake: Path, env: dict[str, str]) -> None:
+    r = run_script(fake, SIMPLE, "--continue", FAKE_RC="75", **env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "not requeueing (the next array task / chained job resumes)" in r.stdout
+    assert calls(fake) == []
+    (call,) = srun_calls(fake)
+    assert call[-2:] == ["--resume-from-checkpoint", "latest"]
+
+
+def test_restart_limit(fake: Path) -> None:
+    r = run_script(fake, SIMPLE, FAKE_RC="75", SLURM_RESTART_COUNT="3", MAX_RESTARTS="3")
+    assert r.returncode == 75, r.stdout + r.stderr
+    assert "already restarted 3 times (MAX_RESTARTS)" in r.stdout and calls(fake) == []
+
+
+@pytest.mark.parametrize("rc", [1, 2])
+def test_errors_are_not_retried(fake: Path, rc: int) -> None:
+    r = run_script(fake, SIMPLE, FAKE_RC=str(rc))
+    assert r.returncode == rc, r.stdout + r.stderr
+    assert f"training failed (status {rc}): not requeueing" in r.stdout and calls(fake) == []
+
+
+def test_dataset_staged_to_node_local_tmpdir(fake: Path) -> None:
+    data = fake / "data"
+    data.mkdir()
+    (data / "part-0.parquet").write_bytes(b"PAR1 not really")
+    local = fake / "nodelocal"
+    local.mkdir()
+    r = run_script(fake, SIMPLE, "--dataset", str(data), STAGE_DATASET="1", SLURM_TMPDIR=str(local))
+    assert r.returncode == 0, r.stdout + r.stderr
+    stage, train = srun_calls(fake)
+    assert stage[:2] == ["--ntasks=1", "--ntasks-per-node=1"]
+    staged = local / "dataset" / "data"
+    assert (staged / "part-0.parquet").read_bytes() == b"PAR1 not really"
+    assert train[train.index("--dataset") + 1] == str(staged)
+    assert str(data) not in train
+
+
+def test_outside_a_job_it_submits_itself(fake: Path) -> None:
+    r = run_script(
+        fake, SIMPLE, "--exp_name=x", "--continue", job=False, PARTITION="gpu", ACCOUNT="proj"
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    args = (fake / "sbatch.log").read_text().split("---\n")[0].splitlines()
+    assert args == ["--partition=gpu", "--account=proj", str(SIMPLE), "--exp_name=x", "--continue"]
+    assert srun_calls(fake) == []
+
+
+def sbatch_submissions(fake: Path) -> list[tuple[list[str], str]]:
+    parts = (fake / "sbatch.log").read_text().split("---\n")
+    return [(parts[i].splitlines(), parts[i + 1].strip()) for i in range(0, len(parts) - 1, 2)]
+
+
+def test_chain_submits_n_jobs_each_after_the_previous(fake: Path) -> None:
+    r = run_script(
+        fake, CHAIN, "3", "--time=04:00:00", "--", "--exp_name=big", "--distributed", job=False
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    subs = sbatch_submissions(fake)
+    assert len(subs) == 3
+    deps = []
+    for args, env in subs:
+        assert env == "PYRECOVER_CHAIN=1"
+        assert args[:3] == ["--parsable", "--no-requeue", "--export=ALL,PYRECOVER_CHAIN=1"]
+        assert args[-4:] == [str(SIMPLE), "--continue", "--exp_name=big", "--distributed"]
+        assert "--time=04:00:00" in args
+        deps.append([a for a in args if a.startswith("--dependency")])
+    assert deps == [[], ["--dependency=afterany:1000"], ["--dependency=afterany:1001"]]
+    assert r.stdout.splitlines() == [
+        "job 1/3: 1000",
+        "job 2/3: 1001 (after 1000)",
+        "job 3/3: 1002 (after 1001)",
+    ]
+
+
+def test_chain_without_sbatch_options(fake: Path) -> None:
+    r = run_script(fake, CHAIN, "2", "--exp_name=e", job=False, PARTITION="p")
+    assert r.returncode == 0, r.stdout + r.stderr
+    (first, _), (second, _) = sbatch_submissions(fake)
+    assert first[-3:] == [str(SIMPLE), "--continue", "--exp_name=e"]
+    assert "--partition=p" in first and "--dependency=afterany:1000" in second
+
+
+@pytest.mark.parametrize("argv", [[], ["0"], ["two", "--exp_name=e"]], ids=["none", "0", "word"])
+def test_chain_usage_error(fake: Path, argv: list[str]) -> None:
+    r = run_script(fake, CHAIN, *argv, job=False)
+    assert r.returncode == 2
+    assert r.stderr.startswith("usage:") and len(r.stderr.strip().splitlines()) == 1
+    assert not (fake / "sbatch.log").exists()
