@@ -4,6 +4,7 @@ and SIGKILLs, async checkpoints, refusals that touch nothing, --dry-run, and the
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import signal
@@ -643,3 +644,30 @@ def test_resume_from_a_given_checkpoint(
     assert manifest.step == STEPS
     assert_bitwise_equal(want, got)
     assert source.is_dir()  # the source checkpoint is left as it was
+
+
+def test_a_late_stop_signal_does_not_turn_a_clean_stop_into_a_kill(
+    corpus: Path, cache_dir: Path, tmp_path: Path
+) -> None:
+    """SLURM's warning signal comes on its own schedule: also after the run stopped for time and
+    saved. Signals that arrive from the stop until the process is gone must leave exit 75."""
+    ckpt = tmp_path / "ckpt"
+    metrics = ckpt / "default-exp" / "metrics.jsonl"
+    proc = start_cli([*flags(corpus, cache_dir, ckpt), "--time-limit", "1", "--stop-margin", "0"])
+    sent = 0
+    try:
+        while not (metrics.exists() and any(e["event"] == "stop" for e in events(ckpt))):
+            assert proc.poll() is None, proc.communicate()[0]
+            time.sleep(0.002)
+        while proc.poll() is None:  # a storm of them, until the very end
+            with contextlib.suppress(ProcessLookupError):
+                proc.send_signal(signal.SIGUSR2 if sent % 2 else signal.SIGTERM)
+                sent += 1
+            time.sleep(0.001)
+        out = proc.communicate()[0]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert sent > 0
+    assert proc.returncode == 75, (proc.returncode, out)

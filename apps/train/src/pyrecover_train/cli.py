@@ -8,6 +8,7 @@ time or by a signal, a checkpoint was saved and a requeue is wanted; 1 error; 2 
 from __future__ import annotations
 
 import logging
+import signal
 import sys
 
 from .config import UsageError, config_from_args
@@ -35,6 +36,13 @@ def main(argv: list[str] | None = None) -> int:
 
     from .trainer import TrainingDiverged, train
 
+    # SLURM's warning signal and its SIGTERM come on their own schedule: one may arrive after the
+    # run stopped by itself and saved (the trainer's handlers are gone by then). It must not turn
+    # a clean exit 75 into "killed by a signal", which the sbatch script would not requeue.
+    # While training runs, the trainer's own handlers take them (they chain to these). Only as
+    # the process's entry point (argv None): a caller in-process owns its own signals.
+    if argv is None:
+        _ignore_late_stop_signals()
     try:
         return train(cfg).exit_code
     except UsageError as e:
@@ -50,6 +58,11 @@ def main(argv: list[str] | None = None) -> int:
         logging.getLogger("pyrecover_train").addHandler(logging.StreamHandler(sys.stderr))
         log.exception("%s: error: %s: %s", PROG, type(e).__name__, e)
         return 1
+
+
+def _ignore_late_stop_signals() -> None:
+    for sig in (signal.SIGUSR2, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)
 
 
 def _usage(e: UsageError) -> int:
