@@ -213,3 +213,22 @@ def test_plain_tensors_come_back_usable(storage: Any, fmt: str) -> None:
         store.load(state)
         torch.set_rng_state(state["rng"]["torch"])
         assert torch.equal(torch.rand(3), expected)
+
+
+def test_load_from_the_path_of_a_checkpoint_directory(storage: Any, fmt: str) -> None:
+    """``step=`` a path/URL of a step directory (another run, a copied checkpoint): verified
+    like any other; a corrupt one raises instead of silently falling back elsewhere."""
+    url, opts = storage
+    with open_store(storage, fmt) as source:
+        source.save(1, make_state(1))
+        source.save(2, make_state(2))
+    with open_store(storage, fmt, experiment="other") as store:
+        loaded = blank_state()
+        assert store.load(loaded, step=f"{url}/step-00000001").step == 1
+        assert_same_state(make_state(1), loaded)
+        corrupt(f"{url}/step-00000002", opts, "flip")
+        with pytest.raises(CorruptCheckpointError, match="checksum mismatch"):
+            store.load(blank_state(), step=f"{url}/step-00000002")
+        with pytest.raises(NoCheckpointError, match="no such checkpoint"):
+            store.load(blank_state(), step=f"{url}/step-00000009")
+        assert store.list() == []  # nothing was written to this store

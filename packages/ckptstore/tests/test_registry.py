@@ -44,3 +44,27 @@ def test_lazy_string_registration_with_install_hint(tmp_path: Path) -> None:
         store.save(1, {"x": torch.ones(2)})
         assert store.manifest(1).format == "torch2"
         assert store.load({"x": torch.zeros(2)}).step == 1
+
+
+def test_a_third_party_format_is_found_through_its_entry_point(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A package that declares ``[project.entry-points."ckptstore.formats"]`` needs no import
+    or register_format call by the user: the name alone works."""
+    import ckptstore.formats as formats
+
+    ep = importlib.metadata.EntryPoint(
+        name="thirdparty", value="ckptstore.formats.torchfile:TorchFormat", group=ENTRY_POINT_GROUP
+    )
+    real = formats.entry_points
+
+    def fake(**kw: str) -> list[importlib.metadata.EntryPoint]:
+        return [ep, *real(**kw)] if kw.get("group") == ENTRY_POINT_GROUP else list(real(**kw))
+
+    monkeypatch.setattr(formats, "entry_points", fake)
+    monkeypatch.delitem(formats._registry, "thirdparty", raising=False)
+    assert "thirdparty" in available_formats()
+    with CheckpointStore(str(tmp_path), format="thirdparty") as store:
+        store.save(1, {"x": torch.ones(2)})
+        assert store.manifest(1).format == "thirdparty"
+    assert formats._registry.pop("thirdparty") is TorchFormat  # imported once, then cached

@@ -132,3 +132,39 @@ def test_a_checkpoint_being_loaded_is_not_pruned(tmp_path: Path) -> None:
         assert store.load(loaded, step=1).step == 1
         assert pruned == [[2]] and float(loaded["w"][0]) == 1.0
         assert store.steps() == [1, 3]
+
+
+def test_a_checkpoint_being_written_is_not_pruned(tmp_path: Path) -> None:
+    """Step 1 saved again (a rewind) while a prune runs: its directory is being written, so the
+    prune leaves it alone even though the policy alone would delete it."""
+    import threading
+    from typing import Any
+
+    from ckptstore import register_format
+    from ckptstore.formats.torchfile import TorchFormat
+
+    gate, writing = threading.Event(), threading.Event()
+
+    class Gated(TorchFormat):
+        def persist(self, staged: Any, ctx: Any) -> None:
+            writing.set()
+            assert gate.wait(60)
+            super().persist(staged, ctx)
+
+    register_format("prune-gated", Gated, clobber=True)
+    gate.set()
+    with CheckpointStore(str(tmp_path), format="prune-gated") as store:
+        for step in (1, 2, 3):
+            store.save(step, {"w": torch.full((2,), float(step))})
+    gate.clear()
+    writing.clear()
+    with CheckpointStore(str(tmp_path), format="prune-gated", keep_last=1) as store:
+        handle = store.save(1, {"w": torch.full((2,), 10.0)}, blocking=False)
+        assert writing.wait(60)
+        try:
+            assert store.prune() == [2]  # the policy alone says [1, 2]
+        finally:
+            gate.set()
+        handle.result()
+        loaded = {"w": torch.zeros(2)}
+        assert store.load(loaded).step == 1 and float(loaded["w"][0]) == 10.0

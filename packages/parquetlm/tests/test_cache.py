@@ -274,13 +274,77 @@ def test_one_big_row_group_is_split_across_workers(tmp_path: Path, tools: Any) -
     assert cache.tokens.tolist() == want
 
 
-def test_a_failing_worker_fails_the_build_cleanly(tmp_path: Path, tools: Any) -> None:
+@pytest.mark.parametrize("where", ["processes", "in-process"])
+def test_a_failing_worker_fails_the_build_cleanly(
+    tmp_path: Path, tools: Any, monkeypatch: pytest.MonkeyPatch, where: str
+) -> None:
     pytest.importorskip("tokenizers", reason="needs the [hf] extra")
-    from parquetlm import gpt2_tokenizer
+    from parquetlm import ParquetLMError, gpt2_tokenizer
 
     path = tools.write_parquet(tmp_path / "d.parquet", tools.make_texts(600), row_group_size=300)
     source = ParquetSource(path)
     path.write_bytes(b"PAR1" + b"\0" * 5000 + b"PAR1")  # replaced after validation, mid-job
-    with pytest.raises(CacheError, match=r"cannot read .*d\.parquet .*changed or damaged"):
+    if where == "processes":  # a tokenizer that does not parallelize itself gets processes
+        monkeypatch.setenv("TOKENIZERS_PARALLELISM", "false")
+    error = CacheError if where == "processes" else ParquetLMError
+    with pytest.raises(error, match=r"cannot read .*d\.parquet .*changed or damaged"):
         TokenCache.build(source, gpt2_tokenizer(), tmp_path / "c", workers=2)
     assert not [p for p in (tmp_path / "c").iterdir() if (p / "meta.json").exists()]
+
+
+def test_hf_builds_in_process_equal_worker_processes_and_resume_each_other(
+    tmp_path: Path, tools: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A tokenizer that uses every core itself (HF) tokenizes in this process, several units per
+    encode_batch call; the result is the same as with worker processes, unit files included, so
+    a build interrupted on one path resumes on the other."""
+    pytest.importorskip("tokenizers", reason="needs the [hf] extra")
+    import parquetlm.cache as cache_mod
+    from parquetlm import gpt2_tokenizer
+
+    texts: list[str | None] = list(tools.make_texts(1500, seed=3))
+    texts[10] = texts[700] = None
+    texts[11] = ""
+    path = tools.write_parquet(tmp_path / "d.parquet", texts, row_group_size=600)
+    source = ParquetSource(path)
+    assert len(cache_mod.split_units(source.units)) == 5  # 2 + 2 + 1
+    tok = gpt2_tokenizer()
+    want = [i for t in texts if t is not None for i in [*tok.encode(t), tok.eot_id]]
+    assert tok.parallel_batch
+    monkeypatch.setattr(cache_mod, "BATCH_TEXT_BYTES", 100_000)  # ~2 units per batch
+    calls: list[int] = []
+    real = cache_mod._encode_texts
+
+    def spy(tokenizer: Any, batch: list[Any]) -> Any:
+        calls.append(len(batch))
+        return real(tokenizer, batch)
+
+    monkeypatch.setattr(cache_mod, "_encode_texts", spy)
+    progress: list[int] = []
+    with pytest.warns(NullRowsWarning):
+        inproc = TokenCache.build(
+            source, tok, tmp_path / "a", workers=1, progress=lambda d, n: progress.append(d)
+        )
+    assert progress == list(range(1, 6)) and sum(calls) == 5 and max(calls) > 1
+    assert inproc.tokens.tolist() == want and inproc.null_rows == 2
+
+    # Interrupted in-process after 2 units, finished by worker processes: the same cache.
+    def stop_after_two(done: int, total: int) -> None:
+        if done == 2:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(cache_mod, "BATCH_TEXT_BYTES", 1)  # one unit per batch
+    with pytest.raises(KeyboardInterrupt):
+        TokenCache.build(source, tok, tmp_path / "b", workers=1, progress=stop_after_two)
+    monkeypatch.setenv("TOKENIZERS_PARALLELISM", "false")
+    assert not tok.parallel_batch
+    calls.clear()
+    progress.clear()
+    with pytest.warns(NullRowsWarning):
+        resumed = TokenCache.build(
+            source, tok, tmp_path / "b", workers=2, progress=lambda d, n: progress.append(d)
+        )
+    assert calls == [] and progress == [3, 4, 5]  # workers did the 3 units left
+    assert resumed.key == inproc.key and leftovers(tmp_path / "b") == []
+    assert resumed.tokens.tolist() == want
+    assert resumed.doc_offsets.tolist() == inproc.doc_offsets.tolist()

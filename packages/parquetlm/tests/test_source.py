@@ -25,6 +25,8 @@ def test_directory_glob_file_and_list_read_the_same_texts(corpus: tuple[Path, li
     units = ParquetSource(root).units
     assert [u.num_rows for u in units] == [50] * 5 + [40] * 3 + [30]
     assert [u.index for u in units] == list(range(9))
+    # Streaming: one row group at a time, never a whole file (memory bounded by a row group).
+    assert [len(a) for a in ParquetSource(root).iter_arrays()] == [50] * 5 + [40] * 3 + [30]
 
 
 def test_directory_skips_hidden_entries(corpus: tuple[Path, list[str]], tools: Any) -> None:

@@ -156,6 +156,17 @@ def test_load_tokenizer_specs(bpe: HFTokenizer, tmp_path: Path) -> None:
         train_tokenizer(source, vocab_size=100)
 
 
+def test_the_default_vocabulary_is_8k(bpe: HFTokenizer) -> None:
+    from parquetlm.cli import _parser
+
+    source = ParquetSource(Path(bpe.name).parent.parent / "t.parquet")
+    for tok in (load_tokenizer("bpe", source), train_tokenizer(source)):
+        assert isinstance(tok, HFTokenizer)
+        assert Path(tok.name).name.startswith("tokenizer-bpe8192-")  # asked for 8192
+    args = _parser().parse_args(["train-tokenizer", "x.parquet", "--out", "t.json"])
+    assert args.vocab_size == 8192
+
+
 def test_registry_takes_third_party_tokenizers() -> None:
     def shouty(arg: str | None, source: Any) -> Tokenizer:
         return ByteTokenizer()

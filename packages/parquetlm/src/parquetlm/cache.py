@@ -33,11 +33,15 @@ import tempfile
 import time
 import uuid
 import warnings
+from collections import deque
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from itertools import islice
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
+import pyarrow as pa
 
 from .errors import CacheError, EmptyDatasetError, NullRowsWarning, TokenizerError
 from .source import ParquetSource, Unit, _is_url
@@ -134,8 +138,11 @@ class TokenCache:
         cache a previous run built for the same content and tokenizer.
 
         ``workers``: processes tokenizing row groups in parallel (default: the CPUs this process
-        may use; 1 tokenizes in this process). ``progress(done, total)`` is called after each row
-        group is durable. Null rows are skipped, counted (``null_rows``) and warned about.
+        may use; 1 tokenizes in this process). A tokenizer whose ``encode_batch`` uses every core
+        itself (``parallel_batch``: HF tokenizers) tokenizes in this process when ``workers`` is
+        1 or covers all of at most ``MAX_INPROCESS_CPUS`` CPUs. ``progress(done, total)`` is
+        called after each row group is durable. Null rows are skipped, counted (``null_rows``)
+        and warned about.
         """
         root = Path(cache_dir) if cache_dir is not None else default_cache_dir(source)
         key = cache_key(source, tokenizer)
@@ -285,47 +292,84 @@ def _init_worker(source: ParquetSource, tokenizer: Tokenizer, dtype: str, units_
 
 
 def _encode_unit(unit: Unit) -> int:
+    """Tokenize one unit into its files in the units directory (in a worker process, or here)."""
     source: ParquetSource = _worker["source"]
     tokenizer: Tokenizer = _worker["tokenizer"]
-    dtype: np.dtype[Any] = _worker["dtype"]
-    base = os.path.join(_worker["units_dir"], f"{unit.index:07d}")
-    tmp = f"{base}.{os.getpid()}.tmp"
-    num_tokens = num_docs = nulls = text_bytes = 0
-    limit = min(tokenizer.vocab_size, np.iinfo(dtype).max + 1)
-    with open(tmp + "tok", "wb") as ftok, open(tmp + "len", "wb") as flen:
+    with _UnitFiles(unit) as out:
         for texts, n_null in source.read_unit(unit):
-            nulls += n_null
-            if not len(texts):
-                continue
-            text_bytes += _text_bytes(texts)
-            tokens, lengths = encode_to_array(tokenizer, texts)
-            if len(tokens) and (int(tokens.min()) < 0 or int(tokens.max()) >= limit):
-                raise TokenizerError(
-                    f"tokenizer produced id {int(tokens.max())} outside its vocabulary of "
-                    f"{tokenizer.vocab_size}: its vocab_size is wrong"
-                )
-            ftok.write(tokens.astype(dtype, copy=False).tobytes())
-            flen.write(lengths.astype(np.int64, copy=False).tobytes())
-            num_tokens += len(tokens)
-            num_docs += len(lengths)
-        for out in (ftok, flen):
-            out.flush()
-            os.fsync(out.fileno())
-    os.replace(tmp + "tok", base + ".tok")
-    os.replace(tmp + "len", base + ".len")
-    info = {"tokens": num_tokens, "docs": num_docs, "nulls": nulls, "text_bytes": text_bytes}
-    with open(tmp + "json", "w") as fj:
-        json.dump(info, fj)
-        fj.flush()
-        os.fsync(fj.fileno())
-    os.replace(tmp + "json", base + ".json")  # last: marks the unit complete
+            out.nulls += n_null
+            if len(texts):
+                out.add(texts, *encode_to_array(tokenizer, texts))
     return unit.index
+
+
+class _UnitFiles:
+    """One unit's files, written under temporary names, then made durable and renamed in order:
+    tokens, lengths, and last the small JSON that marks the unit complete."""
+
+    def __init__(self, unit: Unit) -> None:
+        self.base = os.path.join(_worker["units_dir"], f"{unit.index:07d}")
+        self.tmp = f"{self.base}.{os.getpid()}.tmp"
+        self.dtype: np.dtype[Any] = _worker["dtype"]
+        self.vocab_size = int(_worker["tokenizer"].vocab_size)
+        self.limit = min(self.vocab_size, int(np.iinfo(self.dtype).max) + 1)
+        self.num_tokens = self.num_docs = self.nulls = self.text_bytes = 0
+
+    def __enter__(self) -> _UnitFiles:
+        self.ftok = open(self.tmp + "tok", "wb")  # noqa: SIM115 - closed in __exit__
+        self.flen = open(self.tmp + "len", "wb")  # noqa: SIM115
+        return self
+
+    def add(self, texts: Any, tokens: np.ndarray, lengths: np.ndarray) -> None:
+        if len(tokens) and (int(tokens.min()) < 0 or int(tokens.max()) >= self.limit):
+            raise TokenizerError(
+                f"tokenizer produced id {int(tokens.max())} outside its vocabulary of "
+                f"{self.vocab_size}: its vocab_size is wrong"
+            )
+        self.text_bytes += _text_bytes(texts)
+        self.ftok.write(tokens.astype(self.dtype, copy=False).tobytes())
+        self.flen.write(lengths.astype(np.int64, copy=False).tobytes())
+        self.num_tokens += len(tokens)
+        self.num_docs += len(lengths)
+
+    def __exit__(self, exc_type: object, *rest: object) -> None:
+        with self.ftok, self.flen:
+            if exc_type is not None:
+                return
+            for out in (self.ftok, self.flen):
+                out.flush()
+                os.fsync(out.fileno())
+        os.replace(self.tmp + "tok", self.base + ".tok")
+        os.replace(self.tmp + "len", self.base + ".len")
+        info = {
+            "tokens": self.num_tokens,
+            "docs": self.num_docs,
+            "nulls": self.nulls,
+            "text_bytes": self.text_bytes,
+        }
+        with open(self.tmp + "json", "w") as fj:
+            json.dump(info, fj)
+            fj.flush()
+            os.fsync(fj.fileno())
+        os.replace(self.tmp + "json", self.base + ".json")  # last: marks the unit complete
 
 
 def _text_bytes(texts: Any) -> int:
     import pyarrow.compute as pc
 
     return int(pc.sum(pc.binary_length(texts)).as_py() or 0)
+
+
+# Up to this many CPUs, a tokenizer whose encode_batch uses every core itself (HF tokenizers)
+# tokenizes in this process rather than in worker processes, each of which costs ~0.3 s of CPU to
+# start. Beyond, processes: here the GIL-held part (Arrow to str, ids to arrays: ~5% of the
+# encoding work) would cap the build at ~20 cores.
+MAX_INPROCESS_CPUS = 8
+# Text per encode_batch call in this process: enough to keep the tokenizer's thread pool busy,
+# little enough that the ids (Python lists until converted) stay a small fraction of memory.
+BATCH_TEXT_BYTES = 2 << 20
+READ_AHEAD = 4  # units read ahead of the encoding
+ENCODE_THREADS = 2  # batches in flight: one in the tokenizer while the other is converted
 
 
 def _run_units(
@@ -336,7 +380,13 @@ def _run_units(
 ) -> None:
     # A tokenizer with a vectorized encode_arrow (bytes) is bound by reading: processes would
     # only add their start-up time.
-    cheap = hasattr(initargs[1], "encode_arrow")
+    tokenizer = initargs[1]
+    cheap = hasattr(tokenizer, "encode_arrow")
+    if not cheap and getattr(tokenizer, "parallel_batch", False):
+        cpus = _default_workers()
+        if workers == 1 or cpus <= workers <= MAX_INPROCESS_CPUS:
+            _run_batched(todo, initargs, on_done)
+            return
     if workers > 1 and len(todo) > 1 and not cheap:
         payload = _picklable(initargs)
         if payload is not None:
@@ -349,6 +399,80 @@ def _run_units(
             on_done()
     finally:
         _worker.clear()
+
+
+class _Read(NamedTuple):
+    unit: Unit
+    texts: pa.Array  # the unit's non-null texts
+    nulls: int
+
+
+def _read_texts(source: ParquetSource, unit: Unit) -> _Read:
+    arrays, nulls = [], 0
+    for texts, n_null in source.read_unit(unit):
+        nulls += n_null
+        arrays.append(texts.cast(pa.large_string()))
+    texts = pa.concat_arrays(arrays) if arrays else pa.array([], type=pa.large_string())
+    return _Read(unit, texts, nulls)
+
+
+def _run_batched(todo: list[Unit], initargs: tuple[Any, ...], on_done: Callable[[], None]) -> None:
+    """Tokenize in this process with a tokenizer whose ``encode_batch`` already spreads over
+    every core. Consecutive units share one ``encode_batch`` call (fewer, fuller rounds of the
+    tokenizer's thread pool); a thread reads the next units meanwhile, and a second batch encodes
+    while the first one's ids become arrays (Python work, under the GIL). Each unit is still
+    written and made durable on its own, in order, so a killed build resumes as with workers."""
+    _init_worker(*initargs)
+    source, tokenizer = initargs[0], initargs[1]
+    readers = ThreadPoolExecutor(1, thread_name_prefix="parquetlm-read")
+    encoders = ThreadPoolExecutor(ENCODE_THREADS, thread_name_prefix="parquetlm-encode")
+    try:
+        pending = iter(todo)
+        reads = deque(readers.submit(_read_texts, source, u) for u in islice(pending, READ_AHEAD))
+        encodes: deque[tuple[list[_Read], Future[tuple[np.ndarray, np.ndarray]]]] = deque()
+        batch: list[_Read] = []
+        size = 0
+        while reads or batch or encodes:
+            if reads:
+                got = reads.popleft().result()
+                nxt = next(pending, None)
+                if nxt is not None:
+                    reads.append(readers.submit(_read_texts, source, nxt))
+                batch.append(got)
+                size += got.texts.nbytes
+            if batch and (size >= BATCH_TEXT_BYTES or not reads):
+                encodes.append((batch, encoders.submit(_encode_texts, tokenizer, batch)))
+                batch, size = [], 0
+            if encodes and (len(encodes) >= ENCODE_THREADS or not reads):
+                done, fut = encodes.popleft()
+                _write_batch(done, *fut.result())
+                for _ in done:
+                    on_done()
+    finally:
+        readers.shutdown(wait=True, cancel_futures=True)
+        encoders.shutdown(wait=True, cancel_futures=True)
+        _worker.clear()
+
+
+def _encode_texts(tokenizer: Tokenizer, batch: list[_Read]) -> tuple[np.ndarray, np.ndarray]:
+    """``encode_to_array`` of the texts of several units at once."""
+    texts = [r.texts for r in batch if len(r.texts)]
+    if not texts:
+        return np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64)
+    return encode_to_array(tokenizer, pa.concat_arrays(texts))
+
+
+def _write_batch(batch: list[_Read], tokens: np.ndarray, lengths: np.ndarray) -> None:
+    """Each unit's share of a batch's tokens into its own files."""
+    ends = np.concatenate([[0], np.cumsum(lengths)])
+    doc = 0
+    for r in batch:
+        with _UnitFiles(r.unit) as out:
+            out.nulls = r.nulls
+            if len(r.texts):
+                lo, hi = doc, doc + len(r.texts)
+                out.add(r.texts, tokens[ends[lo] : ends[hi]], lengths[lo:hi])
+                doc = hi
 
 
 def _picklable(initargs: tuple[Any, ...]) -> bytes | None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import importlib
 import importlib.util
+import itertools
 import json
 import os
 import tempfile
@@ -114,13 +115,16 @@ def encode_to_array(tokenizer: Tokenizer, texts: pa.Array) -> tuple[np.ndarray, 
         tokens, lengths = fast(texts)
         return np.asarray(tokens), np.asarray(lengths, dtype=np.int64)
     ids = tokenizer.encode_batch(texts.to_pylist())
-    eot = tokenizer.eot_id
-    flat: list[int] = []
-    for x in ids:
-        flat.extend(x)
-        flat.append(eot)
-    lengths = np.fromiter((len(x) + 1 for x in ids), dtype=np.int64, count=len(ids))
-    return np.array(flat, dtype=np.int64), lengths
+    n = len(ids)
+    lengths = np.fromiter(map(len, ids), dtype=np.int64, count=n) + 1
+    out = np.empty(int(lengths.sum()), dtype=np.int64)
+    eot_at = np.cumsum(lengths) - 1
+    body = np.ones(len(out), dtype=bool)
+    body[eot_at] = False
+    # One C-level pass over the ids (no flat Python list in between).
+    out[body] = np.fromiter(itertools.chain.from_iterable(ids), dtype=np.int64, count=len(out) - n)
+    out[eot_at] = tokenizer.eot_id
+    return out, lengths
 
 
 def _tokenizers_module() -> Any:
@@ -184,6 +188,14 @@ class HFTokenizer:
     @property
     def eot_id(self) -> int:
         return int(self._eot_id)
+
+    @property
+    def parallel_batch(self) -> bool:
+        """Whether ``encode_batch`` spreads over every core itself (the Rust thread pool of HF
+        tokenizers, unless ``TOKENIZERS_PARALLELISM`` turns it off): then ``TokenCache.build``
+        tokenizes in its own process instead of starting worker processes."""
+        flag = os.environ.get("TOKENIZERS_PARALLELISM")
+        return flag is None or flag.strip().lower() not in ("", "0", "f", "false", "n", "no", "off")
 
     @property
     def backend(self) -> Any:
