@@ -21,6 +21,8 @@
 #SBATCH --requeue
 #SBATCH --open-mode=append
 #SBATCH --output=pyrecover-%j.out
+# Keep the warning's lead (300 s above) well under --time: with `sbatch --time=5` it would come
+# at once and every allocation would stop right after starting (override: --signal=B:USR2@30).
 # One task per GPU: for 4 GPUs per node set --ntasks-per-node=4 and --gpus-per-node=4 (or pass
 # them to sbatch). Partition and account: PARTITION/ACCOUNT below, or sbatch -p/-A.
 

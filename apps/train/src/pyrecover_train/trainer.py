@@ -949,7 +949,9 @@ class Run:
         return self._finish(EXIT_FINISHED, "dry run OK", STOP_NONE)
 
     def record_error(self, e: BaseException) -> None:
-        """A stop event for a run that failed, so the report can tell it from a kill."""
+        """A stop event for a run that failed, so the report can tell it from a kill; the
+        traceback goes to train.log (the console gets the CLI's one line)."""
+        logs.exception_to_file(f"step {self.step}: {type(e).__name__}: {e}")
         with contextlib.suppress(Exception):
             self.metrics.log(
                 "stop",

@@ -1,0 +1,227 @@
+"""The real parts of the end-to-end suite, started and stopped by PID: one single-node SLURM
+(tools/localslurm.py, 8 one-CPU job slots), one moto_server S3 endpoint (tools/s3server.py), a
+generated corpus; and the long SLURM scenarios, started in the background as soon as the session
+begins (see e2e_helpers). At the end, a summary table: scenario, result, key figures.
+
+Where slurm-wlm or moto_server is missing the scenarios that need them skip with the reason,
+unless PYRECOVER_REQUIRE_SLURM=1 / PYRECOVER_REQUIRE_S3=1 (CI sets both): then they fail.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # e2e_helpers
+
+from e2e_helpers import (  # noqa: E402
+    ALLOC_TRAIN_S,
+    STOP_MARGIN,
+    Background,
+    Job,
+    LongRuns,
+    calibrate_step_seconds,
+    environ_without_launchers,
+    load_tool,
+    short_flags,
+    start_straight,
+    trainer_flags,
+)
+from train_helpers import child_env, make_corpus, run_cli  # noqa: E402
+
+# -- the summary table ---------------------------------------------------------------------------
+
+_ROWS: dict[str, dict[str, Any]] = {}
+_T0 = time.monotonic()
+
+
+@pytest.fixture
+def figures(request: pytest.FixtureRequest) -> dict[str, Any]:
+    """Key figures of a scenario, printed in the summary table (filled by the test)."""
+    doc = (request.function.__doc__ or request.node.name).strip().splitlines()[0]
+    callspec = getattr(request.node, "callspec", None)
+    if callspec is not None:
+        doc += f" [{callspec.id}]"
+    row: dict[str, Any] = {"scenario": doc, "figures": {}, "result": "?"}
+    _ROWS[request.node.nodeid] = row
+    figures: dict[str, Any] = row["figures"]
+    return figures
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    report = yield
+    row = _ROWS.get(item.nodeid)
+    decided = report.when == "call" or report.outcome != "passed"
+    if row is not None and decided and row["result"] in ("?", "passed"):
+        row["result"] = "skipped" if report.skipped else report.outcome
+    return report
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if not _ROWS:
+        return
+    w = terminalreporter
+    w.section(f"e2e summary ({time.monotonic() - _T0:.0f} s)")
+    width = max(len(r["scenario"]) for r in _ROWS.values())
+    for row in _ROWS.values():
+        figs = "; ".join(f"{k} {v}" for k, v in row["figures"].items())
+        w.write_line(f"{row['scenario']:<{width}}  {row['result'].upper():<7}  {figs}")
+
+
+# -- real parts ----------------------------------------------------------------------------------
+
+
+def _unavailable(what: str, why: str, require: str) -> None:
+    if os.environ.get(require) == "1":
+        pytest.fail(f"{require}=1 but {what} is not available: {why}")
+    pytest.skip(f"no {what}: {why}")
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """A running local SLURM, or None (with the reason in ``.why``)."""
+    localslurm = load_tool("localslurm")
+    why = localslurm.unavailable_reason()
+    if why is not None:
+        yield _Missing(why)
+        return
+    with localslurm.LocalCluster(tmp_path_factory.mktemp("slurm"), cpus=8) as cluster:
+        # Variables of an enclosing launcher must not leak into the jobs.
+        cluster.env = {**environ_without_launchers(), "SLURM_CONF": str(cluster.conf_path)}
+        cluster.env["PATH"] = cluster.env.get("PATH", "") + os.pathsep + "/usr/sbin:/sbin"
+        yield cluster
+
+
+@dataclass
+class _Missing:
+    why: str
+
+
+@pytest.fixture
+def cluster(slurm_cluster: Any) -> Any:
+    if isinstance(slurm_cluster, _Missing):
+        _unavailable("local SLURM", slurm_cluster.why, "PYRECOVER_REQUIRE_SLURM")
+    return slurm_cluster
+
+
+@pytest.fixture(scope="session")
+def s3server_module() -> Any:
+    return load_tool("s3server")
+
+
+@pytest.fixture
+def moto(s3server_module: Any) -> Iterator[Any]:
+    """A fresh moto_server behind a TCP proxy this process can cut and restore."""
+    why = s3server_module.unavailable_reason()
+    if why is not None:
+        _unavailable("S3 endpoint (moto_server)", why, "PYRECOVER_REQUIRE_S3")
+    with s3server_module.MotoServer(proxy=True) as server:
+        server.make_bucket("ckpt")
+        yield server
+
+
+@pytest.fixture(scope="session")
+def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_corpus(tmp_path_factory.mktemp("corpus") / "corpus.parquet", docs=400)
+
+
+@pytest.fixture(scope="session")
+def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("cache")
+
+
+# -- the long scenarios, started at once ---------------------------------------------------------
+
+
+def long_flags(corpus: Path, cache: Path, ckpt: Path, steps: int) -> list[str]:
+    return trainer_flags(corpus, cache, ckpt, steps, 500, "--log-every", "50")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def long_runs(
+    request: pytest.FixtureRequest,
+    corpus: Path,
+    cache_dir: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[LongRuns | None]:
+    """Submits the time-limit, preemption and distributed jobs before the first test runs and
+    starts the uninterrupted reference run they are compared with."""
+    # Only when a selected test needs them (`-k crash` does not).
+    if not any("long" in getattr(i, "fixturenames", ()) for i in request.session.items):
+        yield None
+        return
+    slurm_cluster = request.getfixturevalue("slurm_cluster")
+    if isinstance(slurm_cluster, _Missing):
+        yield None
+        return
+    from scenarios import drive_distributed, drive_preemption, drive_time_limit
+
+    work = tmp_path_factory.mktemp("long")
+    # Calibrate on a quiet machine, before anything else starts: enough steps for >= 3 one-minute
+    # allocations at this speed (slower later means more allocations, never fewer).
+    step_s = calibrate_step_seconds(corpus, cache_dir, work / "calibrate")
+    steps = max(2000, min(12000, int(round(3.5 * ALLOC_TRAIN_S / step_s, -2))))
+    ref_ckpt = work / "reference"
+    reference = start_straight(long_flags(corpus, cache_dir, ref_ckpt, steps), child_env())
+    bg = Background()
+    runs_ = LongRuns(
+        steps, step_s, long_flags(corpus, cache_dir, Path("ckpt"), steps), ref_ckpt, bg, work
+    )
+    bg.start("reference", lambda: _finish_reference(reference))
+    bg.start(
+        "time_limit",
+        lambda: drive_time_limit(Job(slurm_cluster, work, "timelimit"), runs_.flags, STOP_MARGIN),
+    )
+    bg.start(
+        "preemption",
+        lambda: drive_preemption(Job(slurm_cluster, work, "preempt"), runs_.flags, steps),
+    )
+    bg.start(
+        "distributed",
+        lambda: drive_distributed(Job(slurm_cluster, work, "dist"), corpus, cache_dir),
+    )
+    try:
+        yield runs_
+    finally:
+        if reference.poll() is None:
+            reference.kill()
+            reference.wait()
+        if reference.stdout is not None:
+            reference.stdout.close()
+        for job in list(slurm_cluster.jobs()):
+            slurm_cluster.run(["scancel", job], check=False)
+        bg.join_all(timeout=60)
+
+
+def _finish_reference(proc: Any) -> str:
+    out, _ = proc.communicate(timeout=1800)
+    assert proc.returncode == 0, out
+    return str(out)
+
+
+@pytest.fixture
+def long(long_runs: LongRuns | None, cluster: Any) -> LongRuns:
+    assert long_runs is not None, "the long scenarios were not started"
+    return long_runs
+
+
+# -- the short scenarios' configuration and reference ---------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def short_reference(
+    corpus: Path, cache_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Path:
+    """The short configuration run straight through: what every interrupted run must equal."""
+    ckpt = tmp_path_factory.mktemp("short-reference")
+    r = run_cli(short_flags(corpus, cache_dir, ckpt))
+    assert r.returncode == 0, r.stdout + r.stderr
+    return ckpt
