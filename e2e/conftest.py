@@ -29,12 +29,11 @@ from e2e_helpers import (  # noqa: E402
     LongRuns,
     calibrate_step_seconds,
     environ_without_launchers,
-    load_tool,
     short_flags,
     start_straight,
     trainer_flags,
 )
-from train_helpers import child_env, make_corpus, run_cli  # noqa: E402
+from train_helpers import child_env, load_tool, make_corpus, run_cli  # noqa: E402
 
 # -- the summary table ---------------------------------------------------------------------------
 

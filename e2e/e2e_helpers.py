@@ -11,7 +11,6 @@ A module of its own because pytest's importlib mode does not let tests import co
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import re
 import subprocess
@@ -22,7 +21,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -40,15 +38,6 @@ SCRIPT = ROOT / "apps" / "train" / "slurm" / "submit-training-simple.sh"
 STOP_MARGIN = 30
 ALLOC_TRAIN_S = 60 - STOP_MARGIN - 5
 FINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"}
-
-
-def load_tool(name: str) -> ModuleType:
-    """tools/NAME.py, loaded by path (it belongs to no package)."""
-    spec = importlib.util.spec_from_file_location(name, ROOT / "tools" / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def job_env(**extra: str) -> dict[str, str]:

@@ -3,32 +3,22 @@ stopped for time resumes from the bucket and finishes."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 from collections.abc import Iterator
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
-from train_helpers import ROOT, child_env, run_cli, tiny_flags
+from train_helpers import child_env, load_tool, run_cli, tiny_flags
 
 import ckptstore
 
 pytestmark = pytest.mark.s3
 
 
-def _s3server() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("s3server", ROOT / "tools" / "s3server.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture
 def moto() -> Iterator[Any]:
-    s3server = _s3server()
+    s3server = load_tool("s3server")
     why = s3server.unavailable_reason()
     if why is not None:
         if os.environ.get("PYRECOVER_REQUIRE_S3") == "1":

@@ -5,16 +5,14 @@ the job, and the restarted job resumes from the latest checkpoint and finishes -
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
-from train_helpers import ROOT, tiny_flags
+from train_helpers import ROOT, load_tool, tiny_flags
 
 from pyrecover_train.metrics import read_events
 
@@ -22,17 +20,9 @@ pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 SCRIPT = ROOT / "apps" / "train" / "slurm" / "submit-training-simple.sh"
 
 
-def _localslurm() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("localslurm", ROOT / "tools" / "localslurm.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[Any]:
-    localslurm = _localslurm()
+    localslurm = load_tool("localslurm")
     why = localslurm.unavailable_reason()
     if why is not None:
         if os.environ.get("PYRECOVER_REQUIRE_SLURM") == "1":

@@ -4,6 +4,7 @@ own because pytest's importlib mode does not let tests import conftest.)"""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import random
 import subprocess
@@ -11,6 +12,7 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import orjson
@@ -20,6 +22,16 @@ from pyrecover_train.metrics import read_events
 from pyrecover_train.state import tensors_equal
 
 ROOT = Path(__file__).resolve().parents[3]
+
+
+def load_tool(name: str) -> ModuleType:
+    """tools/NAME.py (localslurm, s3server), loaded by path: it belongs to no package."""
+    spec = importlib.util.spec_from_file_location(name, ROOT / "tools" / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
 
 WORDS = [
     "the",
