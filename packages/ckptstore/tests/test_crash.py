@@ -82,7 +82,15 @@ def check_recovers(url: str, fmt: str, opts: dict[str, Any] | None = None) -> in
         again = blank_state()
         assert store.load(again).step == manifest.step + 1
         assert_same_state(make_state(manifest.step + 1), again)
-        return manifest.step
+    if "://" not in url:  # and that commit cleaned up what the killed save left
+        assert leftovers(Path(url)) == []
+    return manifest.step
+
+
+def leftovers(root: Path) -> list[str]:
+    """Temp files, and step folders without a manifest."""
+    out = [str(p.relative_to(root)) for p in root.rglob("*.tmp-*")]
+    return out + [p.name for p in root.glob("step-*") if not (p / "manifest.json").exists()]
 
 
 @pytest.mark.parametrize("fmt", ["torch", "dcp"])
@@ -125,3 +133,47 @@ def test_kill_during_an_s3_save(forkserver: Any, moto: Any, tmp_path: Path, poin
     run_and_kill(forkserver, url, "torch", tmp_path / "sig", pause_at=point, opts=opts)
     step = check_recovers(url, "torch", opts)
     assert step == (1 if point != "manifest-written" else step)
+
+
+def test_a_commit_sweeps_what_interrupted_saves_and_prunes_left(tmp_path: Path) -> None:
+    """A kill inside a prune (manifest gone, payload not) or inside a save leaves folders that
+    are not checkpoints; the next commit removes our files there, never a foreign one, and never
+    a newer folder (a save that may still be running)."""
+    root = tmp_path / "ckpt"
+    with CheckpointStore(str(root)) as store:
+        for step in (1, 2, 3):
+            store.save(step, make_state(step))
+    half_pruned = root / "step-00000001"
+    (half_pruned / "manifest.json").unlink()
+    half_saved = root / "step-00000000"
+    half_saved.mkdir()
+    (half_saved / "state.0123abcd00001.ckpt.tmp-0a1b2c3d4e5f").write_bytes(b"partial")
+    foreign = root / "step-00000002b"  # not a name the store writes: not ours, not a step
+    foreign.mkdir()
+    with_foreign = root / "step-00000001x"
+    newer = root / "step-00000009"
+    newer.mkdir()
+    (newer / "state.0123abcd00002.ckpt.tmp-0a1b2c3d4e5f").write_bytes(b"partial")
+    users = tmp_path / "users"
+    users.mkdir()
+
+    with CheckpointStore(str(root)) as store:
+        assert [c.step for c in store.list()] == [2, 3]
+        store.save(4, make_state(4))
+        assert [c.step for c in store.list()] == [2, 3, 4]
+        assert store.verify(2).ok and store.verify(3).ok
+    assert not half_pruned.exists() and not half_saved.exists()
+    assert foreign.exists() and not with_foreign.exists()
+    assert len(list(newer.iterdir())) == 1
+
+
+def test_the_sweep_keeps_a_foreign_file_and_its_folder(tmp_path: Path) -> None:
+    root = tmp_path / "ckpt"
+    with CheckpointStore(str(root)) as store:
+        store.save(2, make_state(2))
+        d = root / "step-00000001"
+        d.mkdir()
+        (d / "state.0123abcd00001.ckpt").write_bytes(b"ours, half written")
+        (d / "notes.txt").write_text("the user's")
+        store.save(3, make_state(3))
+    assert sorted(p.name for p in d.iterdir()) == ["notes.txt"]

@@ -55,6 +55,8 @@ from .tree import EncodedState, encode_state, has_state_dict
 
 log = logging.getLogger("ckptstore")
 _EXPERIMENT_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+# A temp file of the `latest` pointer, left by a kill between its write and its rename.
+_STALE_POINTER_RE = re.compile(re.escape(LATEST_NAME) + r"\.tmp-[0-9a-f]+")
 # Files the store itself creates inside a step directory; prune removes only these.
 _OWN_FILE_RE = re.compile(
     r"(manifest\.json|state\.[A-Za-z0-9]+\.ckpt|shard-r\d+\.[A-Za-z0-9]+\.bin)(\.tmp-[0-9a-f]+)?"
@@ -478,10 +480,16 @@ class CheckpointStore:
             keep = [f.path for f in manifest.files] + [MANIFEST_NAME]
             d = self.primary.step_dir(step)
             for name in self.primary.storage.list_dir(d):
-                if name not in keep and _OWN_FILE_RE.fullmatch(name) and ".tmp-" not in name:
+                # Everything of this save is renamed into place by now: what else is ours here
+                # (temp files included) is left from an earlier, interrupted save of this step.
+                if name not in keep and _OWN_FILE_RE.fullmatch(name):
                     self.primary.storage.delete(self.primary.storage.join(d, name))
         except (OSError, CheckpointError) as e:
             _warn(f"ckptstore: could not remove superseded files of step {step}: {e}")
+        try:
+            self._sweep_interrupted(self.primary, below=step)
+        except (OSError, CheckpointError) as e:
+            _warn(f"ckptstore: could not remove what interrupted saves left in {self.url}: {e}")
         if self._mirror_worker is not None:
             self._mirror_worker.submit(manifest, self._clock())
         if self.retention.active:
@@ -489,6 +497,25 @@ class CheckpointStore:
                 self._prune_location(self.primary)
             except (OSError, CheckpointError) as e:
                 _warn(f"ckptstore: pruning {self.url} failed (nothing lost): {e}")
+
+    def _sweep_interrupted(self, loc: _Location, *, below: int) -> builtins.list[int]:
+        """Remove step folders without a manifest older than a step just committed, and stale
+        temp files of the ``latest`` pointer: what a kill during a save or a prune left. No one
+        writes them any more (one writer per experiment; a save in flight is protected), and
+        without a manifest they are not checkpoints. Only our own files go: a foreign file
+        keeps its folder."""
+        for name in loc.storage.list_dir(loc.root):
+            if _STALE_POINTER_RE.fullmatch(name):  # our pointer was renamed into place already
+                loc.storage.delete(loc.storage.join(loc.root, name))
+        with self._lock:
+            protected = set(self._protected)
+        swept = []
+        for s, d in loc.step_dirs().items():
+            if s >= below or s in protected or MANIFEST_NAME in loc.storage.list_dir(d):
+                continue
+            loc.remove_checkpoint(d)
+            swept.append(s)
+        return swept
 
     def _unprotect(self, step: int) -> None:
         with self._lock:
