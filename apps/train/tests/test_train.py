@@ -5,21 +5,19 @@ and SIGKILLs, async checkpoints, refusals that touch nothing, --dry-run, and the
 from __future__ import annotations
 
 import contextlib
-import os
 import random
 import signal
-import subprocess
 import time
 from pathlib import Path
 
 import pytest
 from train_helpers import (
     assert_bitwise_equal,
-    child_env,
     events,
     final_state,
     line_count,
     run_cli,
+    run_torchrun,
     start_cli,
     tiny_flags,
     wait_for_step,
@@ -251,28 +249,18 @@ def test_distributed_run_then_resume_on_one_process(
     base = tiny_flags(
         corpus, cache_dir, ckpt, "--use-torch-distributed-ckpt", "--checkpoint-frequency", "3"
     )
-    cmd = [
-        os.environ.get("PYTHON", "python"),
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc-per-node",
-        "2",
-        "-m",
-        "pyrecover_train",
-        "--distributed",
-        *base,
-        "--training-steps",
-        "6",
-        "--eval-every",
-        "3",
-        "--val-fraction",
-        "0.1",
-    ]
-    import sys
-
-    cmd[0] = sys.executable
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=child_env())
+    r = run_torchrun(
+        [
+            "--distributed",
+            *base,
+            "--training-steps",
+            "6",
+            "--eval-every",
+            "3",
+            "--val-fraction",
+            "0.1",
+        ]
+    )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     manifest, state = final_state(ckpt)
     assert manifest.world_size == 2 and manifest.format == "dcp" and manifest.step == 6
@@ -577,24 +565,15 @@ def test_dry_run_never_touches_a_folder_named_like_its_scratch(
 def test_distributed_dry_run(corpus: Path, cache_dir: Path, tmp_path: Path) -> None:
     """--dry-run under torchrun (2 processes, DCP): the ranks agree on one scratch folder, all
     write their shards and read them back, then it is removed."""
-    import sys
-
     ckpt = tmp_path / "ckpt"
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc-per-node",
-        "2",
-        "-m",
-        "pyrecover_train",
-        "--distributed",
-        "--use-torch-distributed-ckpt",
-        "--dry-run",
-        *tiny_flags(corpus, cache_dir, ckpt),
-    ]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=child_env())
+    r = run_torchrun(
+        [
+            "--distributed",
+            "--use-torch-distributed-ckpt",
+            "--dry-run",
+            *tiny_flags(corpus, cache_dir, ckpt),
+        ]
+    )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "dry run OK: 1 step" in r.stdout
     assert "could not remove" not in r.stdout + r.stderr

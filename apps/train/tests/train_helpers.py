@@ -150,6 +150,29 @@ def run_cli(
     )
 
 
+def run_torchrun(
+    args: Sequence[str], *, nproc: int = 2, timeout: float = 300
+) -> subprocess.CompletedProcess[str]:
+    """``pyrecover-train ARGS`` in ``nproc`` processes under torchrun (gloo on CPU)."""
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            str(nproc),
+            "-m",
+            "pyrecover_train",
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=child_env(),
+    )
+
+
 def start_cli(
     args: Sequence[str], *, env: dict[str, str] | None = None, cwd: Path | None = None
 ) -> subprocess.Popen[str]:
