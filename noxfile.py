@@ -23,9 +23,9 @@ TEST_TOOLS = ("pytest>=8", "pytest-timeout>=2.2", "hypothesis>=6.90")
 PACKAGES = {
     # session name: (install spec, extra test-only requirements)
     "slurmclock": ("./packages/slurmclock", ()),
-    "ddpkit": ("./packages/ddpkit", ()),
+    "ddpkit": ("./packages/ddpkit[wandb]", ()),  # [wandb]: the real offline W&B test runs
     "ckptstore": ("./packages/ckptstore[s3]", ("moto[server]>=5",)),
-    "parquetlm": ("./packages/parquetlm[hf,gpt2,torch]", ()),
+    "parquetlm": ("./packages/parquetlm[hf,gpt2,torch,s3]", ("moto[server]>=5",)),
 }
 ALL_LOCAL = (
     "./packages/slurmclock",

@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
-import shutil
-import socket
-import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,51 +12,29 @@ import pytest
 from parquetlm import ByteTokenizer, PackedLoader, ParquetSource, SourceError, TokenCache
 
 pytestmark = pytest.mark.s3
-
-
-def _missing(reason: str) -> None:
-    if os.environ.get("PYRECOVER_REQUIRE_S3") == "1":
-        pytest.fail(f"PYRECOVER_REQUIRE_S3=1 but {reason}")
-    pytest.skip(reason)
+ROOT = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture(scope="module")
 def s3_endpoint() -> Iterator[str]:
+    """A moto_server on 127.0.0.1 from the repository's tools/s3server.py (loaded by path: it is
+    test infrastructure, not a package)."""
     try:
         import s3fs  # noqa: F401
     except ImportError:
-        # Not the S3 endpoint missing: this environment lacks the [s3] extra (see the report).
+        # Not the S3 endpoint missing: this environment lacks the [s3] extra.
         pytest.skip("s3fs not installed: pip install 'parquetlm[s3]' to run the S3 test")
-    exe = shutil.which("moto_server")
-    if exe is None:
-        _missing("moto_server not found: pip install 'moto[server]'")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = subprocess.Popen(
-        [str(exe), "-H", "127.0.0.1", "-p", str(port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        for _ in range(300):  # up to ~30 s for the server to listen
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-                break
-            except OSError:
-                if proc.poll() is not None:
-                    _missing(f"moto_server exited with {proc.returncode}")
-                time.sleep(0.1)
-        else:
-            _missing("moto_server did not start listening")
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    spec = importlib.util.spec_from_file_location("s3server", ROOT / "tools" / "s3server.py")
+    assert spec is not None and spec.loader is not None
+    s3server = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(s3server)
+    why = s3server.unavailable_reason()
+    if why is not None:
+        if os.environ.get("PYRECOVER_REQUIRE_S3") == "1":
+            pytest.fail(f"PYRECOVER_REQUIRE_S3=1 but {why}")
+        pytest.skip(why)
+    with s3server.MotoServer() as server:
+        yield server.endpoint_url
 
 
 def test_s3_source_cache_and_loader(
