@@ -28,12 +28,17 @@ from e2e_helpers import (  # noqa: E402
     Job,
     LongRuns,
     calibrate_step_seconds,
-    environ_without_launchers,
     short_flags,
     start_straight,
     trainer_flags,
 )
-from train_helpers import child_env, load_tool, make_corpus, run_cli  # noqa: E402
+from train_helpers import (  # noqa: E402
+    child_env,
+    environ_without_launchers,
+    load_tool,
+    make_corpus,
+    run_cli,
+)
 
 # -- the summary table ---------------------------------------------------------------------------
 

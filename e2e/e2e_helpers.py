@@ -11,7 +11,6 @@ A module of its own because pytest's importlib mode does not let tests import co
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 import sys
@@ -299,19 +298,5 @@ def iso_to_epoch(iso: str) -> float:
     return datetime.fromisoformat(iso).timestamp()
 
 
-def fmt_s(seconds: float | None) -> str:
-    return "-" if seconds is None else f"{seconds:.0f} s" if seconds >= 10 else f"{seconds:.1f} s"
-
-
 def pct(x: float | None) -> str:
     return "-" if x is None else f"{100 * x:.0f}%"
-
-
-def environ_without_launchers() -> dict[str, str]:
-    return {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("SLURM_", "SBATCH_", "SRUN_", "TORCHELASTIC_", "PYRECOVER_END"))
-        and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR")
-        and k != "MASTER_PORT"
-    }

@@ -10,7 +10,6 @@ import pytest
 from e2e_helpers import (
     LongRuns,
     allocations,
-    fmt_s,
     iso_to_epoch,
     one,
     pct,
@@ -18,6 +17,7 @@ from e2e_helpers import (
 )
 from train_helpers import assert_bitwise_equal, final_state
 
+from pyrecover_train.metrics import fmt_duration
 from pyrecover_train.report import summarize
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.timeout(1800)]
@@ -65,9 +65,9 @@ def test_time_limit_requeue_until_done(long: LongRuns, figures: dict[str, Any]) 
     summary = summarize([e for r in rs for e in r])
     assert summary.lost_steps == 0
     figures["goodput"] = pct(summary.persisted_step_s / held)
-    figures["held"] = fmt_s(held)
+    figures["held"] = fmt_duration(held)
     figures["lost steps"] = summary.lost_steps
     gaps = [b.started - a.ended for a, b in zip(allocs, allocs[1:], strict=False) if a.ended]
-    figures["requeue gap"] = fmt_s(max(gaps)) + " max"
-    figures["wall"] = fmt_s(job.seconds)
+    figures["requeue gap"] = fmt_duration(max(gaps)) + " max"
+    figures["wall"] = fmt_duration(job.seconds)
     assert "requeueing job" in job.log and "training finished" in job.log

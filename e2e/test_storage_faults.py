@@ -12,7 +12,6 @@
 from __future__ import annotations
 
 import shutil
-import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,6 +23,7 @@ from train_helpers import (
     assert_bitwise_equal,
     child_env,
     final_state,
+    load_tool,
     run_cli,
     start_cli,
     wait_for_step,
@@ -101,19 +101,12 @@ def test_s3_endpoint_dies_during_an_upload(
 @pytest.fixture
 def tiny_disk(tmp_path: Path) -> Iterator[Path]:
     """A 16 MiB tmpfs: room for one checkpoint of the tiny model (10.5 MB), not two."""
-    mnt = tmp_path / "tiny"
-    mnt.mkdir()
-    r = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(mnt)],
-        capture_output=True,
-        text=True,
-    )
-    if r.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here ({r.stderr.strip() or r.returncode}); needs root")
+    tmpfs = load_tool("tmpfs")
     try:
-        yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=False)
+        with tmpfs.mounted(tmp_path / "tiny", "16m") as mnt:
+            yield mnt
+    except tmpfs.Unavailable as e:
+        pytest.skip(str(e))
 
 
 def test_disk_full_during_a_save(

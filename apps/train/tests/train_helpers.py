@@ -120,13 +120,21 @@ def tiny_flags(corpus: Path, cache_dir: Path, ckpt: Path, *extra: str) -> list[s
     ]
 
 
-def child_env(**extra: str) -> dict[str, str]:
-    env = {
+def environ_without_launchers() -> dict[str, str]:
+    """This process's environment minus what an enclosing job or launcher set (SLURM, torchrun,
+    a deadline override): a child started from it is a fresh single process."""
+    return {
         k: v
         for k, v in os.environ.items()
-        if not k.startswith(("SLURM_", "PYRECOVER_END_TIME", "RANK", "WORLD_SIZE", "LOCAL_"))
-        and k not in ("MASTER_ADDR", "MASTER_PORT")
+        if not k.startswith(
+            ("SLURM_", "SBATCH_", "SRUN_", "TORCHELASTIC_", "PYRECOVER_END_TIME", "LOCAL_")
+        )
+        and k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
     }
+
+
+def child_env(**extra: str) -> dict[str, str]:
+    env = environ_without_launchers()
     # One thread: results do not depend on how many cores are free on a shared machine.
     env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     env.update(extra)

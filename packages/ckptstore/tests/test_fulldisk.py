@@ -4,32 +4,25 @@ checkpoint intact and loadable. Uses a real 8 MiB tmpfs (needs root / CAP_SYS_AD
 from __future__ import annotations
 
 import os
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
-from ckpt_helpers import assert_same_state
+from ckpt_helpers import assert_same_state, load_tool
 
 from ckptstore import CheckpointError, CheckpointStore
+
+tmpfs = load_tool("tmpfs")
 
 
 @pytest.fixture
 def tiny_disk(tmp_path: Path) -> Iterator[Path]:
-    mnt = tmp_path / "tiny"
-    mnt.mkdir()
-    r = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(mnt)],
-        capture_output=True,
-        text=True,
-    )
-    if r.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here ({r.stderr.strip() or r.returncode}); needs root")
     try:
-        yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=False)
+        with tmpfs.mounted(tmp_path / "tiny", "8m") as mnt:
+            yield mnt
+    except tmpfs.Unavailable as e:
+        pytest.skip(str(e))
 
 
 def state_of(n: int, seed: int) -> dict[str, torch.Tensor]:
