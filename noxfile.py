@@ -23,7 +23,9 @@ TEST_TOOLS = ("pytest>=8", "pytest-timeout>=2.2", "hypothesis>=6.90")
 PACKAGES = {
     # session name: (install spec, extra test-only requirements)
     "slurmclock": ("./packages/slurmclock", ()),
-    "ddpkit": ("./packages/ddpkit[wandb]", ()),  # [wandb]: the real offline W&B test runs
+    # [wandb]: the real offline W&B test runs; numpy: the tests of ddpkit's numpy paths (that
+    # ddpkit works without numpy is tested in a subprocess that blocks the import).
+    "ddpkit": ("./packages/ddpkit[wandb]", ("numpy",)),
     "ckptstore": ("./packages/ckptstore[s3]", ("moto[server]>=5",)),
     "parquetlm": ("./packages/parquetlm[hf,gpt2,torch,s3]", ("moto[server]>=5",)),
 }

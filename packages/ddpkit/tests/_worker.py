@@ -7,6 +7,8 @@ shows the values instead of a bare exit code.
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
 import os
 import sys
@@ -49,6 +51,108 @@ def collectives(dist: ddpkit.Dist) -> dict[str, Any]:
     dist.barrier()
     out.update(ddp_checks(dist))
     out["even_count"] = sum(1 for _ in dist.even(range(3 + r)))
+    out["agree_max"] = dist.agree(r, 5 - r, r == n - 1)
+    out["agree_max_again"] = dist.agree(-r, 7, False)  # the same buffer, new values
+    out["agree_min"] = dist.agree(r + 1, op="min")
+    out["agree_sum"] = dist.agree(1, r, 2**40, op="sum")
+    out.update(rng_checks(dist))
+    return out
+
+
+def rng_checks(dist: ddpkit.Dist) -> dict[str, Any]:
+    r, n = dist.rank, dist.world_size
+    ddpkit.seed_everything(7, r)
+    saved = ddpkit.capture_rng(dist)
+    expected = [float(torch.rand(1)) for _ in range(3)]
+    torch.manual_seed(12345)  # lose the stream
+    how = ddpkit.restore_rng(saved, dist, seed=7, step=5)
+    again = [float(torch.rand(1)) for _ in range(3)]
+    fewer = {k: v for k, v in saved.items() if k != f"rank{n - 1}"}  # written by n-1 ranks
+    other = ddpkit.restore_rng(fewer, dist, seed=7, step=5)
+    return {
+        "rng_keys": sorted(saved),
+        "rng_restored": (how.how, again == expected),
+        "rng_other_world": (other.how, other.saved_world_size, other.seed),
+    }
+
+
+def fsdp_run(dist: ddpkit.Dist, **options: Any) -> dict[str, Any]:
+    """Four FSDP2 steps of a small transformer-like model, two micro-batches each."""
+    ddpkit.set_determinism(dist.device)
+    ddpkit.seed_everything(0)  # FSDP does not broadcast: every rank builds the same weights
+    model = TinyLM()
+    ddpkit.shard_model(model, dist, blocks="layers", **options)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    ddpkit.seed_everything(1, dist.rank)  # per-rank dropout
+    gen = torch.Generator().manual_seed(dist.rank)
+    dtype = options.get("dtype") or torch.float32
+    losses, norms = [], []
+    for _ in range(4):
+        for micro in range(2):
+            x = torch.randn(4, 8, 16, generator=gen).to(dtype)
+            with ddpkit.no_sync(model) if micro == 0 else contextlib.nullcontext():
+                loss = model(x).float().pow(2).mean()
+                loss.backward()
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        norms.append(float(ddpkit.full_value(norm)))
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        losses.append(float(loss))
+    weight = model.layers[0].up.weight
+    digest = hashlib.sha256()
+    for p in model.parameters():
+        digest.update(bytes(p.full_tensor().detach().float().view(torch.uint8).flatten().tolist()))
+    return {
+        "digest": digest.hexdigest(),
+        "losses": losses,
+        "norms": norms,
+        "sharded": ddpkit.is_sharded(model),
+        "local_rows": weight.to_local().shape[0],
+        "full_rows": weight.shape[0],
+        "param_dtype": str(weight.dtype),
+        "moment_dtype": str(opt.state[weight]["exp_avg"].dtype),
+    }
+
+
+class TinyBlock(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(16)
+        self.up, self.down = nn.Linear(16, 32), nn.Linear(32, 16)
+        self.drop = nn.Dropout(0.1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.drop(self.down(torch.nn.functional.gelu(self.up(self.norm(x)))))
+
+
+class TinyLM(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.inp = nn.Linear(16, 16)
+        self.layers = nn.ModuleList(TinyBlock() for _ in range(3))
+        self.out = nn.Linear(16, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.inp(x)
+        for layer in self.layers:
+            h = layer(h)
+        return self.out(h)
+
+
+FSDP_CONFIGS: dict[str, dict[str, Any]] = {
+    "fp32": {},
+    "checkpointed": {"activation_checkpointing": True},
+    "no_reshard": {"reshard_after_forward": False},
+    "mixed_bf16": {"param_dtype": torch.bfloat16, "reduce_dtype": torch.float32},
+    "bf16_params": {"dtype": torch.bfloat16, "reduce_dtype": torch.float32},
+}
+
+
+def fsdp(dist: ddpkit.Dist) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name, options in FSDP_CONFIGS.items():
+        first, second = fsdp_run(dist, **options), fsdp_run(dist, **options)
+        out[name] = {**first, "repeat_equal": first == second}
     return out
 
 
@@ -131,6 +235,8 @@ def main() -> int:
                 record["result"] = die(dist, int(scenario[3:]))
             elif scenario == "hang":
                 record["result"] = hang(dist)
+            elif scenario == "fsdp":
+                record["result"] = fsdp(dist)
             elif scenario == "raise":
                 raise KeyError("boom inside the with block")
             else:

@@ -33,6 +33,20 @@ def clean_env(**extra: str) -> dict[str, str]:
     return env
 
 
+def one_rank_env(port: int, **over: str) -> dict[str, str]:
+    """torchrun's variables for rank 0 of a world of one on 127.0.0.1:``port`` (``over`` wins)."""
+    env = {
+        "RANK": "0",
+        "WORLD_SIZE": "1",
+        "LOCAL_RANK": "0",
+        "LOCAL_WORLD_SIZE": "1",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+    }
+    env.update(over)
+    return env
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))

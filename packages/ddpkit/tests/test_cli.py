@@ -71,3 +71,43 @@ def test_bad_variables_exit_2_with_one_line(launch: Any) -> None:
         )
         assert sum(line.startswith("ddpkit:") for line in out.stderr.splitlines()) == 1
         assert out.stdout == ""
+
+
+def test_help_is_plain_text_with_examples() -> None:
+    out = run(["--help"], {**__import__("os").environ})
+    assert out.returncode == 0, out.stderr
+    assert "``" not in out.stdout and "```" not in out.stdout  # issue 17: no raw markup
+    assert "examples:\n  srun -n 4 ddpkit info" in out.stdout
+    assert "143: SIGTERM" in out.stdout
+
+
+def test_check_waiting_for_a_peer_exits_143_on_sigterm(launch: Any) -> None:
+    """``ddpkit check`` as rank 0 of 2 with no rank 1: SIGTERM ends the wait with one line."""
+    import signal
+    import socket
+    import time
+
+    port = launch.free_port()
+    env = launch.clean_env(**launch.one_rank_env(port, WORLD_SIZE="2", LOCAL_WORLD_SIZE="2"))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ddpkit", "check"], env=env, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and proc.poll() is None:
+            try:  # rank 0's store listens once init() waits (its handlers are on by then)
+                socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+                break
+            except OSError:
+                time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 143, err
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("ddpkit: [rank 0/2] stopped waiting at the rendezvous at 127.0.0.1:")
+    assert last.endswith("SIGTERM received; 1 of 2 ranks arrived (rank 1 never did)")
+    assert "Traceback" not in err

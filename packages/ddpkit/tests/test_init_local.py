@@ -24,19 +24,6 @@ def _no_leftover_group() -> Any:
     assert not tdist.is_initialized(), "a test left a process group behind"
 
 
-def one_rank_env(port: int, **over: str) -> dict[str, str]:
-    env = {
-        "RANK": "0",
-        "WORLD_SIZE": "1",
-        "LOCAL_RANK": "0",
-        "LOCAL_WORLD_SIZE": "1",
-        "MASTER_ADDR": "127.0.0.1",
-        "MASTER_PORT": str(port),
-    }
-    env.update(over)
-    return env
-
-
 def test_single_process_has_no_group_and_local_answers() -> None:
     with init(env={}) as dist:
         assert isinstance(dist, Dist)
@@ -55,6 +42,7 @@ def test_single_process_has_no_group_and_local_answers() -> None:
         assert dist.all_reduce({}) == {}
         assert dist.any_rank(True) is True and dist.any_rank(False) is False
         assert dist.all_ranks(True) is True
+        assert dist.agree(3, True, 0) == (3, 1, 0)
         assert dist.all_gather_object({"a": 1}) == [{"a": 1}]
         assert dist.broadcast_object("x") == "x"
         assert list(dist.even([1, 2, 3])) == [1, 2, 3]
@@ -67,11 +55,13 @@ def test_single_process_has_no_group_and_local_answers() -> None:
 def test_one_rank_group_through_the_same_api(launch: Any) -> None:
     """distributed=True with a world of one: a real gloo group, destroyed on exit."""
     saved = os.environ.get("MASTER_PORT")
-    with init(env=one_rank_env(launch.free_port()), distributed=True, timeout=20) as dist:
+    with init(env=launch.one_rank_env(launch.free_port()), distributed=True, timeout=20) as dist:
         assert tdist.is_initialized() and dist.distributed and dist.backend == "gloo"
         assert dist.all_reduce(2.5) == 2.5
         assert dist.all_reduce(torch.tensor([4.0]), "sum").item() == 4.0
         assert dist.any_rank(True) and not dist.any_rank(False)
+        assert dist.agree(4, -2, op="min") == (4, -2)
+        assert dist.agree(2**62, 1, op="sum") == (2**62, 1)
         assert dist.broadcast_object([1, 2]) == [1, 2]
         assert dist.all_gather_object("me") == ["me"]
         dist.barrier()
@@ -80,7 +70,7 @@ def test_one_rank_group_through_the_same_api(launch: Any) -> None:
 
 
 def test_teardown_on_exception_and_the_exception_propagates(launch: Any) -> None:
-    env = one_rank_env(launch.free_port())
+    env = launch.one_rank_env(launch.free_port())
     with pytest.raises(ZeroDivisionError), init(env=env, distributed=True, timeout=20):
         assert tdist.is_initialized()
         _ = 1 / 0
@@ -88,9 +78,9 @@ def test_teardown_on_exception_and_the_exception_propagates(launch: Any) -> None
 
 
 def test_close_is_idempotent_and_an_existing_group_is_adopted_not_destroyed(launch: Any) -> None:
-    outer = init(env=one_rank_env(launch.free_port()), distributed=True, timeout=20)
+    outer = init(env=launch.one_rank_env(launch.free_port()), distributed=True, timeout=20)
     try:
-        with init(env=one_rank_env(launch.free_port())) as inner:
+        with init(env=launch.one_rank_env(launch.free_port())) as inner:
             assert inner.distributed and inner.backend == "gloo"
             assert inner.all_reduce(1.0, "sum") == 1.0
         assert tdist.is_initialized(), "an adopted group must outlive the inner init()"
@@ -108,8 +98,8 @@ def test_distributed_true_without_a_launcher() -> None:
         init(env=sbatch_shell, distributed=True)
 
 
-def test_distributed_false_with_several_processes() -> None:
-    env = one_rank_env(1234, WORLD_SIZE="2", LOCAL_WORLD_SIZE="2")
+def test_distributed_false_with_several_processes(launch: Any) -> None:
+    env = launch.one_rank_env(1234, WORLD_SIZE="2", LOCAL_WORLD_SIZE="2")
     with pytest.raises(DistConfigError, match="distributed=False, but torchrun started 2"):
         init(env=env, distributed=False)
 
@@ -128,10 +118,10 @@ def test_distributed_false_with_several_processes() -> None:
         ({"device": "gpu:7"}, "is not a torch device"),
     ],
 )
-def test_bad_arguments(kwargs: dict[str, Any], message: str) -> None:
+def test_bad_arguments(kwargs: dict[str, Any], message: str, launch: Any) -> None:
     if "CUDA is not available" in message and torch.cuda.is_available():
         pytest.skip("this machine has CUDA")
-    env = one_rank_env(1234, WORLD_SIZE="2", LOCAL_WORLD_SIZE="2")
+    env = launch.one_rank_env(1234, WORLD_SIZE="2", LOCAL_WORLD_SIZE="2")
     with pytest.raises(DistConfigError) as e:
         init(env=env, **kwargs)
     assert message in str(e.value) and "\n" not in str(e.value)
@@ -163,9 +153,10 @@ def test_unresolvable_master_fails_before_any_wait() -> None:
     assert time.monotonic() - t0 < 60
 
 
-def test_bad_variables_fail_before_any_wait() -> None:
+def test_bad_variables_fail_before_any_wait(launch: Any) -> None:
     with pytest.raises(DistConfigError, match="RANK=3 must be < WORLD_SIZE=2"):
-        init(env=one_rank_env(1234, RANK="3", WORLD_SIZE="2", LOCAL_WORLD_SIZE="2"), timeout=600)
+        env = launch.one_rank_env(1234, RANK="3", WORLD_SIZE="2", LOCAL_WORLD_SIZE="2")
+        init(env=env, timeout=600)
 
 
 def test_port_in_use_is_named(launch: Any) -> None:
@@ -174,7 +165,7 @@ def test_port_in_use_is_named(launch: Any) -> None:
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         port = busy.getsockname()[1]
-        env = one_rank_env(port, WORLD_SIZE="2", LOCAL_WORLD_SIZE="2")
+        env = launch.one_rank_env(port, WORLD_SIZE="2", LOCAL_WORLD_SIZE="2")
         with pytest.raises(PeerError) as e:
             init(env=env, timeout=5, rendezvous_timeout=5)
     msg = str(e.value)
@@ -184,7 +175,7 @@ def test_port_in_use_is_named(launch: Any) -> None:
 
 
 def test_missing_rank_zero_times_out_with_a_clear_error(launch: Any) -> None:
-    env = one_rank_env(
+    env = launch.one_rank_env(
         launch.free_port(), RANK="1", LOCAL_RANK="1", WORLD_SIZE="2", LOCAL_WORLD_SIZE="2"
     )
     with pytest.raises(PeerError, match=r"\[rank 1/2\] could not rendezvous .* within 2 s"):
@@ -203,6 +194,14 @@ def test_reduce_argument_errors() -> None:
             dist.all_reduce("1.0")  # type: ignore[call-overload]
         with pytest.raises(ValueError, match="src=1 is not a rank"):
             dist.broadcast_object(1, src=1)
+        with pytest.raises(ValueError, match="agree\\(\\) needs at least one value"):
+            dist.agree()
+        with pytest.raises(TypeError, match="agree\\(\\) takes ints that fit in int64, got 1.5"):
+            dist.agree(1, 1.5)  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match="got 9223372036854775808"):
+            dist.agree(2**63)
+        with pytest.raises(ValueError, match="op='avg' is unknown; use 'max', 'min' or 'sum'"):
+            dist.agree(1, op="avg")  # type: ignore[arg-type]
 
 
 def test_print_only_on_rank_zero(capsys: pytest.CaptureFixture[str]) -> None:

@@ -43,6 +43,15 @@ def check_collectives(ranks: list[dict[str, Any]], launcher: str) -> None:
         ]
         assert res["clean_keys"] == ["0.bias", "0.weight", "2.bias", "2.weight"]
         assert res["even_count"] == 3, "even() must stop every rank when the shortest runs out"
+        assert res["agree_max"] == [n - 1, 5, 1]
+        assert res["agree_max_again"] == [0, 7, 0]
+        assert res["agree_min"] == [1]
+        assert res["agree_sum"] == [n, n * (n - 1) // 2, n * 2**40]
+        assert res["rng_keys"] == sorted(f"rank{i}" for i in range(n))
+        assert res["rng_restored"] == ["restored", True]
+        # Another world size: re-seeded from (seed 7, step 5, rank), pyrecover-train's formula.
+        derived = (7 * 1_000_003 + 5 * 9_176 + r * 7_919) % (2**31 - 1)
+        assert res["rng_other_world"] == ["reseeded", n - 1, derived]
         # After teardown: no process group, MASTER_PORT as before init.
         assert rec["initialized_after"] is False
     # DDP kept the replicas identical: after one step and after uneven steps under Join.
@@ -122,6 +131,36 @@ def test_stuck_peer_hits_the_timeout(launch: Any, outdir: Path) -> None:
     assert "every rank still answers" in rec["error"]
     assert "timeout 3 s" in rec["error"]
     assert rec["initialized_after"] is False
+
+
+def test_fsdp_two_ranks_is_deterministic_sharded_and_bf16_capable(
+    launch: Any, outdir: Path
+) -> None:
+    """FSDP2 over gloo: each config twice per process, bitwise equal; shards are halves."""
+    cmds = launch.srun_cmds(2, "fsdp", outdir, timeout=120)
+    with launch.processes(cmds) as procs:
+        outs = launch.wait_all(procs, timeout=400)
+        assert [p.returncode for p in procs] == [0, 0], outs
+    ranks = launch.read_ranks(outdir, 2)
+    for rec in ranks:
+        assert "error" not in rec, rec.get("traceback")
+    results = [rec["result"] for rec in ranks]
+    for name, got in results[0].items():
+        assert got["repeat_equal"], f"{name}: two runs in one process differ"
+        assert got["sharded"] and (got["local_rows"], got["full_rows"]) == (16, 32), name
+        # Every rank sees the same full parameters and the same (reduced) gradient norms.
+        assert got["digest"] == results[1][name]["digest"], name
+        assert got["norms"] == results[1][name]["norms"], name
+        assert got["losses"] != results[1][name]["losses"], f"{name}: ranks saw the same data"
+    fp32 = results[0]["fp32"]
+    assert fp32["param_dtype"] == fp32["moment_dtype"] == "torch.float32"
+    # Recomputing activations (dropout replayed) and keeping them gathered change no bit.
+    assert results[0]["checkpointed"]["digest"] == fp32["digest"]
+    assert results[0]["no_reshard"]["digest"] == fp32["digest"]
+    mixed, bf16 = results[0]["mixed_bf16"], results[0]["bf16_params"]
+    assert mixed["param_dtype"] == mixed["moment_dtype"] == "torch.float32"  # fp32 masters
+    assert bf16["param_dtype"] == bf16["moment_dtype"] == "torch.bfloat16"  # half the memory
+    assert len({fp32["digest"], mixed["digest"], bf16["digest"]}) == 3
 
 
 def test_exception_inside_with_tears_down_and_propagates(launch: Any, outdir: Path) -> None:

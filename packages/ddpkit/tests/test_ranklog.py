@@ -1,10 +1,11 @@
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 import pytest
 
-from ddpkit import RankZeroFilter, current_rank, rank_zero_only
+from ddpkit import RankZeroFilter, current_rank, rank_zero_only, setup_logging
 
 
 def records(rank: int | None, caplog: pytest.LogCaptureFixture) -> list[str]:
@@ -72,3 +73,57 @@ def test_rank_zero_only(monkeypatch: pytest.MonkeyPatch) -> None:
     assert save(3) is None
     assert calls == [2]
     assert save.__name__ == "save"
+
+
+def test_others_level_lets_warnings_through_on_every_rank(caplog: pytest.LogCaptureFixture) -> None:
+    log = logging.getLogger("ddpkit-test-others")
+    log.propagate = True
+    flt = RankZeroFilter(1, others_level=logging.WARNING)
+    log.addFilter(flt)
+    try:
+        with caplog.at_level(logging.INFO, logger=log.name):
+            log.info("rank zero's business")
+            log.warning("everyone should see this")
+    finally:
+        log.removeFilter(flt)
+    assert [r.getMessage() for r in caplog.records] == ["everyone should see this"]
+
+
+def emit(name: str) -> None:
+    log = logging.getLogger(name)
+    log.info("step 1")
+    log.warning("disk almost full")
+    log.info("rank 3 lost its GPU", extra={"all_ranks": True})
+
+
+def test_setup_logging_rank_zero(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    with setup_logging("ddpkit-test-app", rank=0) as handle:
+        handle.add_file(tmp_path / "logs" / "train.log")
+        emit("ddpkit-test-app")
+        emit("ddpkit-test-app.child")  # children go through the parent's handlers
+    out = capsys.readouterr()
+    lines = ["step 1", "disk almost full", "rank 3 lost its GPU"]
+    assert out.out.splitlines() == lines * 2 and out.err == ""
+    logged = (tmp_path / "logs" / "train.log").read_text().splitlines()
+    assert [line.split(": ", 1)[1] for line in logged] == lines * 2
+    assert " INFO ddpkit-test-app: step 1" in logged[0]
+    emit("ddpkit-test-app")  # closed: the handlers are gone
+    assert capsys.readouterr().out == ""
+
+
+def test_setup_logging_other_ranks(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    with setup_logging("ddpkit-test-app", rank=2) as handle:
+        handle.add_file(tmp_path / "train.log")  # rank 0 writes the file; not this one
+        emit("ddpkit-test-app")
+    out = capsys.readouterr()
+    assert out.out == ""
+    assert out.err.splitlines() == ["[rank 2] disk almost full", "[rank 2] rank 3 lost its GPU"]
+    assert not (tmp_path / "train.log").exists()
+
+
+def test_setup_logging_twice_replaces(capsys: pytest.CaptureFixture[str]) -> None:
+    setup_logging("ddpkit-test-twice", rank=0)
+    handle = setup_logging("ddpkit-test-twice", rank=0, fmt="> %(message)s")
+    logging.getLogger("ddpkit-test-twice").info("once")
+    handle.close()
+    assert capsys.readouterr().out == "> once\n"

@@ -4,45 +4,86 @@ import ddpkit
 
 with ddpkit.init() as dist:            # torchrun, srun, or plain python: same code
     ddpkit.seed_everything(1234, dist.rank)
-    model = ddpkit.wrap_ddp(model, dist)
+    model = ddpkit.wrap_ddp(model, dist)   # or ddpkit.shard_model(model, dist, blocks="layers")
     ...
     if dist.any_rank(time_is_up):       # every rank stops at the same step
         break
 """
 
-from ddpkit.dist import DEFAULT_TIMEOUT_S, TIMEOUT_ENV, Dist, InitOptions, init
-from ddpkit.env import DistInfo, Launcher, detect, master_port_for_job
-from ddpkit.errors import DistConfigError, PeerError
-from ddpkit.hostlist import expand_hostlist, first_host, parse_tasks_per_node
-from ddpkit.model import clean_state_dict, unwrap, wrap_ddp
-from ddpkit.ranklog import RankZeroFilter, current_rank, rank_zero_only
-from ddpkit.seed import seed_everything
-from ddpkit.wandb_logger import MetricsLogger, WandbLogger
+import warnings
+
+with warnings.catch_warnings():
+    # numpy is optional for ddpkit, but torch warns "Failed to initialize NumPy" on import
+    # without it (issue 17). Scoped to this import: the caller's filters are left as they are.
+    warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
+    import torch  # noqa: F401
+
+from ddpkit.determinism import CUBLAS_DETERMINISTIC, Determinism, set_determinism  # noqa: E402
+from ddpkit.dist import DEFAULT_TIMEOUT_S, TIMEOUT_ENV, Dist, InitOptions, init  # noqa: E402
+from ddpkit.env import DistInfo, Launcher, detect, master_port_for_job  # noqa: E402
+from ddpkit.errors import DistConfigError, InitInterrupted, PeerError  # noqa: E402
+from ddpkit.fsdp import ShardOptions, full_value, is_sharded, no_sync, shard_model  # noqa: E402
+from ddpkit.hostlist import expand_hostlist, first_host, parse_tasks_per_node  # noqa: E402
+from ddpkit.model import clean_state_dict, unwrap, wrap_ddp  # noqa: E402
+from ddpkit.ranklog import (  # noqa: E402
+    RankLogging,
+    RankZeroFilter,
+    current_rank,
+    rank_zero_only,
+    setup_logging,
+)
+from ddpkit.rng import (  # noqa: E402
+    RngRestored,
+    capture_rng,
+    reseed_rng,
+    restore_rng,
+    rng_state,
+    set_rng_state,
+)
+from ddpkit.seed import seed_everything  # noqa: E402
+from ddpkit.wandb_logger import MetricsLogger, WandbLogger  # noqa: E402
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "CUBLAS_DETERMINISTIC",
     "DEFAULT_TIMEOUT_S",
     "TIMEOUT_ENV",
+    "Determinism",
     "Dist",
     "DistConfigError",
     "DistInfo",
+    "InitInterrupted",
     "InitOptions",
     "Launcher",
     "MetricsLogger",
     "PeerError",
+    "RankLogging",
     "RankZeroFilter",
+    "RngRestored",
+    "ShardOptions",
     "WandbLogger",
+    "capture_rng",
     "clean_state_dict",
     "current_rank",
     "detect",
     "expand_hostlist",
     "first_host",
+    "full_value",
     "init",
+    "is_sharded",
     "master_port_for_job",
+    "no_sync",
     "parse_tasks_per_node",
     "rank_zero_only",
+    "reseed_rng",
+    "restore_rng",
+    "rng_state",
     "seed_everything",
+    "set_determinism",
+    "set_rng_state",
+    "setup_logging",
+    "shard_model",
     "unwrap",
     "wrap_ddp",
 ]

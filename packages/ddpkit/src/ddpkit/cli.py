@@ -1,11 +1,4 @@
-"""``ddpkit info | check | hostlist``: see what each task detects, and smoke-test the group.
-
-    srun -n 4 ddpkit info            # one line per task: launcher, rank, master, ...
-    srun -n 4 ddpkit check           # init + all-reduce + any_rank; exit 0 when all agree
-    ddpkit hostlist 'gpu[001-004]'   # one host per line, like `scontrol show hostnames`
-
-Exit codes: 0 ok, 1 a collective failed or gave a wrong answer, 2 bad usage or bad variables.
-"""
+"""The ``ddpkit`` command: ``info``, ``check`` and ``hostlist`` (see ``EPILOG`` for examples)."""
 
 from __future__ import annotations
 
@@ -18,12 +11,26 @@ from collections.abc import Sequence
 
 from ddpkit.dist import init
 from ddpkit.env import detect
-from ddpkit.errors import DistConfigError, PeerError
+from ddpkit.errors import DistConfigError, InitInterrupted, PeerError
 from ddpkit.hostlist import expand_hostlist, first_host
+
+DESCRIPTION = "See what each task of a job detects, and smoke-test its process group."
+EPILOG = """examples:
+  srun -n 4 ddpkit info            one line per task: launcher, rank, master, ...
+  srun -n 4 ddpkit check           join, all-reduce, any_rank; exit 0 when all agree
+  ddpkit hostlist 'gpu[001-004]'   one host per line, like `scontrol show hostnames`
+
+exit codes: 0 ok, 1 a collective failed or gave a wrong answer, 2 bad usage or bad
+variables, 128+N stopped by signal N while waiting for the other ranks (143: SIGTERM)."""
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="ddpkit", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="ddpkit",
+        description=DESCRIPTION,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     p_info = sub.add_parser("info", help="print what detect() sees in this process")
     p_info.add_argument("--json", action="store_true", help="one JSON object")
@@ -48,6 +55,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except PeerError as e:
         print(f"ddpkit: {e}", file=sys.stderr)
         return 1
+    except InitInterrupted as e:
+        print(f"ddpkit: {e}", file=sys.stderr)
+        return 128 + e.signum if e.signum else 1
 
 
 def _info(as_json: bool) -> int:

@@ -16,22 +16,28 @@ import numbers
 import os
 import pickle
 import re
+import signal
 import socket
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from types import TracebackType
-from typing import Any, Literal, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, overload
 
 import torch
 import torch.distributed as tdist
 
 from ddpkit.env import DistInfo, detect
-from ddpkit.errors import DistConfigError, PeerError
+from ddpkit.errors import DistConfigError, PeerError, first_line
 from ddpkit.health import Heartbeat, diagnose, heartbeat_interval
+from ddpkit.rendezvous import DEFAULT_STOP_SIGNALS, StopWatch, rendezvous
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
 
 T = TypeVar("T")
+_REDUCE_OPS = {"max": tdist.ReduceOp.MAX, "min": tdist.ReduceOp.MIN, "sum": tdist.ReduceOp.SUM}
 ReduceOpName = Literal["mean", "sum", "max", "min"]
 
 TIMEOUT_ENV = "PYRECOVER_DIST_TIMEOUT"
@@ -43,6 +49,7 @@ DEFAULT_TIMEOUT_S = 180.0
 # boots late): the rendezvous waits at least this long for every rank to arrive.
 MIN_RENDEZVOUS_TIMEOUT_S = 300.0
 BACKENDS = ("auto", "gloo", "nccl", "mpi", "ucc")
+_I64 = (-(2**63), 2**63 - 1)
 # Errors that mean "the other side is gone or late", not "you passed a bad tensor".
 _COMM_FAILURE = re.compile(
     r"timed out|timeout|connection|closed by peer|reset by peer|broken pipe|socket|"
@@ -61,6 +68,8 @@ class InitOptions:
     distributed: bool | None = None
     device: str | torch.device | None = None
     heartbeat: bool = True
+    abort: Callable[[], bool] | None = None
+    stop_signals: tuple[str, ...] = DEFAULT_STOP_SIGNALS
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS and ":" not in self.backend:
@@ -79,6 +88,15 @@ class InitOptions:
                 )
         if self.distributed not in (None, True, False):
             raise DistConfigError(f"distributed={self.distributed!r} must be None, True or False")
+        if self.abort is not None and not callable(self.abort):
+            raise DistConfigError(f"abort={self.abort!r} must be a callable returning a bool")
+        self.stop_signals = tuple(self.stop_signals)
+        known = {s.name.removeprefix("SIG") for s in signal.Signals}
+        bad = [s for s in self.stop_signals if str(s).upper().removeprefix("SIG") not in known]
+        if bad:
+            raise DistConfigError(
+                f"stop_signals: {bad[0]!r} is not a signal name; use names such as 'TERM', 'INT'"
+            )
 
     def timeout_seconds(self, env: Mapping[str, str]) -> float:
         """The argument, else ``PYRECOVER_DIST_TIMEOUT``, else 180 s."""
@@ -121,6 +139,8 @@ def init(
     *,
     rendezvous_timeout: float | timedelta | None = None,
     heartbeat: bool = True,
+    abort: Callable[[], bool] | None = None,
+    stop_signals: Iterable[str] = DEFAULT_STOP_SIGNALS,
 ) -> Dist:
     """Join the job: detect the launcher, pick the device, create the process group if needed.
 
@@ -135,6 +155,10 @@ def init(
     least 300 s, since imports from a shared filesystem can be slow and uneven).
     ``env`` replaces ``os.environ`` for detection (tests, dry runs). ``heartbeat`` lets a failed
     collective name the rank that stopped answering.
+    The wait for the other ranks ends within ~0.1 s of a signal in ``stop_signals`` (default
+    SIGTERM and SIGINT; a handler the caller installed for them still runs) or of ``abort()``
+    turning true (e.g. the caller's own stop flag, polled ten times a second), raising
+    :class:`InitInterrupted`.
     All configuration errors raise :class:`DistConfigError` before any network wait.
     """
     opts = InitOptions(
@@ -144,6 +168,8 @@ def init(
         distributed=distributed,
         device=device,
         heartbeat=heartbeat,
+        abort=abort,
+        stop_signals=tuple(stop_signals),
     )
     environ: Mapping[str, str] = os.environ if env is None else env
     info = detect(environ)
@@ -171,7 +197,7 @@ def init(
     chosen = pick_backend(opts.backend, dev)
     _check_resolvable(info)
     rdzv_s = opts.rendezvous_seconds(timeout_s)
-    return _join(info, dev, chosen, timeout_s, rdzv_s, heartbeat=opts.heartbeat)
+    return _join(info, dev, chosen, timeout_s, rdzv_s, opts)
 
 
 def pick_device(requested: str | torch.device | None, info: DistInfo) -> torch.device:
@@ -252,31 +278,17 @@ def _join(
     backend: str,
     timeout_s: float,
     rdzv_s: float,
-    *,
-    heartbeat: bool,
+    opts: InitOptions,
 ) -> Dist:
     saved = {k: os.environ.get(k) for k in ("MASTER_ADDR", "MASTER_PORT")}
-    # env:// rendezvous reads these; torchrun's agent-store handling lives there too.
+    # Set for anything that reads torch's env:// variables later (a DeviceMesh, a sub-launcher).
     os.environ["MASTER_ADDR"] = info.master_addr
     os.environ["MASTER_PORT"] = str(info.master_port)
     timeout = timedelta(seconds=timeout_s)
     try:
-        try:
-            rendezvous = tdist.rendezvous(
-                "env://",
-                rank=info.rank,
-                world_size=info.world_size,
-                timeout=timedelta(seconds=rdzv_s),
-            )
-            store, _, _ = next(rendezvous)
-            store.set_timeout(timeout)  # everyone is here: from now on, waits are collectives
-        except (RuntimeError, ValueError) as e:
-            raise PeerError(
-                f"[rank {info.rank}/{info.world_size}] could not rendezvous at "
-                f"{info.master_addr}:{info.master_port} ({info.master_source}) within "
-                f"{rdzv_s:g} s: {_first_line(e)}. If the port is in use, export another "
-                "MASTER_PORT; if rank 0 never started, read its log"
-            ) from e
+        with StopWatch(opts.stop_signals, opts.abort) as watch:
+            store = rendezvous(info, rdzv_s, watch)
+        store.set_timeout(timeout)  # everyone is here: from now on, waits are collectives
         kwargs: dict[str, Any] = {}
         if backend == "nccl":
             kwargs["device_id"] = dev  # binds the communicator to this GPU up front
@@ -290,7 +302,7 @@ def _join(
         )
         beat = (
             Heartbeat(store, info.rank, heartbeat_interval(timeout_s)).start()
-            if heartbeat
+            if opts.heartbeat
             else None
         )
     except BaseException:
@@ -330,9 +342,22 @@ def _to_bytes(t: torch.Tensor, n: int) -> bytes:
     return ctypes.string_at(cpu.data_ptr(), n) if n else b""
 
 
-def _first_line(e: BaseException) -> str:
-    lines = [line for line in str(e).strip().splitlines() if line.strip()]
-    return lines[0] if lines else type(e).__name__
+class _IntSlot:
+    """A reused int64 buffer for :meth:`Dist.agree`, written and read through ctypes (no tensor
+    is made per call; no numpy needed). With NCCL a pinned host copy feeds the GPU buffer."""
+
+    def __init__(self, n: int, comm_device: torch.device) -> None:
+        cuda = comm_device.type == "cuda"
+        self.host = torch.zeros(n, dtype=torch.int64, pin_memory=cuda)
+        self.values = (ctypes.c_int64 * n).from_address(self.host.data_ptr())
+        self.dev = torch.zeros(n, dtype=torch.int64, device=comm_device) if cuda else self.host
+
+    def reduce(self, op: Any) -> None:
+        if self.dev is not self.host:
+            self.dev.copy_(self.host, non_blocking=True)
+        tdist.all_reduce(self.dev, op=op)
+        if self.dev is not self.host:
+            self.host.copy_(self.dev)  # blocking: the reduced values are on the host after this
 
 
 class Dist:
@@ -370,6 +395,9 @@ class Dist:
         # NCCL reduces GPU memory only; gloo is fastest (and always supported) on CPU tensors.
         self._comm_device = device if backend == "nccl" else torch.device("cpu")
         self._flag = torch.zeros(1, dtype=torch.int32, device=self._comm_device)
+        self._slots: dict[int, _IntSlot] = {}
+        self._mesh: Any = None
+        self._solo_group = False  # a one-rank group made for a mesh, destroyed by close()
 
     # -- identity --------------------------------------------------------------------------
 
@@ -394,6 +422,35 @@ class Dist:
     def distributed(self) -> bool:
         """True when a process group exists (even of one process, with distributed=True)."""
         return self.backend is not None
+
+    @property
+    def mesh(self) -> DeviceMesh:
+        """A 1-D DeviceMesh over every rank, for FSDP2 (:func:`ddpkit.shard_model`) and DTensor.
+
+        Made on first use. One process without a group gets a private one-rank group (an
+        in-process store: no port, no network) so FSDP's mixed precision, activation
+        checkpointing and sharded checkpoints work the same on one GPU; :meth:`close` ends it.
+        """
+        if self._mesh is None:
+            if not tdist.is_initialized():
+                self._start_solo_group()
+            from torch.distributed.device_mesh import init_device_mesh
+
+            self._mesh = init_device_mesh(self.device.type, (tdist.get_world_size(),))
+        return self._mesh
+
+    def _start_solo_group(self) -> None:
+        backend = "nccl" if self.device.type == "cuda" else "gloo"
+        kwargs: dict[str, Any] = {"device_id": self.device} if backend == "nccl" else {}
+        tdist.init_process_group(
+            backend,
+            store=tdist.HashStore(),
+            rank=0,
+            world_size=1,
+            timeout=timedelta(seconds=self.timeout_s),
+            **kwargs,
+        )
+        self._solo_group = True
 
     def __repr__(self) -> str:
         return (
@@ -421,7 +478,7 @@ class Dist:
         self._closed = True
         if self._heartbeat is not None:
             self._heartbeat.stop()
-        if self._owned and tdist.is_initialized():
+        if (self._owned or self._solo_group) and tdist.is_initialized():
             # A DDP model lives in reference cycles that hold the group. Left to the collector
             # at interpreter exit, it tears gloo down mid-finalization and sometimes aborts the
             # process ("terminate called without an active exception", ~1 run in 10 here).
@@ -452,7 +509,7 @@ class Dist:
         return PeerError(
             f"[rank {self.rank}/{self.world_size} on {socket.gethostname()}] {op} failed after "
             f"{elapsed:.1f} s (timeout {self.timeout_s:g} s): {why}. Backend said: "
-            f"{_first_line(e)}"
+            f"{first_line(e)}"
         )
 
     def barrier(self) -> None:
@@ -528,13 +585,37 @@ class Dist:
         """True on every rank when ``flag`` is true on at least one (one tiny MAX all-reduce).
 
         The cross-rank stop agreement: call it every step with "my clock says stop" and all
-        ranks stop at the same step. Its cost is measured by ``python -m ddpkit.bench_any_rank``.
+        ranks stop at the same step. Its cost: ``bench/agree.py`` in the PyRecover repository.
         """
         if not self.distributed:
             return bool(flag)
         self._flag.fill_(1 if flag else 0)
         self._comm("any_rank", lambda: tdist.all_reduce(self._flag, op=tdist.ReduceOp.MAX))
         return bool(self._flag.item())
+
+    def agree(self, *values: int, op: Literal["max", "min", "sum"] = "max") -> tuple[int, ...]:
+        """Every rank's ``values`` reduced element-wise (MAX by default), the same on every rank.
+
+        The per-step stop/save agreement of a few small ints (say: stop code, save due, cannot
+        save) in one all-reduce of a buffer made once per length and reused, so it costs what
+        :meth:`any_rank` costs. Values must fit in int64; bools count as 0/1.
+        """
+        if not values:
+            raise ValueError("agree() needs at least one value")
+        for v in values:
+            if not isinstance(v, int) or not _I64[0] <= v <= _I64[1]:
+                raise TypeError(f"agree() takes ints that fit in int64, got {v!r}")
+        red = _REDUCE_OPS.get(op)
+        if red is None:
+            raise ValueError(f"op={op!r} is unknown; use 'max', 'min' or 'sum'")
+        if not self.distributed:
+            return tuple(int(v) for v in values)
+        slot = self._slots.get(len(values))
+        if slot is None:
+            slot = self._slots[len(values)] = _IntSlot(len(values), self._comm_device)
+        slot.values[:] = list(values)
+        self._comm(f"agree({op})", lambda: slot.reduce(red))
+        return tuple(slot.values)
 
     def all_ranks(self, flag: bool) -> bool:
         """True on every rank when ``flag`` is true on all of them (one tiny MIN all-reduce)."""

@@ -15,6 +15,8 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Protocol
 
+from ddpkit.errors import first_line
+
 KEY_PREFIX = "ddpkit/hb/"
 
 
@@ -79,7 +81,7 @@ def diagnose(
     except Exception as e:
         return (
             "the rendezvous store is unreachable, so the process hosting it (rank 0, or the "
-            f"torchrun agent) is probably gone ({_first_line(e)})"
+            f"torchrun agent) is probably gone ({first_line(e)})"
         )
     silent = [r for r in range(world_size) if r != me and after[r] == before[r]]
     if silent:
@@ -93,8 +95,3 @@ def diagnose(
         "every rank still answers: one of them is alive but not in this collective (stuck, "
         "slower, or on another code path such as uneven data)"
     )
-
-
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip().splitlines()
-    return text[0] if text else type(e).__name__

@@ -1,0 +1,104 @@
+"""set_determinism: the switches for CPU and CUDA (the CUDA ones are process-wide flags, so they
+are checked here on any machine; the GPU bitwise resume itself runs in bench/gpu.sh)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import pytest
+import torch
+
+from ddpkit import CUBLAS_DETERMINISTIC, set_determinism
+
+CUDA = torch.backends.cuda
+
+
+def switches() -> dict[str, object]:
+    return {
+        "algorithms": torch.are_deterministic_algorithms_enabled(),
+        "warn_only": torch.is_deterministic_algorithms_warn_only_enabled(),
+        "cudnn_deterministic": torch.backends.cudnn.deterministic,
+        "cudnn_benchmark": torch.backends.cudnn.benchmark,
+        "tf32_matmul": CUDA.matmul.allow_tf32,
+        "tf32_cudnn": torch.backends.cudnn.allow_tf32,
+        "sdp": (
+            CUDA.flash_sdp_enabled(),
+            CUDA.mem_efficient_sdp_enabled(),
+            CUDA.cudnn_sdp_enabled(),
+            CUDA.math_sdp_enabled(),
+        ),
+    }
+
+
+@pytest.fixture(autouse=True)
+def _restore(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    before = switches()
+    yield
+    torch.use_deterministic_algorithms(
+        bool(before["algorithms"]), warn_only=bool(before["warn_only"])
+    )
+    torch.backends.cudnn.deterministic = bool(before["cudnn_deterministic"])
+    torch.backends.cudnn.benchmark = bool(before["cudnn_benchmark"])
+    CUDA.matmul.allow_tf32 = bool(before["tf32_matmul"])
+    torch.backends.cudnn.allow_tf32 = bool(before["tf32_cudnn"])
+    flash, mem, cudnn, math = before["sdp"]  # type: ignore[misc]
+    CUDA.enable_flash_sdp(flash)
+    CUDA.enable_mem_efficient_sdp(mem)
+    CUDA.enable_cudnn_sdp(cudnn)
+    CUDA.enable_math_sdp(math)
+
+
+def test_cpu_default_is_on_with_warn_only_and_touches_nothing_else() -> None:
+    before = switches()
+    got = set_determinism("cpu")
+    after = switches()
+    assert (after["algorithms"], after["warn_only"]) == (True, True)
+    assert {k: v for k, v in after.items() if k not in ("algorithms", "warn_only")} == {
+        k: v for k, v in before.items() if k not in ("algorithms", "warn_only")
+    }
+    assert "CUBLAS_WORKSPACE_CONFIG" not in os.environ
+    assert got.describe() == "deterministic on (warn only) on cpu"
+    off = set_determinism(torch.device("cpu"), False)
+    assert not torch.are_deterministic_algorithms_enabled()
+    assert off.describe() == "deterministic off on cpu"
+
+
+def test_cuda_on_sets_every_switch() -> None:
+    got = set_determinism("cuda:0", True)
+    assert switches() == {
+        "algorithms": True,
+        "warn_only": False,  # a missing deterministic kernel raises instead of breaking it
+        "cudnn_deterministic": True,
+        "cudnn_benchmark": False,
+        "tf32_matmul": False,
+        "tf32_cudnn": False,
+        "sdp": (False, False, False, True),  # math attention only
+    }
+    assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == CUBLAS_DETERMINISTIC == ":4096:8"
+    assert got.describe() == (
+        "deterministic on on cuda, TF32 off, attention math, CUBLAS_WORKSPACE_CONFIG=:4096:8"
+    )
+
+
+def test_cuda_default_is_off_with_tf32_and_fast_attention() -> None:
+    set_determinism("cuda", True)
+    got = set_determinism("cuda")
+    s = switches()
+    assert not s["algorithms"] and not s["cudnn_deterministic"]
+    assert s["tf32_matmul"] and s["tf32_cudnn"]
+    assert s["sdp"] == (True, True, True, True)
+    assert got.describe() == "deterministic off on cuda, TF32 on, attention any"
+
+
+def test_cublas_setting_kept_when_deterministic_replaced_when_not(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":16:8")
+    assert set_determinism("cuda", True).cublas_workspace_config == ":16:8"
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:2")
+    got = set_determinism("cuda", True, warn_only=True)
+    assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
+    assert got.warn_only and torch.is_deterministic_algorithms_warn_only_enabled()
+    assert "CUBLAS_WORKSPACE_CONFIG=':4096:2' replaced (not deterministic)" in got.describe()
