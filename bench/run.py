@@ -204,6 +204,7 @@ SUITES: dict[str, Suite] = {
                     unit="%",
                 ),
                 Target("any_rank / bare all_reduce", _agree("any_rank_over_all_reduce")),
+                Target("Dist.agree / bare all_reduce", _agree("agree_over_all_reduce"), "<=", 1.2),
             ),
         ),
         Suite(

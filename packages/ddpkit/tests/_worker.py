@@ -52,9 +52,10 @@ def collectives(dist: ddpkit.Dist) -> dict[str, Any]:
     out.update(ddp_checks(dist))
     out["even_count"] = sum(1 for _ in dist.even(range(3 + r)))
     out["agree_max"] = dist.agree(r, 5 - r, r == n - 1)
-    out["agree_max_again"] = dist.agree(-r, 7, False)  # the same buffer, new values
-    out["agree_min"] = dist.agree(r + 1, op="min")
-    out["agree_sum"] = dist.agree(1, r, 2**40, op="sum")
+    out["agree_max_again"] = dist.agree(3 - r, 7, False)  # the same buffer, new values
+    out["agree_min"] = dist.agree(r + 1, 20 - r, op="min")
+    out["agree_one"] = dist.agree(62 - r)
+    out["agree_many"] = dist.agree(*[(r + i) % 7 for i in range(9)])  # nine fields of 7 bits
     out.update(rng_checks(dist))
     return out
 

@@ -60,8 +60,8 @@ def test_one_rank_group_through_the_same_api(launch: Any) -> None:
         assert dist.all_reduce(2.5) == 2.5
         assert dist.all_reduce(torch.tensor([4.0]), "sum").item() == 4.0
         assert dist.any_rank(True) and not dist.any_rank(False)
-        assert dist.agree(4, -2, op="min") == (4, -2)
-        assert dist.agree(2**62, 1, op="sum") == (2**62, 1)
+        assert dist.agree(4, 0, 20, op="min") == (4, 0, 20)  # one word through gloo
+        assert dist.agree(62) == (62,)
         assert dist.broadcast_object([1, 2]) == [1, 2]
         assert dist.all_gather_object("me") == ["me"]
         dist.barrier()
@@ -194,14 +194,16 @@ def test_reduce_argument_errors() -> None:
             dist.all_reduce("1.0")  # type: ignore[call-overload]
         with pytest.raises(ValueError, match="src=1 is not a rank"):
             dist.broadcast_object(1, src=1)
-        with pytest.raises(ValueError, match="agree\\(\\) needs at least one value"):
+        with pytest.raises(ValueError, match="agree\\(\\) takes 1 to 63 values, got 0"):
             dist.agree()
-        with pytest.raises(TypeError, match="agree\\(\\) takes ints that fit in int64, got 1.5"):
+        with pytest.raises(ValueError, match=r"with 3 value\(s\) each must be in 0..20, got 21;"):
+            dist.agree(1, 21, 0)
+        with pytest.raises(ValueError, match="got -1; use all_reduce for other numbers"):
+            dist.agree(-1)
+        with pytest.raises(ValueError, match="got 1.5"):
             dist.agree(1, 1.5)  # type: ignore[arg-type]
-        with pytest.raises(TypeError, match="got 9223372036854775808"):
-            dist.agree(2**63)
-        with pytest.raises(ValueError, match="op='avg' is unknown; use 'max', 'min' or 'sum'"):
-            dist.agree(1, op="avg")  # type: ignore[arg-type]
+        with pytest.raises(ValueError, match="op='sum' is unknown; use 'max' or 'min'"):
+            dist.agree(1, op="sum")  # type: ignore[arg-type]
 
 
 def test_print_only_on_rank_zero(capsys: pytest.CaptureFixture[str]) -> None:
@@ -250,3 +252,21 @@ def test_gpu_choice_per_local_rank(
     else:
         with pytest.raises(DistConfigError, match=re.escape(expected)):
             _cuda_index(info, count)
+
+
+def test_agree_encoding_round_trips_every_small_value() -> None:
+    """The one-word encoding: OR of one-hot fields gives the element-wise max and min."""
+    from itertools import product
+
+    from ddpkit import agreement
+
+    for n in (1, 2, 3, 9, 63):
+        width = agreement.field_width(n)
+        assert width * n <= 63
+        for a, b in product(range(width), [0, width - 1, width // 2]):
+            mine, theirs = [a] * n, [b] * n
+            theirs[-1] = (a + 1) % width
+            word = agreement.pack(mine, width) | agreement.pack(theirs, width)
+            assert 0 <= word < 2**63
+            assert agreement.unpack(word, n, width, "max") == tuple(map(max, mine, theirs))
+            assert agreement.unpack(word, n, width, "min") == tuple(map(min, mine, theirs))

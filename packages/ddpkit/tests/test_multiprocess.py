@@ -44,9 +44,10 @@ def check_collectives(ranks: list[dict[str, Any]], launcher: str) -> None:
         assert res["clean_keys"] == ["0.bias", "0.weight", "2.bias", "2.weight"]
         assert res["even_count"] == 3, "even() must stop every rank when the shortest runs out"
         assert res["agree_max"] == [n - 1, 5, 1]
-        assert res["agree_max_again"] == [0, 7, 0]
-        assert res["agree_min"] == [1]
-        assert res["agree_sum"] == [n, n * (n - 1) // 2, n * 2**40]
+        assert res["agree_max_again"] == [3, 7, 0]
+        assert res["agree_min"] == [1, 20 - (n - 1)]
+        assert res["agree_one"] == [62]
+        assert res["agree_many"] == [max((q + i) % 7 for q in range(n)) for i in range(9)]
         assert res["rng_keys"] == sorted(f"rank{i}" for i in range(n))
         assert res["rng_restored"] == ["restored", True]
         # Another world size: re-seeded from (seed 7, step 5, rank), pyrecover-train's formula.

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar, overload
 import torch
 import torch.distributed as tdist
 
+from ddpkit import agreement
 from ddpkit.env import DistInfo, detect
 from ddpkit.errors import DistConfigError, PeerError, first_line
 from ddpkit.health import Heartbeat, diagnose, heartbeat_interval
@@ -37,7 +38,6 @@ if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
 
 T = TypeVar("T")
-_REDUCE_OPS = {"max": tdist.ReduceOp.MAX, "min": tdist.ReduceOp.MIN, "sum": tdist.ReduceOp.SUM}
 ReduceOpName = Literal["mean", "sum", "max", "min"]
 
 TIMEOUT_ENV = "PYRECOVER_DIST_TIMEOUT"
@@ -49,7 +49,6 @@ DEFAULT_TIMEOUT_S = 180.0
 # boots late): the rendezvous waits at least this long for every rank to arrive.
 MIN_RENDEZVOUS_TIMEOUT_S = 300.0
 BACKENDS = ("auto", "gloo", "nccl", "mpi", "ucc")
-_I64 = (-(2**63), 2**63 - 1)
 # Errors that mean "the other side is gone or late", not "you passed a bad tensor".
 _COMM_FAILURE = re.compile(
     r"timed out|timeout|connection|closed by peer|reset by peer|broken pipe|socket|"
@@ -342,24 +341,6 @@ def _to_bytes(t: torch.Tensor, n: int) -> bytes:
     return ctypes.string_at(cpu.data_ptr(), n) if n else b""
 
 
-class _IntSlot:
-    """A reused int64 buffer for :meth:`Dist.agree`, written and read through ctypes (no tensor
-    is made per call; no numpy needed). With NCCL a pinned host copy feeds the GPU buffer."""
-
-    def __init__(self, n: int, comm_device: torch.device) -> None:
-        cuda = comm_device.type == "cuda"
-        self.host = torch.zeros(n, dtype=torch.int64, pin_memory=cuda)
-        self.values = (ctypes.c_int64 * n).from_address(self.host.data_ptr())
-        self.dev = torch.zeros(n, dtype=torch.int64, device=comm_device) if cuda else self.host
-
-    def reduce(self, op: Any) -> None:
-        if self.dev is not self.host:
-            self.dev.copy_(self.host, non_blocking=True)
-        tdist.all_reduce(self.dev, op=op)
-        if self.dev is not self.host:
-            self.host.copy_(self.dev)  # blocking: the reduced values are on the host after this
-
-
 class Dist:
     """This process's view of the job: identity, device, and collectives that never hang.
 
@@ -395,7 +376,7 @@ class Dist:
         # NCCL reduces GPU memory only; gloo is fastest (and always supported) on CPU tensors.
         self._comm_device = device if backend == "nccl" else torch.device("cpu")
         self._flag = torch.zeros(1, dtype=torch.int32, device=self._comm_device)
-        self._slots: dict[int, _IntSlot] = {}
+        self._slots: dict[int, agreement.IntSlot] = {}
         self._mesh: Any = None
         self._solo_group = False  # a one-rank group made for a mesh, destroyed by close()
 
@@ -484,6 +465,7 @@ class Dist:
             # process ("terminate called without an active exception", ~1 run in 10 here).
             gc.collect()
             tdist.destroy_process_group()
+        self._mesh = None
         _restore_env(self._saved_env)
 
     # -- collectives -----------------------------------------------------------------------
@@ -593,29 +575,34 @@ class Dist:
         self._comm("any_rank", lambda: tdist.all_reduce(self._flag, op=tdist.ReduceOp.MAX))
         return bool(self._flag.item())
 
-    def agree(self, *values: int, op: Literal["max", "min", "sum"] = "max") -> tuple[int, ...]:
-        """Every rank's ``values`` reduced element-wise (MAX by default), the same on every rank.
+    def agree(self, *values: int, op: Literal["max", "min"] = "max") -> tuple[int, ...]:
+        """Every rank's small ``values`` reduced element-wise (MAX by default), on every rank.
 
-        The per-step stop/save agreement of a few small ints (say: stop code, save due, cannot
-        save) in one all-reduce of a buffer made once per length and reused, so it costs what
-        :meth:`any_rank` costs. Values must fit in int64; bools count as 0/1.
+        The per-step stop/save agreement (say: stop code, save due, cannot save) in one tiny
+        all-reduce of a reused buffer -- with gloo one 8-byte word whatever the count -- so it
+        costs what :meth:`any_rank` costs. Values are small ints: with n values each must be in
+        ``0 .. 63 // n - 1`` (0..20 for three); bools count as 0/1. Every rank must pass the
+        same number of values (a wrong value raises here, before the collective).
         """
-        if not values:
-            raise ValueError("agree() needs at least one value")
-        for v in values:
-            if not isinstance(v, int) or not _I64[0] <= v <= _I64[1]:
-                raise TypeError(f"agree() takes ints that fit in int64, got {v!r}")
-        red = _REDUCE_OPS.get(op)
-        if red is None:
-            raise ValueError(f"op={op!r} is unknown; use 'max', 'min' or 'sum'")
+        width = agreement.check(values, op)
         if not self.distributed:
             return tuple(int(v) for v in values)
-        slot = self._slots.get(len(values))
-        if slot is None:
-            slot = self._slots[len(values)] = _IntSlot(len(values), self._comm_device)
-        slot.values[:] = list(values)
+        if self.backend == "gloo":
+            word = self._slot(1)
+            word.values[0] = agreement.pack(values, width)
+            self._comm(f"agree({op})", lambda: word.reduce(tdist.ReduceOp.BOR))
+            return agreement.unpack(int(word.values[0]), len(values), width, op)
+        slot = self._slot(len(values))
+        slot.values[:] = [int(v) for v in values]
+        red = tdist.ReduceOp.MAX if op == "max" else tdist.ReduceOp.MIN
         self._comm(f"agree({op})", lambda: slot.reduce(red))
         return tuple(slot.values)
+
+    def _slot(self, n: int) -> agreement.IntSlot:
+        slot = self._slots.get(n)
+        if slot is None:
+            slot = self._slots[n] = agreement.IntSlot(n, self._comm_device)
+        return slot
 
     def all_ranks(self, flag: bool) -> bool:
         """True on every rank when ``flag`` is true on all of them (one tiny MIN all-reduce)."""
