@@ -417,6 +417,10 @@ class Dist:
                 self._start_solo_group()
             from torch.distributed.device_mesh import init_device_mesh
 
+            if self.device.type == "cuda":
+                # DeviceMesh picks a GPU itself (LOCAL_RANK, else rank % GPUs) unless CUDA is
+                # initialised; keep the one init() chose for this rank.
+                torch.cuda.set_device(self.device)
             self._mesh = init_device_mesh(self.device.type, (tdist.get_world_size(),))
         return self._mesh
 
