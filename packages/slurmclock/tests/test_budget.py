@@ -450,6 +450,31 @@ def test_several_flags_read_as_one(clock: Any) -> None:
         AnyFlag()
 
 
+def test_a_home_made_combination_of_stop_signals_is_read_inside(clock: Any) -> None:
+    """pyrecover-train's own `_AnyFlag` (requested/received over `.flags`): a TERM after the
+    USR2 warning must still stop at once."""
+
+    class Combined:  # the shape of pyrecover-train's `_AnyFlag`
+        def __init__(self, *flags: StopSignals) -> None:
+            self.flags = flags
+
+        requested = property(lambda self: any(f.requested for f in self.flags))
+        received = property(lambda self: next((f.received for f in self.flags if f.received), None))
+
+    slurm, ctrl_c = StopSignals(("USR2", "TERM"), clock=clock), StopSignals(("INT",), clock=clock)
+    budget = TimeBudget(
+        Deadline(clock.now + 3600, "squeue"),
+        signals=Combined(slurm, ctrl_c),
+        signal_lead=3600.0,
+        env=NO_ENV,
+        clock=clock,
+    )
+    slurm.request("SIGUSR2")
+    assert not budget.should_stop()
+    slurm.request("SIGTERM")  # received stays "SIGUSR2": only the arrivals tell
+    assert budget.should_stop().reason.startswith("stop: received SIGTERM")
+
+
 def test_a_flag_without_arrivals_still_works(clock: Any) -> None:
     class Plain:
         requested = True

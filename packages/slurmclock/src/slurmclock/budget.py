@@ -526,6 +526,11 @@ class TimeBudget:
         if flag is None or not flag.requested:
             return []
         got = getattr(flag, "arrivals", None)
+        if got is None:  # a combination of flags that has no arrivals itself: look inside
+            inner = [getattr(f, "arrivals", None) for f in getattr(flag, "flags", ())]
+            known = [a for a in inner if a is not None]
+            if inner and len(known) == len(inner):
+                got = sorted((x for arrivals in known for x in arrivals), key=lambda x: x[1])
         if got is not None:
             return list(got)
         at = getattr(flag, "received_at", None)
