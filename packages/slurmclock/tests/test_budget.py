@@ -73,6 +73,20 @@ def test_bad_config_is_one_line_that_says_how_to_fix_it(kw: dict[str, Any], mess
         assert "\n" not in str(e.value)
 
 
+@pytest.mark.parametrize(
+    ("kw", "message"),
+    [
+        ({"quantile": 1.0}, r"quantile must be in \[0.5, 1\)"),
+        ({"quantile": math.nan}, "quantile"),
+        ({"prior_spread": math.inf}, "prior_spread must be a finite number >= 0"),
+        ({"prior_weight": 0}, "prior_weight must be a finite number > 0"),
+    ],
+)
+def test_bad_save_tail_settings_are_refused(kw: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        SaveTail(**kw)
+
+
 def test_bad_deadline_type_is_a_type_error() -> None:
     with pytest.raises(TypeError, match="DeadlineWatcher, a Deadline or None"):
         TimeBudget(3600)  # type: ignore[arg-type]

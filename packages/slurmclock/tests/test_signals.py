@@ -175,3 +175,12 @@ def test_every_arrival_is_kept_with_its_time() -> None:
     assert (stop.received, stop.received_at) == ("SIGUSR2", 100.0)  # the first one
     stop.reset()
     assert stop.arrivals == [] and not stop.requested
+
+
+@pytest.mark.parametrize(
+    ("kw", "message"),
+    [({"timeout": float("nan")}, "timeout"), ({"timeout": 1.0, "interval": 0}, "interval")],
+)
+def test_wait_refuses_bad_numbers(kw: dict[str, float], message: str) -> None:
+    with pytest.raises(ValueError, match=f"{message} must be a finite number of seconds"):
+        StopSignals().wait(**kw)

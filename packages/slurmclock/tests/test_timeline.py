@@ -85,9 +85,11 @@ def test_outside_slurm_nothing_is_written(tmp_path: Path, clock: Any) -> None:
     assert list(tmp_path.iterdir()) == []
 
 
-def test_unknown_event_is_a_value_error(tmp_path: Path, clock: Any) -> None:
+def test_unknown_event_or_bad_time_is_a_value_error(tmp_path: Path, clock: Any) -> None:
     with pytest.raises(ValueError, match="unknown timeline event 'done': use one of start"):
         timeline(tmp_path, clock).mark("done")
+    with pytest.raises(ValueError, match="at must be a finite number of seconds"):
+        timeline(tmp_path, clock).mark("saved", at=float("nan"))
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root writes anywhere")

@@ -220,6 +220,12 @@ class SaveTail(_Estimate):
         prior_spread: float = SAVE_PRIOR_SPREAD,
         prior_weight: float = SAVE_PRIOR_WEIGHT,
     ) -> None:
+        if not (_number(quantile) and 0.5 <= quantile < 1):
+            raise ValueError(f"quantile must be in [0.5, 1), e.g. 0.995, got {quantile!r}")
+        if not (_number(prior_spread) and prior_spread >= 0):
+            raise ValueError(f"prior_spread must be a finite number >= 0, got {prior_spread!r}")
+        if not (_number(prior_weight) and prior_weight > 0):
+            raise ValueError(f"prior_weight must be a finite number > 0, got {prior_weight!r}")
         self.quantile, self.prior_spread, self.prior_weight = quantile, prior_spread, prior_weight
         self._recent: deque[float] = deque(maxlen=window)
         self.count = 0

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from slurmclock.commands import CommandError, Runner, default_runner
+from slurmclock.durations import check_seconds
 from slurmclock.job import job_id as _job_id
 from slurmclock.job import restart_count
 
@@ -40,7 +41,8 @@ def requeue(
     timeout: float = 30.0,
     timeline: JobTimeline | None = None,
 ) -> RequeueResult:
-    """Run ``scontrol requeue JOB`` (JOB defaults to ``$SLURM_JOB_ID``); never raises.
+    """Run ``scontrol requeue JOB`` (JOB defaults to ``$SLURM_JOB_ID``); never raises (but for
+    a ``timeout`` that is not a finite number of seconds > 0: ValueError).
 
     Call it last, after the final checkpoint is durable: SLURM ends the running job soon after
     (SIGTERM to every process of the job, SIGKILL ``KillWait`` seconds later) and starts it again
@@ -51,6 +53,7 @@ def requeue(
     With a ``timeline``, an accepted (or unconfirmed) requeue is marked ``requeued`` there, so the
     next allocation knows how long the end of this one took.
     """
+    timeout = check_seconds("timeout", timeout, positive=True)
     job = job_id or _job_id(env)
     if not job:
         return RequeueResult(

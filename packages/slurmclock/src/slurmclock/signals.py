@@ -15,6 +15,8 @@ from collections.abc import Callable, Iterable
 from types import FrameType, TracebackType
 from typing import Any
 
+from slurmclock.durations import check_seconds
+
 __all__ = ["AnyFlag", "StopSignals", "signal_number"]
 
 log = logging.getLogger("slurmclock")
@@ -141,7 +143,8 @@ class StopSignals:
         Polls instead of using an Event: setting an Event from a signal handler can deadlock
         when the signal lands while the main thread holds the Event's lock.
         """
-        end = None if timeout is None else time.monotonic() + timeout
+        interval = check_seconds("interval", interval, positive=True)
+        end = None if timeout is None else time.monotonic() + check_seconds("timeout", timeout)
         while not self.requested and (end is None or time.monotonic() < end):
             time.sleep(interval if end is None else max(0.0, min(interval, end - time.monotonic())))
         return self.requested

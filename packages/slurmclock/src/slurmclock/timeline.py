@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from slurmclock.durations import check_seconds
 from slurmclock.job import job_id as _job_id
 from slurmclock.job import restart_count
 
@@ -112,6 +113,8 @@ class JobTimeline:
         """
         if event not in EVENTS:
             raise ValueError(f"unknown timeline event {event!r}: use one of {', '.join(EVENTS)}")
+        if at is not None:
+            check_seconds("at", at)
         path = self.path
         if path is None or not self.writer:
             return False
