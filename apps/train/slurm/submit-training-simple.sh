@@ -90,6 +90,9 @@ while [ $# -gt 0 ]; do
     esac
 done
 [ -n "$exp_name" ] || usage_error "--exp_name is empty"
+# Until the step runs, SLURM's warning (at once in a job shorter than its lead) must not end the
+# shell (bash's default for USR2): the trainer reads the end time from SLURM itself.
+trap 'log "received SIGUSR2 before training started: the trainer reads the end time itself"' USR2
 
 if [ -n "$MODULES" ]; then
     # shellcheck disable=SC2086
@@ -161,6 +164,11 @@ step_pid=""
 term=""  # "request" or "limit" once SIGTERM arrived
 # shellcheck disable=SC2317  # called by the traps below
 forward() {
+    if [ "$1" = USR2 ] && warning_agrees; then
+        log "received SIGUSR2: agrees with the end time SLURM gives ($left s left, lead ${PYRECOVER_SIGNAL_LEAD} s): not forwarded"
+        mark signal name=USR2 forwarded=0
+        return 0
+    fi
     log "received SIG$1: forwarding to the training step"
     if [ "$1" = TERM ]; then
         scancel --signal=TERM "$SLURM_JOB_ID" 2>/dev/null \
@@ -179,6 +187,17 @@ forward() {
         fi
     fi
     return 0
+}
+# A warning that agrees with the end time SLURM gives tells the trainer nothing it does not know
+# (it reads that end time itself) -- and in a job shorter than the lead it comes at once, maybe
+# while the trainer is still importing, when a signal would kill it. Only news is forwarded: a
+# warning earlier than the lead says (preemption, a shortened limit, a manual one), or any
+# warning when SLURM gives no end time.
+# shellcheck disable=SC2317  # called by forward
+warning_agrees() {
+    [ "$have_clock" = 1 ] && [[ ${PYRECOVER_SIGNAL_LEAD:-} =~ ^[0-9]+$ ]] || return 1
+    left=$(slurmclock seconds-left 2>/dev/null)
+    [[ $left =~ ^-?[0-9]+$ ]] && [ "$left" -le $((PYRECOVER_SIGNAL_LEAD + 35)) ]
 }
 trap 'forward USR2' USR2
 trap 'forward TERM' TERM

@@ -436,3 +436,18 @@ def test_usr2_is_forwarded_and_the_step_goes_on(fake: Path) -> None:
     assert "received SIGUSR2: forwarding to the training step" in out
     assert (fake / "srun.signals").read_text() == "USR2\n"
     assert "signal name=USR2" in marks(fake)
+
+
+def test_a_warning_that_agrees_with_slurms_end_time_is_not_forwarded(fake: Path) -> None:
+    """USR2@300 in a job with 200 s left: the trainer knows the end already, and a signal
+    during its imports would kill it."""
+    proc = start_script(fake, FAKE_SLURMCLOCK_OUT="200")  # seconds-left
+    proc.send_signal(signal.SIGUSR2)
+    deadline = time.monotonic() + 30
+    while "signal name=USR2 forwarded=0" not in marks(fake):
+        assert time.monotonic() < deadline and proc.poll() is None
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=60)
+    assert "received SIGUSR2: agrees with the end time SLURM gives (200 s left, lead 300 s)" in out
+    assert not (fake / "srun.signals").exists()  # the step never saw it
