@@ -23,7 +23,9 @@ SCRIPT = ROOT / "apps" / "train" / "slurm" / "submit-training-simple.sh"
 
 
 @pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[Any]:
+def cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    # The jobs' timelines (the script's `slurmclock mark`) stay in the test's directory.
+    monkeypatch.setenv("SLURMCLOCK_DIR", str(tmp_path / "timelines"))
     localslurm = load_tool("localslurm")
     why = localslurm.unavailable_reason()
     if why is not None:
