@@ -2,34 +2,43 @@
 
 Part 1 -- time limits. One SLURM allocation of length L (10 minutes to 24 hours) is simulated step
 by step: start-up (launch, imports, restore), a slow compile-heavy first step and a few slow
-warm-up steps, then lognormal step times; a blocking periodic save every ~30 minutes; SIGKILL at
-L. Each stop rule decides when to stop and write the final checkpoint:
+warm-up steps, then lognormal step times; a blocking periodic save every ~30 minutes; after the
+final save the job still has to exit and requeue itself (process exit, srun teardown, `scontrol
+requeue`: lognormal, per profile), all before L, when SLURM kills it. Each stop rule decides when
+to stop and write the final checkpoint:
 
-* ``slurmclock``   -- the REAL ``slurmclock.TimeBudget`` (fake clock; pyrecover-train's settings
-                      with --compile: first save guess 1 s + state bytes / 200 MB/s, 3 warm-up
-                      steps, margin 60 s), asked after every step,
-                      and ``can_save()`` before every periodic save, as pyrecover-train does;
+* ``slurmclock``   -- the REAL ``slurmclock.TimeBudget`` with its default settings (fake clock),
+                      as the shipped trainer and sbatch script set it up: first save guess 1 s +
+                      state bytes / 200 MB/s, 3 warm-up steps (--compile), the script's
+                      ``--signal=B:USR2@300`` delivered 300-330 s before the end with
+                      PYRECOVER_SIGNAL_LEAD=300, and the budget state (steps, saves, exits) that
+                      the previous allocation stored in its checkpoint (a steady-state
+                      allocation); asked after every step, ``can_save()`` before every periodic
+                      save, as pyrecover-train does;
 * ``pyrecover-v0`` -- the original PyRecover rule: before each step, stop when the time left
                       < 6 x max step + 2 x max save (running maxima, so the compile step counts);
                       same first guesses as slurmclock;
 * ``submitit``     -- stop at min(0.8 x L, L - 10 min), then save (the rule as given in issue 9);
-* ``lightning-90s``-- a signal 90 s before the end (Lightning's SLURM default), then save.
+* ``lightning-90s``-- a signal 90 s before the end (Lightning's SLURM default), then save;
+* ``oracle``       -- knows every future duration: stops at the last step whose final save and
+                      exit still end before L. No rule can do better: the ceiling of each cell.
 
 A rule whose final save does not finish before the kill loses everything since its last
 committed save. Reported per rule: goodput = time spent in steps that were persisted / L, lost
-work (steps computed but not persisted, redone by the next job) and how often the final save was
-killed. All rules see the same random step and save times in each trial (common random numbers),
-so differences are the rules', not the dice's.
+work (steps computed but not persisted, redone by the next job), how often the final save was
+killed, and how often the job was not requeued before L (final save + exit too late). All rules
+see the same random step, save and exit times in each trial (common random numbers), so
+differences are the rules', not the dice's.
 
 Part 2 -- failures. Kills arrive at random (exponential, mean MTBF), each followed by a restart;
 the checkpoint interval is fixed (10 min, 1 h, 4 h) or ``auto``: Young/Daly sqrt(2 x save cost x
-MTBF) with the measured median save cost, as ``pyrecover_train.perf.checkpoint_interval`` computes
-it (10 s assumed until the first save of each restart). Goodput = persisted work / wall time.
-Work is modelled as continuous (steps are much shorter than intervals); saves block.
+MTBF) with the measured median save cost, as ``slurmclock.checkpoint_interval`` computes it (10 s
+assumed until the first save of each restart). Goodput = persisted work / wall time. Work is
+modelled as continuous (steps are much shorter than intervals); saves block.
 
-Pure Python + numpy, seeded; a few seconds (``--quick``: under one).
+Pure Python + numpy, seeded; about a minute (``--quick``: a few seconds).
 
-    python bench/simulate.py [--quick] [--trials N] [--seed S] [--out DIR]
+    python bench/simulate.py [--quick] [--trials N] [--seed S] [--margin SECONDS] [--out DIR]
 
 Writes bench/results/simulate.json, simulate.png (goodput vs allocation length) and
 simulate_mtbf.png (goodput vs MTBF).
@@ -53,29 +62,26 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import RESULTS, print_table, write_results  # noqa: E402
 
-from slurmclock import Deadline, TimeBudget  # noqa: E402
-
-try:  # the trainer's own Young/Daly rule; a copy of it when the app is not installed
-    from pyrecover_train.perf import checkpoint_interval
-except ImportError:  # pragma: no cover - bench runs with apps/train installed
-
-    def checkpoint_interval(
-        setting: float | str | None, measured_costs: list[float], assumed_cost: float, mtbf_s: float
-    ) -> float | None:
-        if setting is None:
-            return None
-        if setting != "auto":
-            return float(setting)
-        cost = float(np.median(measured_costs)) if measured_costs else assumed_cost
-        return max(cost, math.sqrt(2.0 * cost * mtbf_s))
-
+from slurmclock import (  # noqa: E402
+    Deadline,
+    SaveTail,
+    StopSignals,
+    TimeBudget,
+    checkpoint_interval,
+)
 
 MINUTE, HOUR, DAY = 60.0, 3600.0, 86400.0
 ALLOCATIONS = (10 * MINUTE, 20 * MINUTE, 30 * MINUTE, HOUR, 2 * HOUR, 4 * HOUR, 12 * HOUR, DAY)
 MTBFS = (0.5 * HOUR, HOUR, 2 * HOUR, 6 * HOUR, 12 * HOUR, DAY, 3 * DAY, 7 * DAY)
 ASSUMED_SAVE_BANDWIDTH = 200e6  # pyrecover-train's first guess of a save: 1 s + bytes / this
 AUTO_ASSUMED_SAVE_COST = 10.0  # pyrecover-train's Young/Daly cost before a save was measured
-STOP_POLICIES = ("slurmclock", "pyrecover-v0", "submitit", "lightning-90s")
+SIGNAL_LEAD = 300.0  # submit-training-simple.sh: #SBATCH --signal=B:USR2@300, exported as the lead
+SIGNAL_EARLY = 30.0  # SLURM sends the warning up to 30 s before LEAD (its timer's period)
+STOP_POLICIES = ("slurmclock", "pyrecover-v0", "submitit", "lightning-90s", "oracle")
+PEERS = ("pyrecover-v0", "submitit", "lightning-90s")
+# What an earlier allocation left in the checkpoint for the budget: its last steps, the saves of
+# earlier allocations (the state keeps 20) and the exits of the last 5 allocations.
+PRIOR_STEPS, PRIOR_SAVES, PRIOR_EXITS = 50, 20, 5
 INTERVAL_POLICIES: dict[str, float | str] = {
     "fixed 10 min": 10 * MINUTE,
     "fixed 1 h": HOUR,
@@ -99,6 +105,8 @@ class Scenario:
     save_sigma: float
     state_bytes: float  # for the trainer's first guess of a save
     startup: float  # launch, imports, data, restore: not training
+    exit_median: float  # after the final save: process exit, srun teardown, scontrol requeue
+    exit_sigma: float
     periodic_every: float = 30 * MINUTE  # wall seconds of steps between periodic saves
     restart: float | None = None  # after a failure (part 2): requeue wait + startup
 
@@ -106,7 +114,7 @@ class Scenario:
         for name in ("step_median", "first_step", "save_median", "state_bytes", "periodic_every"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"Scenario {self.name}: {name} must be > 0 seconds (or bytes)")
-        if self.step_sigma < 0 or self.save_sigma < 0:
+        if min(self.step_sigma, self.save_sigma, self.exit_sigma) < 0:
             raise ValueError(f"Scenario {self.name}: sigmas must be >= 0 (0 = constant times)")
 
     @property
@@ -135,6 +143,8 @@ SCENARIOS = (
         save_sigma=0.25,
         state_bytes=18e9,
         startup=90.0,
+        exit_median=4.0,
+        exit_sigma=0.3,
     ),
     Scenario(
         name="8b, 4 nodes, busy Lustre",
@@ -148,6 +158,8 @@ SCENARIOS = (
         save_sigma=0.5,
         state_bytes=96e9,
         startup=180.0,
+        exit_median=12.0,
+        exit_sigma=0.4,
     ),
 )
 
@@ -166,6 +178,7 @@ class Outcome:
     useful: float  # seconds of steps that are in a committed checkpoint at the kill
     lost: float  # seconds of steps computed after the last committed checkpoint
     final_ok: bool  # the final save finished before the kill (False: killed, or none started)
+    requeued: bool = False  # final save and exit (requeue) both done before the kill
 
 
 class Trial:
@@ -184,6 +197,17 @@ class Trial:
         n_saves = n // self.every + 2
         self.saves = lognormal(rng, sc.save_median, sc.save_sigma, n_saves)  # saves[k-1]: k-th
         self.final_save = float(lognormal(rng, sc.save_median, sc.save_sigma, 1)[0])
+        self.exit = float(lognormal(rng, sc.exit_median, sc.exit_sigma, 1)[0])
+        self.signal_at = length - SIGNAL_LEAD - SIGNAL_EARLY * float(rng.random())
+        self.prior_state = {  # what the previous allocation stored (TimeBudget.state_dict())
+            "version": 1,
+            "steps": lognormal(rng, sc.step_median, sc.step_sigma, PRIOR_STEPS).tolist(),
+            "saves": lognormal(rng, sc.save_median, sc.save_sigma, PRIOR_SAVES).tolist(),
+            "exits": [
+                {"job": "sim", "restart": k, "seconds": float(x)}
+                for k, x in enumerate(lognormal(rng, sc.exit_median, sc.exit_sigma, PRIOR_EXITS))
+            ],
+        }
         # Save k (k >= 1) runs after step number k * every (index k * every - 1).
         cum_saves = np.concatenate(([0.0], np.cumsum(self.saves)))
         idx = np.arange(n)
@@ -197,10 +221,17 @@ class Trial:
     def useful(self, steps: int) -> float:
         return float(self.cs[steps - 1]) if steps > 0 else 0.0
 
-    def result(self, persisted: int, computed: int, final_ok: bool) -> Outcome:
-        """Outcome from step counts: ``persisted`` in a committed checkpoint, ``computed`` done."""
+    def result(
+        self, persisted: int, computed: int, final_ok: bool, saved_at: float | None = None
+    ) -> Outcome:
+        """Outcome from step counts: ``persisted`` in a committed checkpoint, ``computed`` done;
+        ``saved_at``: when the final save was durable (the exit and requeue follow it)."""
+        requeued = final_ok and saved_at is not None and saved_at + self.exit <= self.length
         return Outcome(
-            self.useful(persisted), self.useful(computed) - self.useful(persisted), final_ok
+            self.useful(persisted),
+            self.useful(computed) - self.useful(persisted),
+            final_ok,
+            requeued,
         )
 
     def last_step_done_before(self, t: float) -> int:
@@ -230,9 +261,10 @@ class Trial:
             return self.result(persisted, last + 1, False)
         if not final_needed:  # a periodic save of step j already ran: it is the final one
             persisted = self.periodic_committed(j, L)
-            return self.result(persisted, j + 1, persisted == j + 1)
+            done = float(self.t_end[j] + self.saves[(j + 1) // self.every - 1])
+            return self.result(persisted, j + 1, persisted == j + 1, done)
         if self.t_end[j] + self.final_save <= L:
-            return self.result(j + 1, j + 1, True)
+            return self.result(j + 1, j + 1, True, float(self.t_end[j]) + self.final_save)
         persisted = self.periodic_committed(j - 1, L)
         return self.result(persisted, j + 1, False)
 
@@ -265,6 +297,19 @@ def pyrecover_v0_rule(trial: Trial) -> Outcome:
     return trial.outcome_stop_after(i - 1, final_needed=i % trial.every != 0)
 
 
+def oracle_rule(trial: Trial) -> Outcome:
+    """Stop after the last step whose final save and exit still end before L (knowing them)."""
+    n = len(trial.d)
+    periodic = (np.arange(n) + 1) % trial.every == 0
+    k = np.maximum((np.arange(n) + 1) // trial.every - 1, 0)
+    final = np.where(periodic, trial.saves[k], trial.final_save)
+    fits = np.nonzero(trial.t_end + final + trial.exit <= trial.length)[0]
+    if len(fits) == 0:
+        return Outcome(0.0, 0.0, True, False)
+    j = int(fits[-1])
+    return trial.result(j + 1, j + 1, True, float(trial.t_end[j] + final[j]))
+
+
 def _rolling_max(d: np.ndarray, window: int) -> np.ndarray:
     if len(d) < window:
         return np.maximum.accumulate(d)
@@ -282,38 +327,32 @@ class _FakeClock:
         return self.now
 
 
-def slurmclock_rule(trial: Trial, margin: float = 60.0) -> Outcome:
+def slurmclock_rule(trial: Trial, margin: float | None = None) -> Outcome:
     """Drive the real TimeBudget as pyrecover-train does: record each step, ask should_stop()
-    after it, can_save() before a periodic save, record each save until durable."""
+    after it, can_save() before a periodic save, record each save until durable; SLURM's USR2
+    warning is raised on the budget's stop flag when it arrives."""
     sc, L, d = trial.sc, trial.length, trial.d
     clock = _FakeClock()
+    flag = StopSignals(("USR2", "TERM"), clock=clock)  # not installed: raised by the simulator
     budget = TimeBudget(
         Deadline(end=L, source="simulated"),
         margin=margin,
         initial_save_estimate=sc.initial_save_guess,
         warmup_steps=3,  # what pyrecover-train passes with --compile
+        signal_lead=SIGNAL_LEAD,  # what the sbatch script exports
+        signals=flag,
         clock=clock,
         timer=clock,
     )
+    budget.load_state_dict(trial.prior_state)
+    i0 = _first_close_step(trial, budget)
     cfg = budget.config
     w, window = cfg.warmup_steps, cfg.step_window
-    # Fast-forward: before index i0 the budget cannot say stop (time left >= an upper bound of
-    # what it needs), nor refuse a save, so the shared timeline holds; from i0 on, step by step.
-    step_bound = np.empty_like(d)
-    step_bound[:w] = d[:w]
-    step_bound[w:] = _rolling_max(d[w:], window) if len(d) > w else d[w:]
-    # The decision after step i has seen the periodic saves of steps before it: i // every.
-    seen = np.arange(len(d)) // trial.every
-    save_max = np.maximum.accumulate(trial.saves)
-    save_bound = np.where(seen > 0, save_max[np.maximum(seen - 1, 0)], sc.initial_save_guess)
-    bound = step_bound + save_bound + cfg.margin
-    close = np.nonzero(L - trial.t_end < bound)[0]
-    i0 = int(close[0]) if len(close) else len(d) - 1
     for x in d[: min(w, i0)]:
         budget.record_step(float(x))
     for x in d[max(w, i0 - window) : i0]:
         budget.record_step(float(x))
-    done = int(seen[i0])
+    done = int(i0 // trial.every)
     for k in range(1, done + 1):
         budget.record_save(float(trial.saves[k - 1]))
     now = float(trial.t_start[i0])
@@ -321,15 +360,19 @@ def slurmclock_rule(trial: Trial, margin: float = 60.0) -> Outcome:
         persisted = (done - 1) * trial.every
         return trial.result(persisted, i0, False)
     persisted, k_next, i = done * trial.every, done + 1, i0
+    signalled = False
     while i < len(d):
         now += float(d[i])
         if now > L:  # killed mid-step
             return trial.result(persisted, i, False)
         budget.record_step(float(d[i]))
+        if not signalled and now >= trial.signal_at:
+            clock.now, signalled = trial.signal_at, True
+            flag.request("SIGUSR2")  # stamped with its arrival time
         clock.now = now
         if budget.should_stop():
             if now + trial.final_save <= L:
-                return trial.result(i + 1, i + 1, True)
+                return trial.result(i + 1, i + 1, True, now + trial.final_save)
             return trial.result(persisted, i + 1, False)
         if (i + 1) % trial.every == 0:
             save = float(trial.saves[k_next - 1])
@@ -344,17 +387,47 @@ def slurmclock_rule(trial: Trial, margin: float = 60.0) -> Outcome:
     raise RuntimeError("simulation ran out of drawn steps: raise the step count bound")
 
 
-def stop_rules(margin: float) -> dict[str, Callable[[Trial], Outcome]]:
+def _first_close_step(trial: Trial, budget: TimeBudget) -> int:
+    """First step index after which the budget might stop: before it the time left is at least
+    an upper bound of what the budget needs (so it cannot stop, nor refuse a save, and the
+    shared timeline holds). Simulating from there step by step gives the same decisions."""
+    cfg, d = budget.config, trial.d
+    prior_steps = trial.prior_state["steps"]
+    step_bound = np.maximum(_rolling_max(d, cfg.step_window), max(prior_steps))
+    # The decision after step i has seen the periodic saves of steps before it: i // every.
+    seen = np.arange(len(d)) // trial.every
+    tail = SaveTail(window=cfg.save_window, quantile=cfg.save_quantile)
+    tail.load(trial.prior_state["saves"])
+    save_bound = [tail.value or cfg.initial_save_estimate]
+    for x in trial.saves[: int(seen[-1]) + 1]:
+        tail.add(float(x))
+        save_bound.append(tail.value or cfg.initial_save_estimate)
+    end = (
+        cfg.margin
+        if cfg.margin is not None
+        else (budget.exit_estimate or cfg.initial_exit_estimate) + cfg.slack
+    )
+    bound = step_bound + np.asarray(save_bound)[seen] + end
+    close = np.nonzero(trial.length - trial.t_end < bound)[0]
+    return int(close[0]) if len(close) else len(d) - 1
+
+
+def stop_rules(margin: float | None) -> dict[str, Callable[[Trial], Outcome]]:
     return {
         "slurmclock": lambda t: slurmclock_rule(t, margin),
         "pyrecover-v0": pyrecover_v0_rule,
         "submitit": lambda t: signal_rule(t, min(0.8 * t.length, t.length - 10 * MINUTE)),
         "lightning-90s": lambda t: signal_rule(t, t.length - 90.0),
+        "oracle": oracle_rule,
     }
 
 
 def time_limit_study(
-    scenarios: Sequence[Scenario], lengths: Sequence[float], trials: int, seed: int, margin: float
+    scenarios: Sequence[Scenario],
+    lengths: Sequence[float],
+    trials: int,
+    seed: int,
+    margin: float | None,
 ) -> list[dict[str, Any]]:
     rules = stop_rules(margin)
     rows: list[dict[str, Any]] = []
@@ -377,6 +450,7 @@ def time_limit_study(
                         "goodput_p10": float(np.quantile(goodput, 0.1)),
                         "lost_work_s_mean": float(np.mean([o.lost for o in outs])),
                         "final_save_killed": float(np.mean([not o.final_ok for o in outs])),
+                        "not_requeued": float(np.mean([not o.requeued for o in outs])),
                         "trials": trials,
                     }
                 )
@@ -470,16 +544,24 @@ def fmt_len(s: float) -> str:
 
 
 def headline(rows: list[dict[str, Any]], mrows: list[dict[str, Any]]) -> dict[str, Any]:
-    """Worst case over scenarios and lengths of slurmclock's goodput over the best other rule;
-    auto's goodput over the best fixed interval at each MTBF (worst case)."""
+    """slurmclock against the best peer (worst case over scenarios and lengths from 30 minutes,
+    where the targets apply, and over all lengths), against the oracle's ceiling, its killed final
+    saves; auto's goodput over the best fixed interval at each MTBF (worst case)."""
     by = {(r["scenario"], r["allocation_s"], r["policy"]): r for r in rows}
-    ratios, killed = [], []
+    ratios, ratios_30, of_oracle, killed, killed_30, unqueued = [], [], [], [], [], []
     for (scn, length, pol), r in by.items():
         if pol != "slurmclock":
             continue
-        best = max(by[(scn, length, p)]["goodput_mean"] for p in STOP_POLICIES[1:])
-        ratios.append(r["goodput_mean"] / best if best > 0 else math.inf)
+        best = max(by[(scn, length, p)]["goodput_mean"] for p in PEERS)
+        ratio = r["goodput_mean"] / best if best > 0 else math.inf
+        ratios.append(ratio)
+        if length >= 30 * MINUTE:
+            ratios_30.append(ratio)
+            killed_30.append(r["final_save_killed"])
+        ceiling = by[(scn, length, "oracle")]["goodput_mean"]
+        of_oracle.append(r["goodput_mean"] / ceiling if ceiling > 0 else math.inf)
         killed.append(r["final_save_killed"])
+        unqueued.append(r["not_requeued"])
     mby: dict[tuple[str, float], dict[str, float]] = {}
     for r in mrows:
         mby.setdefault((r["scenario"], r["mtbf_s"]), {})[r["policy"]] = r["goodput_mean"]
@@ -488,9 +570,13 @@ def headline(rows: list[dict[str, Any]], mrows: list[dict[str, Any]]) -> dict[st
         for g in mby.values()
     ]
     return {
+        "slurmclock_vs_best_other_min_from_30min": min(ratios_30),
         "slurmclock_vs_best_other_min": min(ratios),
         "slurmclock_vs_best_other_median": float(np.median(ratios)),
+        "slurmclock_vs_oracle_min": min(of_oracle),
         "slurmclock_final_save_killed_max": max(killed),
+        "slurmclock_final_save_killed_max_from_30min": max(killed_30),
+        "slurmclock_not_requeued_max": max(unqueued),
         "auto_vs_best_fixed_min": min(auto_vs_fixed),
         "auto_vs_best_fixed_median": float(np.median(auto_vs_fixed)),
     }
@@ -509,12 +595,12 @@ def print_tables(rows: list[dict[str, Any]], mrows: list[dict[str, Any]]) -> Non
                     if (x["scenario"], x["allocation_s"], x["policy"]) == (sc, length, pol)
                 )
                 cells.append(
-                    f"{r['goodput_mean'] * 100:5.1f}% / {r['lost_work_s_mean']:6.0f} s"
-                    f" / {r['final_save_killed'] * 100:3.0f}%"
+                    f"{r['goodput_mean'] * 100:5.1f}% / {r['lost_work_s_mean']:5.0f} s"
+                    f" / {r['final_save_killed'] * 100:4.1f}% / {r['not_requeued'] * 100:4.1f}%"
                 )
             table.append(cells)
         print_table(
-            f"time limits, {sc}: goodput / lost work / final save killed "
+            f"time limits, {sc}: goodput / lost work / final save killed / not requeued "
             f"(mean of {rows[0]['trials']} trials)",
             ["allocation", *STOP_POLICIES],
             table,
@@ -555,7 +641,10 @@ def charts(rows: list[dict[str, Any]], mrows: list[dict[str, Any]], out: Path) -
             for pol in policies:
                 sel = [r for r in data if r["scenario"] == sc and r["policy"] == pol]
                 xs = [r[xkey] / HOUR for r in sel]
-                ax.plot(xs, [r["goodput_mean"] * 100 for r in sel], marker="o", label=pol)
+                style = {"linestyle": "--", "color": "0.45"} if pol == "oracle" else {}
+                label = "oracle (the ceiling)" if pol == "oracle" else pol
+                ys = [r["goodput_mean"] * 100 for r in sel]
+                ax.plot(xs, ys, marker="o", label=label, **style)
             ax.set_xscale("log")
             ticks = [r[xkey] for r in data if r["scenario"] == sc and r["policy"] == policies[0]]
             ax.set_xticks([x / HOUR for x in ticks], [fmt_len(x) for x in ticks], fontsize=8)
@@ -581,12 +670,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", default=quick_env, help="few trials")
     ap.add_argument("--trials", type=int, default=None, help="trials per cell (default 200)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--margin", type=float, default=60.0, help="slurmclock's margin, seconds")
+    ap.add_argument(
+        "--margin",
+        type=float,
+        default=None,
+        help="a fixed margin for slurmclock (--stop-margin); default: measured exit + slack",
+    )
     ap.add_argument("--out", default=None, help="results directory (default bench/results)")
     args = ap.parse_args(argv)
     trials = args.trials or (20 if args.quick else 200)
     if trials < 1:
         ap.error("--trials must be >= 1")
+    if args.margin is not None and not (math.isfinite(args.margin) and args.margin >= 0):
+        ap.error("--margin must be a finite number of seconds >= 0")
     out = Path(args.out) if args.out else RESULTS
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()

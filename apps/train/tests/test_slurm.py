@@ -5,7 +5,9 @@ the job, and the restarted job resumes from the latest checkpoint and finishes -
 
 from __future__ import annotations
 
+import json
 import os
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,7 +23,9 @@ SCRIPT = ROOT / "apps" / "train" / "slurm" / "submit-training-simple.sh"
 
 
 @pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[Any]:
+def cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    # The jobs' timelines (the script's `slurmclock mark`) stay in the test's directory.
+    monkeypatch.setenv("SLURMCLOCK_DIR", str(tmp_path / "timelines"))
     localslurm = load_tool("localslurm")
     why = localslurm.unavailable_reason()
     if why is not None:
@@ -46,7 +50,9 @@ def test_signal_requeue_resume_until_done(
         "--cpus-per-task=1",
         f"--output={tmp_path}/job-%j.out",
         cwd=tmp_path,
-        env={"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"},
+        # The manual USR2 below stands for SLURM's warning at the deadline itself (lead 0):
+        # with a lead, a warning is information for the budget, not an order to stop.
+        env={"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "PYRECOVER_SIGNAL_LEAD": "0"},
         script_args=["--exp_name=sl", *args],
     )
     metrics = ckpt / "sl" / "metrics.jsonl"
@@ -145,3 +151,100 @@ def test_array_and_afterany_chain_resume_without_requeue(
         info = cluster.job(job)
         assert info["JobState"] == "COMPLETED" and info["RestartCnt"] == "0", info
         assert info.get("Requeue") == "0", info
+
+
+# A stand-in for pyrecover-train that uses slurmclock as the trainer will (TRAIN_CMD): it checks
+# what the script gives it (the signal lead, SLURM's early warning), marks its final save in the
+# job's timeline and exits 75; its second run reports what the first run's end took.
+SCRIPT_PROBE = f"""#!{sys.executable}
+import json, os, sys, time
+from pathlib import Path
+from slurmclock import DeadlineWatcher, JobTimeline, StopSignals, TimeBudget, restart_count
+
+out = Path(os.environ["PROBE_OUT"])
+stop = StopSignals().install()
+budget = TimeBudget(DeadlineWatcher(), signals=stop, timeline=JobTimeline(),
+                    initial_save_estimate=0.5, initial_exit_estimate=1.0, slack=2.0)
+run = restart_count()
+info = {{"lead": os.environ.get("PYRECOVER_SIGNAL_LEAD"), "argv": sys.argv[1:]}}
+if run == 0:
+    limit = time.monotonic() + 120
+    if os.environ["PROBE_MODE"] == "requeue":
+        time.sleep(40)  # SLURM's USR2@300 comes at its first 30 s tick in a 3-minute job
+    decision = budget.should_stop()
+    info.update(received=stop.received, stop=bool(decision), reason=decision.reason)
+    (out / "ready").touch()
+    while os.environ["PROBE_MODE"] == "stop" and not decision and time.monotonic() < limit:
+        time.sleep(0.2)  # until `slurmclock stop` arrives
+        decision = budget.should_stop()
+    info.update(final_reason=decision.reason, final_cause=decision.cause)
+    with budget.save(final=True):
+        time.sleep(0.3)
+else:
+    info["samples"] = [[s.restart, s.seconds] for s in JobTimeline().exit_samples()]
+(out / f"run{{run}}.json").write_text(json.dumps(info))
+sys.exit(75 if run == 0 else 0)
+"""
+
+
+def test_the_script_exports_the_lead_marks_the_end_and_honours_slurmclock_stop(
+    cluster: Any, tmp_path: Path
+) -> None:
+    """The real script in two real jobs: (1) SLURM's USR2@300 arrives at once in a 3-minute
+    job; it agrees with the end time SLURM gives, so the script does not even forward it (a
+    trainer still importing would die of it) and the trainer trains on; the lead comes from the
+    script's own #SBATCH line; the end of the run is marked and the next run reads it; (2)
+    `slurmclock stop JOBID` makes the trainer save and exit, and the job is not requeued."""
+    probe = tmp_path / "probe"
+    probe.write_text(SCRIPT_PROBE)
+    probe.chmod(0o755)
+    bin_dir = str(Path(sys.executable).parent)  # slurmclock's CLI for the batch script
+    jobs = {}
+    for name in ("requeue", "stop"):
+        out = tmp_path / name
+        out.mkdir()
+        env = {
+            "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
+            "TRAIN_CMD": str(probe),
+            "PROBE_OUT": str(out),
+            "PROBE_MODE": name,
+            "SLURMCLOCK_DIR": str(tmp_path / "timelines"),
+            "PYRECOVER_SIGNAL_LEAD": "",
+        }
+        jobs[name] = cluster.sbatch(
+            SCRIPT,
+            "--time=3",
+            "--cpus-per-task=1",
+            f"--output={out}/job.out",
+            cwd=tmp_path,
+            env=env,
+            script_args=["--exp_name", name],
+        )
+    deadline = time.monotonic() + 120
+    while not (tmp_path / "stop" / "ready").exists():
+        assert time.monotonic() < deadline, cluster.logs()
+        time.sleep(0.2)
+    clock = Path(bin_dir) / "slurmclock"
+    said = cluster.run([str(clock), "stop", jobs["stop"]]).stdout
+    assert f"asked job {jobs['stop']} to save and stop" in said
+
+    info = cluster.wait_for(jobs["requeue"], {"COMPLETED", "FAILED", "TIMEOUT"}, timeout=300)
+    log = (tmp_path / "requeue" / "job.out").read_text()
+    assert info["JobState"] == "COMPLETED" and info["RestartCnt"] == "1", log
+    run0 = json.loads((tmp_path / "requeue" / "run0.json").read_text())
+    assert run0["lead"] == "300" and run0["argv"][:2] == ["--experiment_name", "requeue"], run0
+    assert run0["received"] is None and not run0["stop"], run0  # agreed: not even forwarded
+    run1 = json.loads((tmp_path / "requeue" / "run1.json").read_text())
+    ((restart, seconds),) = run1["samples"]
+    assert restart == 0 and 0 < seconds < 30, run1
+    assert "requeueing job" in log and "warning signal lead: 300 s" in log
+    assert "received SIGUSR2: agrees with the end time SLURM gives" in log
+
+    info = cluster.wait_for(jobs["stop"], {"COMPLETED", "FAILED", "TIMEOUT"}, timeout=120)
+    log = (tmp_path / "stop" / "job.out").read_text()
+    assert info["JobState"] == "COMPLETED" and info["RestartCnt"] == "0", log
+    stopped = json.loads((tmp_path / "stop" / "run0.json").read_text())
+    assert stopped["final_cause"] == "signal", stopped
+    assert stopped["final_reason"].startswith("stop: received SIGTERM"), stopped
+    assert "received SIGTERM: forwarding to the training step" in log
+    assert "stopped on request (SIGTERM" in log and "requeueing job" not in log

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -19,20 +21,41 @@ SIMPLE = SLURM_DIR / "submit-training-simple.sh"
 CHAIN = SLURM_DIR / "submit-chain.sh"
 
 FAKE_SRUN = r"""#!/bin/bash
-# Records each call's arguments; runs staging commands (bash -c); the training step exits
-# with $FAKE_RC.
+# Records each call's arguments (and the signal lead it was given); runs staging commands
+# (bash -c); the training step exits with $FAKE_RC, or with FAKE_WAIT_TERM=1 waits for SIGTERM
+# and then exits 75, as the trainer does.
 n=$(find "$FAKE_DIR" -name 'srun.*.args' | wc -l)
-printf '%s\n' "$@" > "$FAKE_DIR/srun.$n.args"
+echo "${PYRECOVER_SIGNAL_LEAD-unset}" > "$FAKE_DIR/srun.$n.lead"
+echo $$ > "$FAKE_DIR/srun.pid"
+printf '%s\n' "$@" > "$FAKE_DIR/srun.$n.args.tmp"
+mv "$FAKE_DIR/srun.$n.args.tmp" "$FAKE_DIR/srun.$n.args"
 while [ $# -gt 0 ] && [[ $1 == --* ]]; do shift; done
 if [ "${1:-}" = bash ]; then exec "$@"; fi
+if [ "${FAKE_WAIT_TERM:-0}" = 1 ]; then
+    trap 'exit 75' TERM
+    trap 'echo USR2 >> "$FAKE_DIR/srun.signals"' USR2
+    for _ in $(seq 1 600); do sleep 0.1; done
+    exit 1
+fi
 exit "${FAKE_RC:-0}"
 """
 FAKE_RECORDER = r"""#!/bin/bash
-# Appends "NAME ARGS..." to calls.log; exits with $FAKE_<NAME>_RC (default 0).
+# Appends "NAME ARGS..." to calls.log; prints $FAKE_<NAME>_OUT; exits with $FAKE_<NAME>_RC
+# (default 0).
 name=$(basename "$0")
 echo "$name $*" >> "$FAKE_DIR/calls.log"
-var="FAKE_$(echo "$name" | tr '[:lower:]' '[:upper:]')_RC"
+upper=$(echo "$name" | tr '[:lower:]' '[:upper:]')
+out="FAKE_${upper}_OUT"
+[ -n "${!out:-}" ] && echo "${!out}"
+var="FAKE_${upper}_RC"
 exit "${!var:-0}"
+"""
+FAKE_SCANCEL = r"""#!/bin/bash
+# Records the call; `scancel --signal=SIG JOB` (no --batch) signals the step's tasks: here the
+# fake srun, which stands for them.
+echo "scancel $*" >> "$FAKE_DIR/calls.log"
+sig=${1#--signal=}
+kill -s "$sig" "$(cat "$FAKE_DIR/srun.pid")"
 """
 FAKE_SBATCH = r"""#!/bin/bash
 # Records each submission (one argument per line, then ---) and prints a job id (--parsable).
@@ -52,6 +75,7 @@ def fake(tmp_path: Path) -> Path:
         ("sbatch", FAKE_SBATCH),
         ("scontrol", FAKE_RECORDER),
         ("slurmclock", FAKE_RECORDER),
+        ("scancel", FAKE_SCANCEL),
     ):
         path = bin_dir / name
         path.write_text(text)
@@ -65,7 +89,7 @@ def run_script(
     base = {
         k: v
         for k, v in os.environ.items()
-        if not k.startswith(("SLURM_", "SBATCH_", "PYRECOVER_", "FAKE_"))
+        if not k.startswith(("SLURM_", "SBATCH_", "PYRECOVER_", "FAKE_", "SLURMCLOCK_"))
         and k not in ("PARTITION", "ACCOUNT", "MODULES", "PYTHON_ENV", "CONTAINER", "TRAIN_CMD")
     }
     base["PATH"] = f"{fake / 'bin'}{os.pathsep}{base.get('PATH', '')}"
@@ -88,9 +112,22 @@ def srun_calls(fake: Path) -> list[list[str]]:
     return [p.read_text().splitlines() for p in files]
 
 
-def calls(fake: Path) -> list[str]:
+def all_calls(fake: Path) -> list[str]:
     log = fake / "calls.log"
     return log.read_text().splitlines() if log.exists() else []
+
+
+def calls(fake: Path) -> list[str]:
+    """The calls that act on the job (timeline marks and time queries left out)."""
+    return [
+        c
+        for c in all_calls(fake)
+        if not c.startswith(("slurmclock mark ", "slurmclock seconds-left"))
+    ]
+
+
+def marks(fake: Path) -> list[str]:
+    return [c.removeprefix("slurmclock mark ") for c in all_calls(fake) if "mark " in c]
 
 
 def test_scripts_parse_and_pass_shellcheck() -> None:
@@ -295,3 +332,122 @@ def test_chain_usage_error(fake: Path, argv: list[str]) -> None:
     assert r.returncode == 2
     assert r.stderr.startswith("usage:") and len(r.stderr.strip().splitlines()) == 1
     assert not (fake / "sbatch.log").exists()
+
+
+def test_exp_name_with_a_space_and_the_originals_flags_pass_through(fake: Path) -> None:
+    originals = [
+        "--timeaware-checkpointing",
+        "--default-iter-time",
+        "0.5",
+        "--default-ckpt-time=30",
+    ]
+    r = run_script(fake, SIMPLE, "--exp_name", "run 7", *originals, "--experiment-name", "run8")
+    assert r.returncode == 0, r.stdout + r.stderr
+    (call,) = srun_calls(fake)
+    assert call[3:5] == ["--experiment_name", "run8"]  # the last one given wins
+    assert call[5:] == originals
+    r = run_script(fake, SIMPLE, "--exp_name", "run 7")
+    assert srun_calls(fake)[-1][3:5] == ["--experiment_name", "run 7"]
+
+
+@pytest.mark.parametrize("argv", [["--exp_name"], ["--dataset"], ["--exp_name="]])
+def test_a_script_flag_without_its_value_is_one_line_and_exit_2(
+    fake: Path, argv: list[str]
+) -> None:
+    r = run_script(fake, SIMPLE, "--continue", *argv)
+    assert r.returncode == 2, r.stdout + r.stderr
+    errors = [line for line in r.stdout.splitlines() if "usage error" in line]
+    assert len(errors) == 1 and ("needs a value" in errors[0] or "is empty" in errors[0])
+    assert srun_calls(fake) == [] and calls(fake) == []
+
+
+def test_the_signal_lead_is_exported_from_the_sbatch_line(fake: Path) -> None:
+    r = run_script(fake, SIMPLE)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert (fake / "srun.0.lead").read_text().strip() == "300"  # #SBATCH --signal=B:USR2@300
+    assert "warning signal lead: 300 s" in r.stdout
+    r = run_script(fake, SIMPLE, PYRECOVER_SIGNAL_LEAD="45")  # sbatch --signal=B:USR2@45
+    assert (fake / "srun.1.lead").read_text().strip() == "45"
+
+
+def test_the_end_of_each_run_is_marked_in_the_timeline(fake: Path) -> None:
+    r = run_script(fake, SIMPLE, FAKE_RC="75", SLURMCLOCK_DIR=str(fake / "tl"))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert marks(fake) == ["start", "exited rc=75"]
+    assert calls(fake) == ["slurmclock requeue"]  # which marks `requeued` itself
+
+
+def start_script(fake: Path, **env: str) -> subprocess.Popen[str]:
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "PYRECOVER_"))}
+    base.update(PATH=f"{fake / 'bin'}{os.pathsep}{base.get('PATH', '')}", FAKE_DIR=str(fake))
+    base.update(SLURM_JOB_ID="4242", SLURM_NNODES="1", SLURM_NTASKS="1", FAKE_WAIT_TERM="1")
+    base.update(env)
+    proc = subprocess.Popen(
+        ["bash", str(SIMPLE), "--exp_name=x"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=base,
+        cwd=fake,
+    )
+    deadline = time.monotonic() + 60
+    while not (fake / "srun.0.args").exists():
+        assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()
+        time.sleep(0.05)
+    time.sleep(0.3)  # the script is in its wait loop
+    return proc
+
+
+def test_sigterm_saves_and_stops_without_requeue(fake: Path) -> None:
+    """scancel, preemption or `slurmclock stop`: the job must stay stopped (a requeue after a
+    plain scancel would bring the cancelled job back). TERM reaches the tasks through SLURM, not
+    through srun (which would kill the step)."""
+    proc = start_script(fake)
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0, out
+    assert "received SIGTERM: forwarding to the training step" in out
+    assert "training step exited with status 75" in out
+    assert "stopped on request (SIGTERM: scancel, preemption or slurmclock stop)" in out
+    assert calls(fake) == ["scancel --signal=TERM 4242"]
+    assert "signal name=TERM" in marks(fake)
+
+
+def test_slurms_sigterm_at_the_time_limit_still_requeues(fake: Path) -> None:
+    proc = start_script(fake, FAKE_SLURMCLOCK_OUT="-3")  # seconds-left: the end has passed
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0, out
+    assert "requeueing job 4242" in out
+    assert calls(fake) == ["scancel --signal=TERM 4242", "slurmclock requeue"]
+
+
+def test_usr2_is_forwarded_and_the_step_goes_on(fake: Path) -> None:
+    proc = start_script(fake)
+    proc.send_signal(signal.SIGUSR2)
+    deadline = time.monotonic() + 30
+    while not (fake / "srun.signals").exists():
+        assert time.monotonic() < deadline and proc.poll() is None
+        time.sleep(0.05)
+    time.sleep(0.3)
+    assert proc.poll() is None  # information: the step goes on
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=60)
+    assert "received SIGUSR2: forwarding to the training step" in out
+    assert (fake / "srun.signals").read_text() == "USR2\n"
+    assert "signal name=USR2" in marks(fake)
+
+
+def test_a_warning_that_agrees_with_slurms_end_time_is_not_forwarded(fake: Path) -> None:
+    """USR2@300 in a job with 200 s left: the trainer knows the end already, and a signal
+    during its imports would kill it."""
+    proc = start_script(fake, FAKE_SLURMCLOCK_OUT="200")  # seconds-left
+    proc.send_signal(signal.SIGUSR2)
+    deadline = time.monotonic() + 30
+    while "signal name=USR2 forwarded=0" not in marks(fake):
+        assert time.monotonic() < deadline and proc.poll() is None
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=60)
+    assert "received SIGUSR2: agrees with the end time SLURM gives (200 s left, lead 300 s)" in out
+    assert not (fake / "srun.signals").exists()  # the step never saw it

@@ -66,6 +66,14 @@ def local_iso(epoch: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(epoch))
 
 
+@pytest.fixture(autouse=True)
+def _timelines_in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Job timelines of every test go to its tmp_path, never to ~/.cache/slurmclock."""
+    where = tmp_path / "timelines"
+    monkeypatch.setenv("SLURMCLOCK_DIR", str(where))
+    return where
+
+
 @pytest.fixture
 def clock() -> FakeClock:
     return FakeClock()

@@ -1,26 +1,44 @@
-"""TimeBudget: robust estimates, the exact stop rule, explanations, no deadline."""
+"""TimeBudget: robust estimates, the measured stop rule, warning signals, remembered state."""
 
 from __future__ import annotations
 
 import json
 import logging
+import math
+import random
+from pathlib import Path
 from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from slurmclock import BudgetConfig, Deadline, DeadlineWatcher, Decision, StopSignals, TimeBudget
+from slurmclock import (
+    AnyFlag,
+    BudgetConfig,
+    Deadline,
+    DeadlineWatcher,
+    Decision,
+    JobTimeline,
+    SaveTail,
+    StopSignals,
+    TimeBudget,
+    signal_lead_from_env,
+)
+
+NO_ENV: dict[str, str] = {}  # no PYRECOVER_SIGNAL_LEAD from the developer's shell
 
 
 def budget_at(clock: Any, left: float, **kw: Any) -> TimeBudget:
+    kw.setdefault("env", NO_ENV)
     return TimeBudget(Deadline(clock.now + left, "override"), clock=clock, **kw)
 
 
-def test_decision_truthiness_and_aliases() -> None:
-    yes, no = Decision(True, "r", 1.0), Decision(False, "r", None)
+def test_decision_truthiness_aliases_and_cause() -> None:
+    yes, no = Decision(True, "r", 1.0, cause="time"), Decision(False, "r", None)
     assert yes and not no
     assert yes.stop and yes.ok and not no.stop and not no.ok
+    assert yes.cause == "time" and no.cause is None
     with pytest.raises(AttributeError):
         yes.yes = False  # type: ignore[misc]
 
@@ -28,21 +46,45 @@ def test_decision_truthiness_and_aliases() -> None:
 @pytest.mark.parametrize(
     ("kw", "message"),
     [
-        ({"margin": -1}, "margin must be a number of seconds >= 0"),
-        ({"margin": float("nan")}, "margin"),
-        ({"initial_save_estimate": "60"}, "initial_save_estimate"),
+        ({"margin": -1}, "margin must be a finite number of seconds >= 0, got -1"),
+        ({"margin": float("nan")}, "margin must be a finite number"),
+        ({"margin": float("inf")}, "margin must be a finite number"),
+        ({"initial_save_estimate": "60"}, "initial_save_estimate must be a finite number"),
+        ({"initial_step_estimate": float("nan")}, "initial_step_estimate"),
+        ({"initial_exit_estimate": -0.5}, "initial_exit_estimate"),
+        ({"slack": float("inf")}, "slack must be a finite number"),
+        ({"signal_lead": float("nan")}, "signal_lead must be a finite number"),
+        ({"signal_jitter": -1}, "signal_jitter"),
         ({"warmup_steps": -1}, "warmup_steps must be an integer >= 0"),
         ({"step_window": 0}, "step_window must be an integer >= 1"),
         ({"save_window": 1.5}, "save_window"),
+        ({"exit_window": True}, "exit_window"),
         ({"step_quantile": 0}, r"step_quantile must be in \(0, 1\]"),
-        ({"step_quantile": 1.5}, "step_quantile"),
+        ({"step_quantile": float("nan")}, "step_quantile"),
+        ({"save_quantile": 1.0}, r"save_quantile must be in \[0.5, 1\)"),
+        ({"save_quantile": float("nan")}, "save_quantile"),
+        ({"warning_signals": "USR2"}, "warning_signals is a tuple of names"),
     ],
 )
-def test_bad_config_says_how_to_fix_it(kw: dict[str, Any], message: str) -> None:
+def test_bad_config_is_one_line_that_says_how_to_fix_it(kw: dict[str, Any], message: str) -> None:
+    for make in (lambda: BudgetConfig(**kw), lambda: TimeBudget(None, env=NO_ENV, **kw)):
+        with pytest.raises(ValueError, match=message) as e:
+            make()
+        assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize(
+    ("kw", "message"),
+    [
+        ({"quantile": 1.0}, r"quantile must be in \[0.5, 1\)"),
+        ({"quantile": math.nan}, "quantile"),
+        ({"prior_spread": math.inf}, "prior_spread must be a finite number >= 0"),
+        ({"prior_weight": 0}, "prior_weight must be a finite number > 0"),
+    ],
+)
+def test_bad_save_tail_settings_are_refused(kw: dict[str, Any], message: str) -> None:
     with pytest.raises(ValueError, match=message):
-        BudgetConfig(**kw)
-    with pytest.raises(ValueError, match=message):
-        TimeBudget(None, **kw)
+        SaveTail(**kw)
 
 
 def test_bad_deadline_type_is_a_type_error() -> None:
@@ -52,41 +94,64 @@ def test_bad_deadline_type_is_a_type_error() -> None:
 
 def test_without_a_deadline_it_never_stops_for_time(clock: Any) -> None:
     for budget in (
-        TimeBudget(None, clock=clock),
-        TimeBudget(Deadline(None, "squeue"), clock=clock),
+        TimeBudget(None, clock=clock, env=NO_ENV),
+        TimeBudget(Deadline(None, "squeue"), clock=clock, env=NO_ENV),
     ):
         budget.record_step(1e6)
         d = budget.should_stop()
-        assert not d and d.seconds_left is None
+        assert not d and d.seconds_left is None and d.cause is None
         assert "no deadline" in d.reason and "never stops for time" in d.reason
         assert budget.can_save()
         assert budget.seconds_left() is None
 
 
-def test_stops_exactly_when_left_is_below_step_plus_save_plus_margin(clock: Any) -> None:
+def test_stops_exactly_when_left_is_below_step_save_exit_and_slack(clock: Any) -> None:
+    budget = budget_at(clock, 1000.0, warmup_steps=0, slack=5.0, initial_exit_estimate=7.0)
+    budget.record_step(10.0)
+    budget.record_save(20.0)
+    save = budget.save_estimate
+    assert save is not None and 60.0 < save < 80.0  # one save: a wide bound (3.6x)
+    needed = 10.0 + save + 7.0 + 5.0
+    assert budget.needed_to_stop() == pytest.approx(needed)
+    clock.advance(1000 - needed - 1e-4)  # what is needed is left: enough
+    d = budget.should_stop()
+    assert not d and d.needed == pytest.approx(needed)
+    clock.advance(2e-4)  # a hair less: stop, for time
+    d = budget.should_stop()
+    assert d and d.cause == "time"
+    assert (
+        d.reason.startswith("stop: ") and " s needed = next step 10.0 s (p90 of last 1" in d.reason
+    )
+    assert "final save " in d.reason and "(p99.5 bound of 1 saves, median 20.0 s" in d.reason
+    assert "exit 7.00 s (initial guess, none measured) + slack 5.00 s" in d.reason
+
+
+def test_margin_overrides_exit_and_slack(clock: Any) -> None:
     budget = budget_at(clock, 1000.0, margin=30.0, warmup_steps=0)
     budget.record_step(10.0)
     budget.record_save(20.0)
-    assert budget.needed_to_stop() == 60.0
-    clock.advance(1000 - 60)  # exactly 60 s left: enough
-    d = budget.should_stop()
-    assert not d and d.seconds_left == 60.0 and d.needed == 60.0
-    clock.advance(0.001)  # a hair less: stop
-    d = budget.should_stop()
-    assert d and d.needed == 60.0
-    assert d.reason.startswith("stop: 59.9 s left < 60.0 s needed = next step 10.0 s")
-    assert "final save 20.0 s (max of last 1 saves)" in d.reason and "margin 30.0 s" in d.reason
+    assert budget.needed_to_stop() == pytest.approx(10.0 + (budget.save_estimate or 0) + 30.0)
+    reason = budget.should_stop().reason
+    assert reason.endswith("+ margin 30.0 s") and "exit" not in reason and "slack" not in reason
 
 
-def test_before_any_save_the_initial_guess_is_used_and_said(clock: Any) -> None:
-    budget = budget_at(clock, 100.0, margin=10.0, initial_save_estimate=95.0)
+def test_initial_estimates_stand_in_until_measured(clock: Any) -> None:
+    budget = budget_at(
+        clock,
+        90.0,
+        initial_step_estimate=4.0,
+        initial_save_estimate=70.0,
+        initial_exit_estimate=12.0,
+        slack=5.0,
+    )
     d = budget.should_stop()
-    assert d and d.needed == 105.0
-    assert "initial guess, no save measured yet" in d.reason
+    assert d and d.needed == 4.0 + 70.0 + 12.0 + 5.0
+    assert "next step 4.00 s (initial guess)" in d.reason
+    assert "final save 70.0 s (initial guess, no save measured yet)" in d.reason
     assert budget.save_estimate is None and budget.step_estimate is None
+    assert budget.exit_estimate is None
     budget.record_save(5.0)
     assert not budget.should_stop()
-    assert budget.save_estimate == 5.0
 
 
 def test_warmup_steps_do_not_inflate_the_estimate(clock: Any) -> None:
@@ -115,24 +180,139 @@ def test_step_estimate_is_a_high_quantile_of_a_moving_window(clock: Any) -> None
     assert budget.step_estimate == 3.0
 
 
-def test_save_estimate_is_the_longest_recent_save(clock: Any) -> None:
-    budget = budget_at(clock, 3600.0, save_window=3)
-    for seconds in (50.0, 10.0, 12.0):
-        budget.record_save(seconds)
-    assert budget.save_estimate == 50.0
-    budget.record_save(11.0)  # the slow first save (directory creation, ...) ages out
-    assert budget.save_estimate == 12.0
-    assert budget.saves_measured == 4
+def test_steady_cheap_saves_need_seconds_not_a_minute(clock: Any) -> None:
+    budget = budget_at(clock, 3600.0)
+    rng = random.Random(1)
+    for _ in range(20):
+        budget.record_save(10.0 * (1 + 0.02 * rng.uniform(-1, 1)))
+    bound = budget.save_estimate
+    assert bound is not None and 10.2 < bound < 13.0
+    exit_and_slack = 10.0 + 5.0  # initial exit guess + slack: 15 s, not a 60 s margin
+    assert budget.needed_to_stop() < bound + exit_and_slack + 0.01
 
 
-def test_can_save_checks_save_plus_margin(clock: Any) -> None:
+def test_save_bound_grows_with_the_measured_spread() -> None:
+    rng = random.Random(7)
+    bounds = {}
+    for sigma in (0.02, 0.25, 0.5):
+        tail = SaveTail()
+        for _ in range(20):
+            tail.add(90.0 * math.exp(sigma * rng.gauss(0, 1)))
+        bounds[sigma] = tail.value
+    assert bounds[0.02] < 120 < bounds[0.25] < 250 < bounds[0.5]  # type: ignore[operator]
+
+
+@pytest.mark.parametrize("sigma", [0.05, 0.25, 0.5])
+def test_save_bound_covers_the_next_save_but_rarely_fails(sigma: float) -> None:
+    """The bound is a 99.5 % prediction bound: over many fits of 20 log-normal saves the next
+    save exceeds it about 0.5 % of the time; the max of the last 5 (the old rule) fails ~17 %."""
+    rng = random.Random(11)
+    over = over_max5 = 0
+    trials = 4000
+    for _ in range(trials):
+        saves = [math.exp(sigma * rng.gauss(0, 1)) for _ in range(21)]
+        tail = SaveTail()
+        for x in saves[:20]:
+            tail.add(x)
+        over += saves[20] > (tail.value or 0)
+        over_max5 += saves[20] > max(saves[15:20])
+    assert over / trials < 0.012
+    assert over_max5 / trials > 0.12
+
+
+def test_exit_times_come_from_the_timeline_and_are_remembered(tmp_path: Path, clock: Any) -> None:
+    def timeline(restart: int) -> JobTimeline:
+        env = {"SLURM_JOB_ID": "77", "SLURM_RESTART_COUNT": str(restart)}
+        return JobTimeline(directory=tmp_path, env=env, clock=clock)
+
+    for restart, exit_s in ((0, 3.0), (1, 4.0)):
+        t = timeline(restart)
+        t.mark("saved")
+        clock.advance(exit_s / 2)
+        t.mark("exited", rc=75)
+        clock.advance(exit_s / 2)
+        t.mark("requeued")
+        clock.advance(100)
+    budget = budget_at(clock, 3600.0, timeline=timeline(2), slack=5.0)
+    assert budget.exit_estimate == pytest.approx(1.25 * 4.0)
+    assert "exit 5.00 s (1.25 x max of 2 measured) + slack 5.00 s" in budget.should_stop().reason
+    with budget.save(final=True):
+        clock.advance(2.0)
+    last = timeline(2).events()[-1]
+    assert last.name == "saved" and last.restart == 2 and last.info["seconds"] == 2.0
+
+    state = json.loads(json.dumps(budget.state_dict()))
+    assert state["exits"] == [
+        {"job": "77", "restart": 0, "seconds": pytest.approx(3.0)},
+        {"job": "77", "restart": 1, "seconds": pytest.approx(4.0)},
+    ]
+    fresh = budget_at(clock, 3600.0)  # another job of the same experiment: from the checkpoint
+    fresh.load_state_dict(state)
+    assert fresh.exit_estimate == pytest.approx(5.0)
+
+
+def test_state_dict_round_trip_starts_the_next_allocation_from_measured_numbers(
+    clock: Any,
+) -> None:
+    budget = budget_at(clock, 3600.0, warmup_steps=1)
+    for x in (60.0, 0.3, 0.31, 0.29, 0.3):
+        budget.record_step(x)
+    for x in (10.0, 11.0, 9.0):
+        budget.record_save(x)
+    budget.record_exit(4.0, job="1", restart=0)
+    state = json.loads(json.dumps(budget.state_dict()))
+    assert state["version"] == 1 and state["steps"] == [0.3, 0.31, 0.29, 0.3]
+
+    nxt = budget_at(clock, 3600.0, warmup_steps=1)
+    nxt.load_state_dict(state)
+    assert nxt.save_estimate == pytest.approx(budget.save_estimate)
+    assert nxt.exit_estimate == budget.exit_estimate == 5.0
+    assert nxt.step_estimate == 0.31  # the earlier steps stand in ...
+    assert "p90 of 4 steps of earlier runs" in nxt.should_stop().reason
+    nxt.record_step(45.0)  # ... through this run's warm-up (compile) step ...
+    assert nxt.step_estimate == 0.31
+    nxt.record_step(0.5)  # ... until this run has its own
+    assert nxt.step_estimate == 0.5
+    nxt.load_state_dict({})  # nothing to load: no change
+    assert nxt.step_estimate == 0.5
+
+
+@pytest.mark.parametrize(
+    ("state", "message"),
+    [
+        ({"version": 1, "saves": [1.0, float("nan")]}, r"saves\[1\] must be a finite number"),
+        ({"version": 1, "steps": [-1.0]}, r"steps\[0\] must be a finite number of seconds >= 0"),
+        ({"version": 1, "steps": "0.3"}, "steps must be a list"),
+        ({"version": 1, "exits": [{"job": "1", "seconds": 2}]}, r"exits\[0\] must be"),
+        ({"version": 1, "exits": [{"job": "1", "restart": "x", "seconds": 2}]}, "restart must"),
+        ({"version": 1, "exits": [{"job": "1", "restart": 0, "seconds": math.inf}]}, "seconds"),
+        ({"version": 99}, "version 99 is not one this slurmclock reads"),
+        ({"steps": [1.0]}, "version None"),
+        ([1, 2], "must be a mapping"),
+    ],
+)
+def test_a_malformed_state_is_refused_in_one_line_and_nothing_is_loaded(
+    clock: Any, state: Any, message: str
+) -> None:
+    budget = budget_at(clock, 3600.0)
+    budget.record_save(5.0)
+    before = budget.state_dict()
+    with pytest.raises(ValueError, match=message) as e:
+        budget.load_state_dict(state)
+    assert "\n" not in str(e.value)
+    assert budget.state_dict() == before
+
+
+def test_can_save_checks_save_exit_and_slack(clock: Any) -> None:
     budget = budget_at(clock, 100.0, margin=20.0)
-    budget.record_save(80.0)
+    budget.record_save(40.0)
+    needed = (budget.save_estimate or 0) + 20.0
+    clock.advance(100 - needed)
     d = budget.can_save()
-    assert d and d.needed == 100.0 and "save fits: 100.0 s left >= 100.0 s" in d.reason
-    clock.advance(1)
+    assert d and d.needed == pytest.approx(needed) and d.reason.startswith("save fits: ")
+    clock.advance(0.01)
     d = budget.can_save()
-    assert not d and d.reason.startswith("no time to save: 99.0 s left < 100.0 s")
+    assert not d and d.reason.startswith("no time to save: ")
 
 
 def test_context_managers_measure_with_the_timer(clock: Any) -> None:
@@ -141,7 +321,7 @@ def test_context_managers_measure_with_the_timer(clock: Any) -> None:
         clock.advance(2.5)
     with budget.save():
         clock.advance(7.0)
-    assert budget.step_estimate == 2.5 and budget.save_estimate == 7.0
+    assert budget.step_estimate == 2.5 and budget.saves_measured == 1
     with pytest.raises(RuntimeError), budget.step():
         clock.advance(100)
         raise RuntimeError("a failed step is not a measurement")
@@ -155,32 +335,168 @@ def test_bad_measurements_are_ignored_with_a_warning(
     with caplog.at_level(logging.WARNING, logger="slurmclock"):
         budget.record_step(-1.0)
         budget.record_save(float("nan"))
+        budget.record_exit(float("inf"))
     assert budget.steps_measured == 0 and budget.saves_measured == 0
+    assert budget.exit_estimate is None
     assert "ignoring step duration -1.0" in caplog.text
 
 
-def test_a_stop_signal_stops_at_once(clock: Any) -> None:
-    flag = StopSignals(("USR2",))  # not installed: request() raises the same flag
-    budget = TimeBudget(None, signals=flag, clock=clock)
-    assert not budget.should_stop()
+# -- signals ------------------------------------------------------------------------------------
+
+
+def signal_budget(clock: Any, end: float | None, lead: float | None, **kw: Any) -> Any:
+    flag = StopSignals(("USR2", "TERM", "INT"), clock=clock)  # not installed: request() = arrival
+    deadline = None if end is None else Deadline(end, "squeue", "9")
+    budget = TimeBudget(
+        deadline, signals=flag, signal_lead=lead, clock=clock, env=NO_ENV, slack=5.0, **kw
+    )
+    budget.record_step(1.0)
+    budget.record_save(10.0)
+    return budget, flag
+
+
+def test_a_warning_that_agrees_with_the_deadline_changes_nothing(clock: Any) -> None:
+    end = clock.now + 3600
+    budget, flag = signal_budget(clock, end, 300.0)
+    twin, _ = signal_budget(clock, end, 300.0)  # the same budget without the signal
+    clock.now = end - 300 - 25  # SLURM sends it up to 30 s early
     flag.request("SIGUSR2")
     d = budget.should_stop()
-    assert d and d.reason == "stop: received SIGUSR2"
-    assert budget.snapshot()["stop_signal"] == "SIGUSR2"
+    assert not d and d.cause is None and budget.deadline() == Deadline(end, "squeue", "9")
+    while not twin.should_stop():
+        assert not budget.should_stop()  # not before its own budget says so
+        clock.advance(1.0)
+    d = budget.should_stop()
+    assert d and d.cause == "time" and d.reason.startswith("stop: ")
+    assert d.seconds_left is not None and d.seconds_left < d.needed
 
 
-def test_a_watcher_is_re_polled_and_its_clock_used(clock: Any, fakes: Any) -> None:
-    end = [clock.now + 100]
-    runner = fakes.Runner(squeue=lambda argv: f"{fakes.iso(end[0])} 10:00")
-    watcher = DeadlineWatcher(env={"SLURM_JOB_ID": "7"}, runner=runner, clock=clock)
-    budget = TimeBudget(watcher, margin=10.0, initial_save_estimate=10.0)  # clock from watcher
-    clock.advance(85)
-    assert budget.should_stop()  # 15 s left < 20 s
-    end[0] += 600  # the admin extends the job
-    clock.advance(60)
-    assert not budget.should_stop()  # re-polled: 555 s left
-    assert budget.seconds_left() == pytest.approx(555.0)
-    assert runner.count("squeue") == 2
+def test_without_a_deadline_the_warning_bounds_it(clock: Any) -> None:
+    budget, flag = signal_budget(clock, None, 120.0)
+    assert not budget.should_stop() and budget.deadline() is None
+    t0 = clock.now
+    flag.request("SIGUSR2")
+    d = budget.deadline()
+    assert d is not None and d.end == t0 + 120.0 and d.source == "signal"
+    decision = budget.should_stop()
+    assert not decision and "(deadline: SIGUSR2 + lead 120.0 s)" in decision.reason
+    clock.advance(120.0 - decision.needed + 0.01)
+    d2 = budget.should_stop()
+    assert d2 and d2.cause == "time"
+
+
+def test_a_warning_earlier_than_the_deadline_wins_with_one_warning(
+    clock: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    end = clock.now + 3600
+    budget, flag = signal_budget(clock, end, 300.0)
+    flag.request("SIGUSR2")  # 3600 s before the end, but the lead says 300
+    with caplog.at_level(logging.WARNING, logger="slurmclock"):
+        d = budget.deadline()
+        budget.should_stop()
+    assert d is not None and d.end == clock.now + 300.0 and d.source == "signal"
+    assert caplog.text.count("export PYRECOVER_SIGNAL_LEAD=LEAD") == 1
+
+
+def test_a_warning_with_an_unknown_lead_stops_at_once(clock: Any) -> None:
+    budget, flag = signal_budget(clock, clock.now + 3600, None)
+    flag.request("SIGUSR2")
+    d = budget.should_stop()
+    assert d and d.cause == "signal" and d.reason == "stop: received SIGUSR2; 3600 s left"
+
+
+@pytest.mark.parametrize("name", ["SIGTERM", "SIGINT", "manual"])
+def test_term_int_and_requests_stop_at_once_even_with_a_lead(clock: Any, name: str) -> None:
+    budget, flag = signal_budget(clock, clock.now + 3600, 300.0)
+    flag.request("SIGUSR2")
+    assert not budget.should_stop()
+    flag.request(name)
+    d = budget.should_stop()
+    assert d and d.cause == "signal" and d.reason.startswith(f"stop: received {name}")
+
+
+def test_a_warning_makes_the_watcher_ask_slurm_again(clock: Any, fakes: Any) -> None:
+    end = [clock.now + 3600]
+    runner = fakes.Runner(squeue=lambda argv: f"{fakes.iso(end[0])} 1:00:00")
+    watcher = DeadlineWatcher(
+        env={"SLURM_JOB_ID": "7"}, runner=runner, clock=clock, poll_interval=600
+    )
+    flag = StopSignals(("USR2",), clock=clock)
+    budget = TimeBudget(watcher, signals=flag, signal_lead=300.0, env=NO_ENV)
+    budget.should_stop()
+    assert runner.count("squeue") == 1
+    end[0] = clock.now + 200  # preemption: SLURM moved the end time earlier
+    flag.request("SIGUSR2")
+    budget.should_stop()
+    budget.should_stop()
+    assert runner.count("squeue") == 2  # once for the news, not once per step
+    assert budget.seconds_left() == pytest.approx(200.0)
+
+
+def test_the_lead_comes_from_the_environment(clock: Any, caplog: pytest.LogCaptureFixture) -> None:
+    assert signal_lead_from_env({"PYRECOVER_SIGNAL_LEAD": "300"}) == 300.0
+    assert signal_lead_from_env({"PYRECOVER_SIGNAL_LEAD": "5m"}) == 300.0
+    assert signal_lead_from_env({}) is None
+    with caplog.at_level(logging.WARNING, logger="slurmclock"):
+        assert signal_lead_from_env({"PYRECOVER_SIGNAL_LEAD": "soon"}) is None
+    assert "ignoring PYRECOVER_SIGNAL_LEAD" in caplog.text
+    budget = TimeBudget(None, clock=clock, env={"PYRECOVER_SIGNAL_LEAD": "90"})
+    assert budget.config.signal_lead == 90.0 and budget.snapshot()["signal_lead"] == 90.0
+
+
+def test_several_flags_read_as_one(clock: Any) -> None:
+    slurm = StopSignals(("USR2", "TERM"), clock=clock)
+    ctrl_c = StopSignals(("INT",), clock=clock)
+    flag = AnyFlag(slurm, ctrl_c)
+    budget = TimeBudget(
+        Deadline(clock.now + 3600, "squeue"), signals=flag, signal_lead=300.0, env=NO_ENV
+    )
+    assert not flag.requested and flag.received is None
+    clock.now += 3600 - 310
+    slurm.request("SIGUSR2")
+    assert flag.requested and flag.received == "SIGUSR2" and not budget.should_stop()
+    clock.advance(1)
+    ctrl_c.request("SIGINT")
+    assert [a[0] for a in flag.arrivals] == ["SIGUSR2", "SIGINT"]
+    d = budget.should_stop()
+    assert d and d.reason.startswith("stop: received SIGINT")
+    with pytest.raises(ValueError, match="at least one flag"):
+        AnyFlag()
+
+
+def test_a_home_made_combination_of_stop_signals_is_read_inside(clock: Any) -> None:
+    """pyrecover-train's own `_AnyFlag` (requested/received over `.flags`): a TERM after the
+    USR2 warning must still stop at once."""
+
+    class Combined:  # the shape of pyrecover-train's `_AnyFlag`
+        def __init__(self, *flags: StopSignals) -> None:
+            self.flags = flags
+
+        requested = property(lambda self: any(f.requested for f in self.flags))
+        received = property(lambda self: next((f.received for f in self.flags if f.received), None))
+
+    slurm, ctrl_c = StopSignals(("USR2", "TERM"), clock=clock), StopSignals(("INT",), clock=clock)
+    budget = TimeBudget(
+        Deadline(clock.now + 3600, "squeue"),
+        signals=Combined(slurm, ctrl_c),
+        signal_lead=3600.0,
+        env=NO_ENV,
+        clock=clock,
+    )
+    slurm.request("SIGUSR2")
+    assert not budget.should_stop()
+    slurm.request("SIGTERM")  # received stays "SIGUSR2": only the arrivals tell
+    assert budget.should_stop().reason.startswith("stop: received SIGTERM")
+
+
+def test_a_flag_without_arrivals_still_works(clock: Any) -> None:
+    class Plain:
+        requested = True
+        received = "SIGUSR2"
+
+    budget = TimeBudget(None, signals=Plain(), signal_lead=60.0, clock=clock, env=NO_ENV)
+    d = budget.deadline()
+    assert d is not None and d.source == "signal" and d.end == clock.now + 60.0
 
 
 def test_snapshot_is_json_ready(clock: Any) -> None:
@@ -189,7 +505,11 @@ def test_snapshot_is_json_ready(clock: Any) -> None:
     snap = json.loads(json.dumps(budget.snapshot()))
     assert snap["seconds_left"] == 500.0 and snap["deadline_source"] == "override"
     assert snap["step_estimate"] == 1.0 and snap["save_estimate"] is None
-    assert snap["needed_to_stop"] == 1.0 + 60.0 + 60.0
+    assert snap["needed_to_stop"] == 1.0 + 60.0 + 10.0 + 5.0
+    assert snap["margin"] is None and snap["exit_estimate"] is None
+
+
+# -- whole runs on a fake clock -----------------------------------------------------------------
 
 
 @settings(max_examples=200, deadline=None)
@@ -197,35 +517,38 @@ def test_snapshot_is_json_ready(clock: Any) -> None:
     step=st.floats(0.05, 30.0),
     compile_step=st.floats(0.0, 300.0),
     save=st.floats(0.1, 120.0),
+    exit_s=st.floats(0.5, 30.0),
     jitter=st.lists(st.floats(0.0, 1.0), min_size=50, max_size=50),
     limit=st.floats(60.0, 4 * 3600.0),
     periodic=st.integers(5, 200),
 )
-def test_simulated_run_saves_before_the_deadline_and_wastes_little(
+def test_simulated_run_saves_and_exits_before_the_deadline_and_wastes_little(
     step: float,
     compile_step: float,
     save: float,
+    exit_s: float,
     jitter: list[float],
     limit: float,
     periodic: int,
 ) -> None:
-    """A training loop on a fake clock: step times vary by up to +-10 %, saves by up to +-10 %.
+    """A training loop on a fake clock with the default settings: steps and saves vary by up to
+    +-10 %; the exit after the final save was measured by earlier runs (+-10 %).
 
-    With the margin covering that variation, the final save always ends before the deadline,
-    and the time left unused is at most the estimated step + one save + the margin. Periodic
-    saves only start when can_save() says they fit; one at the stopping step is the final one.
+    The final save and the exit always end before the deadline, and the time left unused is at
+    most what the budget reserved. Periodic saves only start when can_save() says they fit; one
+    at the stopping step is the final one.
     """
     now = [0.0]
-    margin = 0.25 * (step + save) + 1.0  # covers +-10 % around an estimate: 22 %
     budget = TimeBudget(
         Deadline(limit, "override"),
-        margin=margin,
         initial_save_estimate=1.2 * save,
         clock=lambda: now[0],
+        env=NO_ENV,
     )
+    for k in range(3):
+        budget.record_exit(exit_s * (0.9 + 0.1 * k), job="j", restart=k)
     i = 0
-    final_end = None
-    step_estimate = 0.0
+    reserved = 0.0
     while True:
         j = jitter[i % len(jitter)]
         with budget.step():
@@ -235,19 +558,18 @@ def test_simulated_run_saves_before_the_deadline_and_wastes_little(
         if saved:
             with budget.save():
                 now[0] += save * (0.9 + 0.2 * j)
-        if budget.should_stop():
-            step_estimate = budget.step_estimate or 0.0
+        decision = budget.should_stop()
+        if decision:
+            reserved = decision.needed or 0.0
             if not saved:  # a periodic save of this very step is the final checkpoint
-                with budget.save():
+                with budget.save(final=True):
                     now[0] += save * (0.9 + 0.2 * (1 - j))
-            final_end = now[0]
+            end = now[0] + exit_s * (0.9 + 0.2 * j)
             break
         assert i < 10_000_000
-    if compile_step + 1.2 * save + margin <= limit:  # the first step itself fit
-        assert final_end <= limit, budget.snapshot()
-        # Unused: at most what the budget reserved (its step estimate is the compile step's
-        # duration while only warm-up steps are measured: conservative, never optimistic).
-        assert limit - final_end <= step_estimate + 1.2 * save + margin + 1e-9
+    if compile_step + 1.2 * save + 1.1 * exit_s + 10.0 + 5.0 <= limit:  # the first step fit
+        assert end <= limit, budget.snapshot()
+        assert limit - end <= reserved + 1e-9
 
 
 def simulate(
@@ -269,20 +591,27 @@ def simulate(
             return steps, limit - now[0]
 
 
-def test_uses_more_of_the_allocation_than_the_original_rule() -> None:
+def test_uses_more_of_the_allocation_than_the_original_rule_and_the_fixed_margin() -> None:
     """The original PyRecover stopped when left < 6 x slowest step + 2 x slowest save: the 90 s
-    compile step alone made it stop 10 minutes early, every job."""
+    compile step alone made it stop 10 minutes early, every job. slurmclock 0.1's fixed 60 s
+    margin cost a minute of every allocation; the measured exit costs seconds."""
     limit = 3600.0
     now = [0.0]
-    ours = TimeBudget(Deadline(limit, "override"), margin=60.0, clock=lambda: now[0])
+    ours = TimeBudget(Deadline(limit, "override"), clock=lambda: now[0], env=NO_ENV)
+    ours.record_exit(2.0, job="j", restart=0)  # measured by an earlier allocation
     steps, unused = simulate(limit, ours.should_stop, ours, now)
 
     now[0] = 0.0
-    clock = TimeBudget(None, clock=lambda: now[0])  # only the timing harness
+    fixed = TimeBudget(Deadline(limit, "override"), margin=60.0, clock=lambda: now[0], env=NO_ENV)
+    fixed_steps, fixed_unused = simulate(limit, fixed.should_stop, fixed, now)
+
+    now[0] = 0.0
+    clock = TimeBudget(None, clock=lambda: now[0], env=NO_ENV)  # only the timing harness
     slowest_step = 90.0  # the compile step: the running max never forgets it
     their_steps, their_unused = simulate(
         limit, lambda: limit - now[0] < 6 * slowest_step + 2 * 30.0, clock, now
     )
-    assert 0 <= unused <= 1.0 + 30.0 + 60.0  # next step + save + margin at most
+    assert 0 <= unused <= 1.0 + 45.0 + 2.5 + 5.0  # step + save bound + exit bound + slack
+    assert fixed_unused > unused + 50
     assert their_unused > 500  # ~9 minutes of a 1 h job thrown away
-    assert steps > their_steps + 400
+    assert steps > fixed_steps + 50 > their_steps + 400

@@ -20,6 +20,8 @@ JOB = {"SLURM_JOB_ID": "42", "SLURM_RESTART_COUNT": "1", "PATH": os.environ.get(
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str, **kw: Any) -> tuple[int, str, str]:
+    if kw.get("env") is not None:  # the test's own timeline directory (conftest)
+        kw["env"] = {"SLURMCLOCK_DIR": os.environ["SLURMCLOCK_DIR"], **kw["env"]}
     code = main(list(argv), **kw)
     out, err = capsys.readouterr()
     return code, out, err
@@ -159,7 +161,7 @@ def test_bad_override_values_exit_2_with_one_line(capsys: pytest.CaptureFixture[
     assert code == 2 and out == ""
     assert err.count("\n") == 1 and err.startswith("slurmclock: error: end_time:")
     code, _, err = run(capsys, "seconds-left", "--time-limit", "a while", env={})
-    assert code == 2 and "time_limit: cannot read duration" in err
+    assert code == 2 and "time_limit: 'a while' is not a duration" in err
 
 
 def test_version(capsys: pytest.CaptureFixture[str]) -> None:
@@ -189,5 +191,94 @@ def test_python_dash_m_runs_the_cli() -> None:
         env={**env, "PYRECOVER_END_TIME": "not a time"},
         timeout=60,
     )
-    assert bad.returncode == 1 and bad.stdout == ""
-    assert "ignoring PYRECOVER_END_TIME" in bad.stderr
+    # Asked about it, the CLI refuses a malformed variable with one line (training skips it).
+    assert bad.returncode == 2 and bad.stdout == ""
+    assert bad.stderr.startswith("slurmclock: error: PYRECOVER_END_TIME: 'not a time' is neither")
+    assert bad.stderr.count("\n") == 1
+
+
+def test_huge_slurm_job_end_time_is_one_line_and_exit_2() -> None:
+    """Issue 14: SLURM_JOB_END_TIME=99999999999999999999999 slurmclock status printed a
+    traceback. Asked about it, the CLI names the variable and the fix in one line."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "PYRECOVER_"))}
+    env.update(SLURM_JOB_ID="42", SLURM_JOB_END_TIME="99999999999999999999999")
+    for command in ("status", "seconds-left", "end-time"):
+        out = subprocess.run(
+            [sys.executable, "-m", "slurmclock", command],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=60,
+        )
+        assert out.returncode == 2 and out.stdout == "", out
+        assert out.stderr.count("\n") == 1 and "Traceback" not in out.stderr
+        assert out.stderr.startswith("slurmclock: error: SLURM_JOB_END_TIME: '9999")
+        assert "before the year 10000; unset it or give epoch seconds / ISO-8601" in out.stderr
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-1", "0"])
+def test_timeout_must_be_finite_and_positive(
+    capsys: pytest.CaptureFixture[str], value: str
+) -> None:
+    code, out, err = run(capsys, "status", "--timeout", value, env={})
+    assert code == 2 and out == "" and err.count("\n") == 1
+    assert err.startswith("slurmclock: error: --timeout must be a finite number of seconds > 0")
+
+
+def test_mark_and_timeline(capsys: pytest.CaptureFixture[str], tmp_path: Path, fakes: Any) -> None:
+    env = {**JOB, "SLURMCLOCK_DIR": str(tmp_path), "SLURM_RESTART_COUNT": "0"}
+    assert run(capsys, "mark", "saved", env=env)[0] == 0
+    assert run(capsys, "mark", "exited", "rc=75", "why=time", env=env)[0] == 0
+    code, out, _ = run(capsys, "requeue", env=env, runner=fakes.Runner(scontrol=""))
+    assert code == 0 and out.startswith("requeued job 42")
+    code, out, _ = run(capsys, "timeline", "--json", env={**env, "SLURM_RESTART_COUNT": "1"})
+    info = json.loads(out)
+    assert code == 0 and info["job_id"] == "42" and info["path"] == str(tmp_path / "job-42.jsonl")
+    assert [e["event"] for e in info["events"]] == ["saved", "exited", "requeued"]
+    assert info["events"][1]["rc"] == 75 and info["events"][1]["why"] == "time"
+    assert info["events"][2]["confirmed"] is True
+    (sample,) = info["exits"]
+    assert sample["restart"] == 0 and 0 <= sample["exit_s"] <= sample["seconds"] < 30
+    code, out, _ = run(capsys, "timeline", env=env)
+    assert code == 0 and "run 0: " in out and "s from the final save to the end" in out
+
+
+@pytest.mark.parametrize(
+    ("argv", "code", "message"),
+    [
+        (["mark", "done"], None, "invalid choice: 'done'"),
+        (["mark", "saved", "rc"], 2, "'rc' is not KEY=VALUE (e.g. rc=75)"),
+        (["mark", "saved", "time=3"], 2, "'time=3' is not KEY=VALUE"),
+    ],
+)
+def test_mark_usage_errors(
+    capsys: pytest.CaptureFixture[str], argv: list[str], code: int | None, message: str
+) -> None:
+    if code is None:
+        with pytest.raises(SystemExit) as e:
+            main(argv, env=JOB)
+        assert e.value.code == 2 and message in capsys.readouterr().err
+        return
+    got, out, err = run(capsys, *argv, env=JOB)
+    assert (got, out) == (code, "") and message in err
+
+
+def test_mark_outside_a_job_says_so(capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run(capsys, "mark", "start", env={})
+    assert code == 1 and "not in a SLURM job" in err
+    code, _, err = run(capsys, "timeline", env={})
+    assert code == 1 and "pass --job-id" in err
+
+
+def test_stop_sends_term_to_the_batch_shell(capsys: pytest.CaptureFixture[str], fakes: Any) -> None:
+    runner = fakes.Runner(scancel="")
+    code, out, _ = run(capsys, "stop", "1234", env={}, runner=runner)
+    assert code == 0 and "asked job 1234 to save and stop" in out
+    assert runner.calls == [("scancel", "--batch", "--signal=TERM", "1234")]
+    code, _, err = run(capsys, "stop", "12;rm", env={}, runner=runner)
+    assert code == 2 and "is not a job id" in err
+    failing = fakes.Runner(
+        scancel=CommandError(["scancel"], "failed", "Invalid job id", returncode=1)
+    )
+    code, _, err = run(capsys, "stop", "99", env={}, runner=failing)
+    assert code == 1 and "not stopped: Invalid job id" in err

@@ -120,3 +120,9 @@ def test_job_id_and_array_task(monkeypatch: pytest.MonkeyPatch) -> None:
     assert array_task({"SLURM_JOB_ID": "1"}) is None
     monkeypatch.setenv("SLURM_JOB_ID", "555")
     assert job_id() == "555"  # os.environ by default
+
+
+@pytest.mark.parametrize("timeout", [float("nan"), float("inf"), 0, -1])
+def test_requeue_refuses_a_bad_timeout(timeout: float) -> None:
+    with pytest.raises(ValueError, match="timeout must be a finite number of seconds > 0"):
+        requeue("1", timeout=timeout)

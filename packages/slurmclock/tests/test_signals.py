@@ -158,3 +158,29 @@ def test_a_real_process_finishes_its_step_after_sigterm(tmp_path: os.PathLike[st
             proc.wait()
     assert proc.returncode == 0
     assert out.startswith("stopped by SIGTERM after")
+
+
+def test_every_arrival_is_kept_with_its_time() -> None:
+    now = [100.0]
+    with StopSignals(("USR2", "TERM"), clock=lambda: now[0]) as stop:
+        os.kill(os.getpid(), signal.SIGUSR2)
+        assert stop.wait(timeout=10)
+        now[0] = 160.0
+        os.kill(os.getpid(), signal.SIGTERM)
+        for _ in range(200):
+            if stop.count == 2:
+                break
+            stop.wait(timeout=0.05)
+    assert stop.arrivals == [("SIGUSR2", 100.0), ("SIGTERM", 160.0)]
+    assert (stop.received, stop.received_at) == ("SIGUSR2", 100.0)  # the first one
+    stop.reset()
+    assert stop.arrivals == [] and not stop.requested
+
+
+@pytest.mark.parametrize(
+    ("kw", "message"),
+    [({"timeout": float("nan")}, "timeout"), ({"timeout": 1.0, "interval": 0}, "interval")],
+)
+def test_wait_refuses_bad_numbers(kw: dict[str, float], message: str) -> None:
+    with pytest.raises(ValueError, match=f"{message} must be a finite number of seconds"):
+        StopSignals().wait(**kw)

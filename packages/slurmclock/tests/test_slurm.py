@@ -99,6 +99,75 @@ else:
 )
 
 
+# Two budgets see the same SLURM warning: one knows the deadline (squeue), one does not.
+BUDGET_PROBE = (
+    PRELUDE
+    + """
+from slurmclock import DeadlineWatcher, StopSignals, TimeBudget
+
+stop = StopSignals().install()
+small = dict(signals=stop, initial_save_estimate=0.5, initial_exit_estimate=1.0, slack=2.0)
+known = TimeBudget(DeadlineWatcher(poll_interval=5.0), **small)
+blind = TimeBudget(None, **small)
+end = known.deadline().end
+write("ready.json", {"end": end, "lead": known.config.signal_lead})
+stops = {}
+limit = time.monotonic() + 300
+while "known" not in stops and time.monotonic() < limit:
+    with known.step():
+        time.sleep(0.2)
+    blind.record_step(0.2)
+    for name, budget in (("known", known), ("blind", blind)):
+        decision = budget.should_stop()
+        if decision and name not in stops:
+            stops[name] = {"left": end - time.time(), "reason": decision.reason,
+                           "cause": decision.cause}
+at = stop.received_at
+write("result.json", {"usr2_left": None if at is None else end - at, "stops": stops,
+                      "received": stop.received, "lead": known.config.signal_lead})
+"""
+)
+
+# One job, two runs: the first makes its final save and exits 75, the batch script marks the
+# exit and requeues; the second reads what the end of the first took from the job's timeline.
+TIMELINE_PROBE = (
+    PRELUDE
+    + """
+from slurmclock import JobTimeline, TimeBudget, restart_count
+
+timeline = JobTimeline()
+budget = TimeBudget(None, timeline=timeline)
+if restart_count() == 0:
+    with budget.save(final=True):
+        time.sleep(0.3)
+    write("first.json", {"path": str(timeline.path)})
+    time.sleep(0.5)  # a trainer's teardown
+    sys.exit(75)
+write("second.json", {
+    "exit_estimate": budget.exit_estimate,
+    "samples": [[s.restart, s.seconds, s.exit_s] for s in timeline.exit_samples()],
+    "events": [[e.name, e.restart] for e in timeline.events()],
+    "state": budget.state_dict()["exits"],
+})
+"""
+)
+
+
+def timeline_job_script(probe: Path) -> str:
+    clock = Path(PY).parent / "slurmclock"
+    return f"""#!/bin/bash
+{clock} mark start
+{PY} {probe} "$@"
+rc=$?
+{clock} mark exited rc=$rc
+if [ "$rc" = 75 ]; then
+    trap 'exit 0' TERM  # an accepted requeue ends this run at once
+    {clock} requeue
+fi
+exit 0
+"""
+
+
 def readme_forwarding_script(command: str) -> str:
     """The README's bash pattern, verbatim but for the training command."""
     text = README.read_text()
@@ -110,7 +179,15 @@ def readme_forwarding_script(command: str) -> str:
 
 
 class Job:
-    def __init__(self, cluster: Any, root: Path, name: str, script: str, args: Sequence[str]):
+    def __init__(
+        self,
+        cluster: Any,
+        root: Path,
+        name: str,
+        script: str,
+        args: Sequence[str],
+        env: dict[str, str] | None = None,
+    ):
         self.cluster, self.name = cluster, name
         self.dir = root / name
         self.dir.mkdir()
@@ -127,7 +204,7 @@ class Job:
             "-J",
             name,
             script_args=[str(self.dir)],
-            env={"PYRECOVER_END_TIME": ""},
+            env={"PYRECOVER_END_TIME": "", "SLURMCLOCK_DIR": str(self.dir), **(env or {})},
             cwd=self.dir,
         )
 
@@ -166,6 +243,21 @@ def jobs(cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Jo
     root = tmp_path_factory.mktemp("jobs")
     probe = root / "signal_probe.py"
     probe.write_text(SIGNAL_PROBE)
+    budget_probe = root / "budget_probe.py"
+    budget_probe.write_text(BUDGET_PROBE)
+    timeline_probe = root / "timeline_probe.py"
+    timeline_probe.write_text(TIMELINE_PROBE)
+    with_lead = readme_forwarding_script(f"{PY} {budget_probe}")
+    without_lead = "\n".join(
+        line for line in with_lead.splitlines() if "PYRECOVER_SIGNAL_LEAD" not in line
+    )
+    # W=60 s of a 120 s job: the warning comes 60-90 s before the end.
+    budget_args = ["--time=2", "--signal=B:USR2@60"]
+    extra = {
+        "lead_known": (with_lead, budget_args, {"PYRECOVER_SIGNAL_LEAD": "60"}),
+        "lead_unknown": (without_lead, budget_args, {"PYRECOVER_SIGNAL_LEAD": ""}),
+        "timeline": (timeline_job_script(timeline_probe), ["--time=5", "--requeue"], {}),
+    }
     specs: dict[str, tuple[str, list[str]]] = {
         "deadline": (DEADLINE_PROBE, ["--time=3"]),
         # W=45 s of a 60 s job: the warning comes 15-45 s after the start (30 s timer).
@@ -181,7 +273,10 @@ def jobs(cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Jo
         "requeue": (REQUEUE_PROBE, ["--time=5", "--requeue"]),
         "norequeue": (REQUEUE_PROBE, ["--time=5", "--no-requeue"]),
     }
-    return {name: Job(cluster, root, name, script, args) for name, (script, args) in specs.items()}
+    made = {name: Job(cluster, root, name, script, args) for name, (script, args) in specs.items()}
+    for name, (script, args, env) in extra.items():
+        made[name] = Job(cluster, root, name, script, args, env)
+    return made
 
 
 def test_deadline_in_a_job_equals_scontrol_and_sees_an_extension(
@@ -311,3 +406,56 @@ def test_a_failed_start_shows_the_daemon_logs_and_leaves_nothing(
     assert "slurmctld exited" in str(e.value)
     assert "Can't find plugin for select/nope" in str(e.value)  # the log's tail
     assert not bad._procs and not (tmp_path / "bad" / "state").exists()
+
+
+def test_a_warning_that_agrees_with_the_known_deadline_does_not_stop_the_job(
+    jobs: dict[str, Job],
+) -> None:
+    """--signal=B:USR2@60 in a 2-minute job, the lead exported by the batch script: the
+    warning arrives 60-90 s before the end; the budget that knows the end time (squeue) trains
+    on until its own rule stops it seconds before the end; the one without a deadline takes the
+    warning's word for it (receipt + 60 s)."""
+    job = jobs["lead_known"]
+    result = job.wait("result.json", timeout=260)
+    assert result["received"] == "SIGUSR2" and result["lead"] == 60.0, result
+    assert 50 <= result["usr2_left"] <= 95, result
+    known, blind = result["stops"]["known"], result["stops"]["blind"]
+    print(
+        f"USR2 {result['usr2_left']:.1f} s before the end; stopped {known['left']:.1f} s "
+        f"(deadline known) and {blind['left']:.1f} s (signal only) before it"
+    )
+    assert known["cause"] == "time" and known["reason"].startswith("stop: "), result
+    assert 0 < known["left"] < 10, result  # seconds before the end, not at the warning
+    assert blind["cause"] == "time" and "(deadline: SIGUSR2 + lead 60.0 s)" in blind["reason"]
+    assert 0 <= blind["left"] <= result["usr2_left"] - 60 + 10, result
+
+
+def test_without_a_known_lead_the_warning_stops_at_once(jobs: dict[str, Job]) -> None:
+    job = jobs["lead_unknown"]
+    result = job.wait("result.json", timeout=260)
+    assert result["lead"] is None and result["received"] == "SIGUSR2", result
+    known = result["stops"]["known"]
+    assert known["cause"] == "signal" and known["reason"].startswith("stop: received SIGUSR2")
+    assert known["left"] >= 45, result  # stopped at the warning, a minute before the end
+
+
+def test_the_end_of_a_run_is_measured_across_a_real_requeue(
+    cluster: Any, jobs: dict[str, Job]
+) -> None:
+    job = jobs["timeline"]
+    first = job.wait("first.json")
+    assert first["path"].endswith(f"-{job.id}.jsonl"), first
+    second = job.wait("second.json", timeout=240)
+    events = second["events"]
+    assert events[:4] == [["start", 0], ["saved", 0], ["exited", 0], ["requeued", 0]], events
+    assert ["start", 1] in events, events
+    (sample,) = second["samples"]
+    restart, seconds, exit_s = sample
+    print(f"final save -> requeue accepted: {seconds:.2f} s (step exited after {exit_s:.2f} s)")
+    # From the durable final save to SLURM's answer to the requeue: the probe's 0.5 s teardown,
+    # srun-less exit, one `slurmclock mark` and `slurmclock requeue`.
+    assert restart == 0 and 0.5 <= exit_s <= seconds < 30, second
+    assert second["exit_estimate"] == pytest.approx(1.25 * seconds), second
+    assert second["state"] == [{"job": job.id, "restart": 0, "seconds": seconds}]
+    info = cluster.wait_for(job.id, {"COMPLETED"}, timeout=60)
+    assert info["RestartCnt"] == "1", job.diagnostics()

@@ -1,43 +1,71 @@
 """SLURM job deadline, time budget, stop signals and self-requeue (stdlib only).
 
 :class:`DeadlineWatcher` knows when the job ends (and notices extensions), :class:`TimeBudget`
-says when to stop so the final checkpoint finishes before the kill, :class:`StopSignals` turns
-SLURM's warning signal into a flag, :func:`requeue` puts the job back in the queue. See README.md.
+says when to stop so the final checkpoint is durable and the job requeued before the kill,
+:class:`StopSignals` turns SLURM's signals into a flag, :class:`JobTimeline` remembers what the
+end of each allocation took, :func:`requeue` puts the job back in the queue. See README.md.
 """
 
-from slurmclock.budget import BudgetConfig, Decision, RobustEstimate, StopFlag, TimeBudget
+from slurmclock.allocation import AllocationStart, allocation_start
+from slurmclock.budget import (
+    SAVE_PRIOR_SPREAD,
+    BudgetConfig,
+    Decision,
+    RobustEstimate,
+    SaveTail,
+    StopFlag,
+    TimeBudget,
+    signal_lead_from_env,
+)
 from slurmclock.commands import CommandError, Runner, SubprocessRunner, default_runner
 from slurmclock.deadline import (
     SOURCES,
     Deadline,
     DeadlineWatcher,
     find_deadline,
-    parse_duration,
     parse_time,
     process_start_time,
 )
+from slurmclock.durations import (
+    check_seconds,
+    checkpoint_interval,
+    parse_duration,
+    young_daly_interval,
+)
 from slurmclock.job import array_task, in_slurm, job_id, restart_count
 from slurmclock.requeue import RequeueResult, requeue
-from slurmclock.signals import StopSignals, signal_number
+from slurmclock.signals import AnyFlag, StopSignals, signal_number
+from slurmclock.timeline import EVENTS, Event, ExitSample, JobTimeline, timeline_dir
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "EVENTS",
+    "SAVE_PRIOR_SPREAD",
     "SOURCES",
+    "AllocationStart",
+    "AnyFlag",
     "BudgetConfig",
     "CommandError",
     "Deadline",
     "DeadlineWatcher",
     "Decision",
+    "Event",
+    "ExitSample",
+    "JobTimeline",
     "RequeueResult",
     "RobustEstimate",
     "Runner",
+    "SaveTail",
     "StopFlag",
     "StopSignals",
     "SubprocessRunner",
     "TimeBudget",
     "__version__",
+    "allocation_start",
     "array_task",
+    "check_seconds",
+    "checkpoint_interval",
     "default_runner",
     "find_deadline",
     "in_slurm",
@@ -47,5 +75,8 @@ __all__ = [
     "process_start_time",
     "requeue",
     "restart_count",
+    "signal_lead_from_env",
     "signal_number",
+    "timeline_dir",
+    "young_daly_interval",
 ]

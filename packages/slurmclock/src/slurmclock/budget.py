@@ -1,20 +1,30 @@
-"""The time budget: is there time for one more step, and for a save?
+"""The time budget: is there time for one more step, and for the final save?
 
-``should_stop()`` is true exactly when ``seconds_left < next step + final save + margin``:
+``should_stop()`` is true exactly when ``seconds_left < next step + final save + exit + slack``:
 
 * *next step* -- a high quantile (default p90) of the last ``step_window`` measured steps, after
-  skipping the first ``warmup_steps`` (compilation, cache warm-up: they must not inflate the
-  estimate for the rest of the run). While only warm-up steps exist, the latest of them is used
-  (an over-estimate early in a job costs nothing).
-* *final save* -- the longest of the last ``save_window`` measured saves (saves are few and vary
-  with the file system; the first one may include one-off setup and ages out). Before any save
-  is measured, ``initial_save_estimate`` (default 60 s) stands in: set it from experience with
-  your model size and storage.
-* *margin* -- slack for everything else before the kill (flushing logs, requeueing, process
-  exit, estimate error); default 60 s.
+  skipping the first ``warmup_steps`` (compilation, cache warm-up). Until this run measured a
+  step after its warm-up, the steps of earlier allocations (:meth:`TimeBudget.load_state_dict`)
+  stand in, then the latest warm-up step, then ``initial_step_estimate``.
+* *final save* -- a tail bound of the measured saves (until durable): the ``save_quantile``
+  (default 99.5 %) prediction bound of a log-normal fitted to the last ``save_window`` saves,
+  whose spread is pooled with a prior of ``SAVE_PRIOR_SPREAD`` worth two saves. Steady saves get
+  a bound close to their median; a file system whose save times scatter gets a wide one. Before
+  any save is measured: ``initial_save_estimate``.
+* *exit* -- what the job needs after its final save is durable: process exit, ``srun``
+  teardown and the batch script's ``scontrol requeue``. Measured per allocation from the
+  timestamps in the job's :class:`~slurmclock.JobTimeline` (1.25 x the longest of the last
+  ``exit_window``), remembered across allocations in :meth:`TimeBudget.state_dict`; before
+  anything was measured, ``initial_exit_estimate``.
+* *slack* -- a few seconds for the rest: deadline resolution, clock skew, step jitter.
 
-Measure saves until the checkpoint is durable: for asynchronous saves include the wait for the
-background write, because the final save must be complete before SLURM's SIGKILL.
+``margin=`` (pyrecover-train's ``--stop-margin``) overrides *exit + slack* with a fixed number.
+
+Warning signals are information: SLURM's ``--signal=B:USR2@LEAD`` arrives LEAD to LEAD+30 s
+before the end. With the lead known (``signal_lead=`` or ``PYRECOVER_SIGNAL_LEAD``), a warning
+that agrees with the known deadline changes nothing; without a known deadline it sets one
+(receipt + lead); one that says the end comes earlier than the known deadline wins. Any other
+signal (TERM, INT, ``request()``), or a warning whose lead is unknown, stops at once.
 """
 
 from __future__ import annotations
@@ -22,17 +32,42 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import os
+import statistics
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from slurmclock.deadline import Deadline, DeadlineWatcher
+from slurmclock.durations import check_seconds, parse_duration
 
-__all__ = ["BudgetConfig", "Decision", "RobustEstimate", "StopFlag", "TimeBudget"]
+if TYPE_CHECKING:
+    from slurmclock.timeline import ExitSample, JobTimeline
+
+__all__ = [
+    "SAVE_PRIOR_SPREAD",
+    "SAVE_PRIOR_WEIGHT",
+    "BudgetConfig",
+    "Decision",
+    "RobustEstimate",
+    "SaveTail",
+    "StopFlag",
+    "TimeBudget",
+    "signal_lead_from_env",
+]
 
 log = logging.getLogger("slurmclock")
+
+# Spread (standard deviation of log-seconds) assumed for save times before many are measured:
+# a save may take ~1.2x its median now and then. Weighted as four saves, so a few steady
+# measurements do not yet claim a steady file system.
+SAVE_PRIOR_SPREAD = 0.2
+SAVE_PRIOR_WEIGHT = 4.0
+EXIT_FACTOR = 1.25  # the exit bound: this times the longest measured exit
+STATE_VERSION = 1
+LEAD_ENV = "PYRECOVER_SIGNAL_LEAD"
 
 
 def _fmt(seconds: float, *, down: bool = False) -> str:
@@ -51,13 +86,14 @@ class Decision:
     Truthy when the answer is *yes*: ``if budget.should_stop():`` stops, ``if budget.can_save():``
     saves. ``stop`` and ``ok`` are the same value under the names that read well for each
     question. ``seconds_left`` is None without a deadline; ``needed`` is what the answer compared
-    it with.
+    it with; ``cause`` says why a stop is wanted: ``"time"`` or ``"signal"`` (None otherwise).
     """
 
     yes: bool
     reason: str
     seconds_left: float | None
     needed: float | None = None
+    cause: str | None = None
 
     def __bool__(self) -> bool:
         return self.yes
@@ -72,7 +108,11 @@ class Decision:
 
 
 class StopFlag(Protocol):
-    """What the budget needs of :class:`slurmclock.StopSignals` (or any other stop flag)."""
+    """What the budget needs of :class:`slurmclock.StopSignals` (or any other stop flag).
+
+    A flag that also has ``arrivals`` (``[(name, epoch time), ...]``, as StopSignals and
+    AnyFlag do) lets the budget read warning signals as information.
+    """
 
     @property
     def requested(self) -> bool: ...
@@ -81,13 +121,40 @@ class StopFlag(Protocol):
     def received(self) -> str | None: ...
 
 
-class RobustEstimate:
-    """A high quantile of recent samples, ignoring the first ``skip`` (warm-up) samples."""
+def _check_samples(what: str, values: Iterable[Any]) -> list[float]:
+    out = []
+    for i, v in enumerate(values):
+        out.append(check_seconds(f"time budget state: {what}[{i}]", v))
+    return out
+
+
+class _Estimate:
+    """An estimate recomputed only after its samples changed (it is asked every step)."""
+
+    _value: float | None = None
+    _stale = False
+
+    @property
+    def value(self) -> float | None:
+        if self._stale:
+            self._stale, self._value = False, self._compute()
+        return self._value
+
+    def _compute(self) -> float | None:
+        raise NotImplementedError
+
+
+class RobustEstimate(_Estimate):
+    """A high quantile of recent samples, ignoring the first ``skip`` (warm-up) samples.
+
+    ``load()`` gives samples from an earlier run: they answer until this run has its own.
+    """
 
     def __init__(self, *, skip: int = 0, window: int = 50, quantile: float = 0.9) -> None:
         self.skip, self.quantile = skip, quantile
         self.count = 0
         self._recent: deque[float] = deque(maxlen=window)
+        self._loaded: deque[float] = deque(maxlen=window)
         self._last_warmup: float | None = None
 
     def add(self, seconds: float) -> None:
@@ -96,74 +163,239 @@ class RobustEstimate:
             self._last_warmup = seconds
         else:
             self._recent.append(seconds)
+        self._stale = True
+
+    def load(self, samples: Iterable[float]) -> None:
+        self._loaded.extend(samples)
+        self._stale = True
 
     @property
-    def value(self) -> float | None:
-        if not self._recent:
+    def samples(self) -> list[float]:
+        """The samples the estimate uses now (this run's, else the loaded ones)."""
+        return list(self._recent or self._loaded)
+
+    def _compute(self) -> float | None:
+        samples = self.samples
+        if not samples:
             return self._last_warmup
-        ordered = sorted(self._recent)
+        ordered = sorted(samples)
         # Nearest-rank quantile: with few samples this is the max, which is what we want.
         return ordered[max(0, math.ceil(self.quantile * len(ordered)) - 1)]
 
     def describe(self, what: str) -> str:
-        if self.count == 0:
-            return f"no {what} measured yet"
-        if not self._recent:
-            return f"warm-up {what} ({self.count} measured)"
         q = "max" if self.quantile >= 1 else f"p{self.quantile * 100:g}"
-        return f"{q} of last {len(self._recent)} {what}s"
+        if self._recent:
+            return f"{q} of last {len(self._recent)} {what}s"
+        if self._loaded:
+            return f"{q} of {len(self._loaded)} {what}s of earlier runs"
+        if self.count:
+            return f"warm-up {what} ({self.count} measured)"
+        return f"no {what} measured yet"
+
+
+def t_quantile(q: float, df: float) -> float:
+    """Student's t quantile (Cornish-Fisher, 3 terms: within 1.5 % for df >= 4 at q <= 0.995)."""
+    z = statistics.NormalDist().inv_cdf(q)
+    g1 = (z**3 + z) / 4
+    g2 = (5 * z**5 + 16 * z**3 + 3 * z) / 96
+    g3 = (3 * z**7 + 19 * z**5 + 17 * z**3 - 15 * z) / 384
+    return z + g1 / df + g2 / df**2 + g3 / df**3
+
+
+class SaveTail(_Estimate):
+    """A tail bound of save times: the ``quantile`` prediction bound of a log-normal.
+
+    Fitted to the last ``window`` samples: the spread of log-seconds is pooled with
+    ``prior_spread`` weighted as ``prior_weight`` samples, and the bound is Student's
+    prediction interval (``t * spread * sqrt(1 + 1/n)``), so few samples give a wide bound and
+    many steady ones a tight one. Save times are right-skewed (a busy file system makes a save 3x
+    slower, never 3x faster), which the log scale captures.
+    """
+
+    def __init__(
+        self,
+        *,
+        window: int = 20,
+        quantile: float = 0.995,
+        prior_spread: float = SAVE_PRIOR_SPREAD,
+        prior_weight: float = SAVE_PRIOR_WEIGHT,
+    ) -> None:
+        if not (_number(quantile) and 0.5 <= quantile < 1):
+            raise ValueError(f"quantile must be in [0.5, 1), e.g. 0.995, got {quantile!r}")
+        if not (_number(prior_spread) and prior_spread >= 0):
+            raise ValueError(f"prior_spread must be a finite number >= 0, got {prior_spread!r}")
+        if not (_number(prior_weight) and prior_weight > 0):
+            raise ValueError(f"prior_weight must be a finite number > 0, got {prior_weight!r}")
+        self.quantile, self.prior_spread, self.prior_weight = quantile, prior_spread, prior_weight
+        self._recent: deque[float] = deque(maxlen=window)
+        self.count = 0
+
+    def add(self, seconds: float) -> None:
+        self.count += 1
+        self._recent.append(seconds)
+        self._stale = True
+
+    def load(self, samples: Iterable[float]) -> None:
+        """Older samples (earlier allocations): they come before this run's in the window."""
+        mine = list(self._recent)
+        self._recent.clear()
+        self._recent.extend([*samples, *mine])
+        self._stale = True
+
+    @property
+    def samples(self) -> list[float]:
+        return list(self._recent)
+
+    def fit(self) -> tuple[float, float] | None:
+        """(median seconds, pooled spread of log-seconds); None without samples."""
+        if not self._recent:
+            return None
+        logs = [math.log(max(x, 1e-3)) for x in self._recent]
+        n = len(logs)
+        ss = statistics.variance(logs) * (n - 1) if n > 1 else 0.0
+        prior = self.prior_weight * self.prior_spread**2
+        return math.exp(statistics.fmean(logs)), math.sqrt(
+            (ss + prior) / (n - 1 + self.prior_weight)
+        )
+
+    def _compute(self) -> float | None:
+        fitted = self.fit()
+        if fitted is None:
+            return None
+        median, spread = fitted
+        n = len(self._recent)
+        t = t_quantile(self.quantile, n - 1 + self.prior_weight)
+        return median * math.exp(t * spread * math.sqrt(1 + 1 / n))
+
+    def describe(self) -> str:
+        fitted = self.fit()
+        if fitted is None:
+            return "no save measured yet"
+        median, spread = fitted
+        return (
+            f"p{self.quantile * 100:g} bound of {len(self._recent)} saves, median "
+            f"{_fmt(median)} s, spread x{math.exp(spread):.2f}"
+        )
+
+
+def signal_lead_from_env(env: Mapping[str, str] | None = None) -> float | None:
+    """``PYRECOVER_SIGNAL_LEAD`` in seconds (``300``, ``5m``); None when unset or malformed
+    (logged: a broken environment must not stop a training run)."""
+    raw = (os.environ if env is None else env).get(LEAD_ENV, "").strip()
+    if not raw:
+        return None
+    try:
+        return parse_duration(raw)
+    except ValueError as e:
+        log.warning("ignoring %s: %s; a warning signal then stops at once", LEAD_ENV, e)
+        return None
 
 
 @dataclass(kw_only=True, slots=True)
 class BudgetConfig:
     """Knobs of :class:`TimeBudget` (see the module docstring for what each one does)."""
 
-    margin: float = 60.0
+    margin: float | None = None
+    initial_step_estimate: float = 0.0
     initial_save_estimate: float = 60.0
+    initial_exit_estimate: float = 10.0
+    slack: float = 5.0
     warmup_steps: int = 2
     step_window: int = 50
     step_quantile: float = 0.9
-    save_window: int = 5
+    save_window: int = 20
+    save_quantile: float = 0.995
+    exit_window: int = 5
+    signal_lead: float | None = None
+    signal_jitter: float = 35.0
+    warning_signals: tuple[str, ...] = ("SIGUSR2",)
 
     def __post_init__(self) -> None:
-        for name in ("margin", "initial_save_estimate"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not (
-                isinstance(value, (int, float)) and math.isfinite(value) and value >= 0
-            ):
-                raise ValueError(f"{name} must be a number of seconds >= 0, got {value!r}")
-        for name in ("warmup_steps", "step_window", "save_window"):
+        for name in (
+            "initial_step_estimate",
+            "initial_save_estimate",
+            "initial_exit_estimate",
+            "slack",
+            "signal_jitter",
+        ):
+            check_seconds(name, getattr(self, name))
+        for name in ("margin", "signal_lead"):
+            if getattr(self, name) is not None:
+                check_seconds(name, getattr(self, name))
+        for name in ("warmup_steps", "step_window", "save_window", "exit_window"):
             value, low = getattr(self, name), 0 if name == "warmup_steps" else 1
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
-        if not (isinstance(self.step_quantile, (int, float)) and 0 < self.step_quantile <= 1):
+        if not _number(self.step_quantile) or not 0 < self.step_quantile <= 1:
             raise ValueError(
                 f"step_quantile must be in (0, 1], e.g. 0.9 for p90, got {self.step_quantile!r}"
             )
+        if not _number(self.save_quantile) or not 0.5 <= self.save_quantile < 1:
+            raise ValueError(
+                f"save_quantile must be in [0.5, 1), e.g. 0.995 (a save overruns its bound once "
+                f"in 200), got {self.save_quantile!r}"
+            )
+        if isinstance(self.warning_signals, str):
+            raise ValueError("warning_signals is a tuple of names, e.g. ('SIGUSR2',)")
+        self.warning_signals = tuple(_signal_name(s) for s in self.warning_signals)
+
+
+def _number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _signal_name(name: str) -> str:
+    text = str(name).strip().upper()
+    return text if text.startswith("SIG") else "SIG" + text
+
+
+@dataclass(frozen=True, slots=True)
+class _Part:
+    name: str
+    seconds: float
+    how: str
+
+    def __str__(self) -> str:
+        return f"{self.name} {_fmt(self.seconds)} s" + (f" ({self.how})" if self.how else "")
 
 
 class TimeBudget:
-    """Decides when to stop so that the final checkpoint is written before the job is killed.
+    """Decides when to stop so that the final checkpoint is durable and the job requeued in time.
 
     ``deadline``: a :class:`DeadlineWatcher` (re-polled at its own bounded rate), a fixed
-    :class:`Deadline`, or None (no deadline: never stops for time). ``signals``: an optional stop
-    flag (e.g. :class:`slurmclock.StopSignals`); once it is raised ``should_stop()`` says yes.
-    ``clock`` gives epoch seconds for "now" (default: the watcher's clock, else ``time.time``);
-    ``timer`` measures durations (default: ``clock`` when given, else ``time.monotonic``).
-    Other keywords are :class:`BudgetConfig` fields.
+    :class:`Deadline`, or None (no deadline: never stops for time, unless a warning signal with
+    a known lead sets one). ``signals``: an optional stop flag (:class:`slurmclock.StopSignals`,
+    :class:`slurmclock.AnyFlag`). ``timeline``: the job's :class:`slurmclock.JobTimeline`; its
+    measured exit times are read at once, and a final save marks it (``save(final=True)``).
+    ``signal_lead``: seconds between SLURM's warning signal and the end; None reads
+    ``PYRECOVER_SIGNAL_LEAD`` from ``env`` (default ``os.environ``). ``clock`` gives epoch seconds
+    for "now" (default: the watcher's clock, else ``time.time``); ``timer`` measures durations
+    (default: ``clock`` when given, else ``time.monotonic``). The other keywords are
+    :class:`BudgetConfig` fields; every number is checked (finite, >= 0) with a one-line
+    ValueError.
     """
 
     def __init__(
         self,
         deadline: DeadlineWatcher | Deadline | None = None,
         *,
-        margin: float = 60.0,
+        margin: float | None = None,
+        initial_step_estimate: float = 0.0,
         initial_save_estimate: float = 60.0,
+        initial_exit_estimate: float = 10.0,
+        slack: float = 5.0,
         warmup_steps: int = 2,
         step_window: int = 50,
         step_quantile: float = 0.9,
-        save_window: int = 5,
+        save_window: int = 20,
+        save_quantile: float = 0.995,
+        exit_window: int = 5,
+        signal_lead: float | None = None,
+        signal_jitter: float = 35.0,
+        warning_signals: tuple[str, ...] = ("SIGUSR2",),
         signals: StopFlag | None = None,
+        timeline: JobTimeline | None = None,
+        env: Mapping[str, str] | None = None,
         clock: Callable[[], float] | None = None,
         timer: Callable[[], float] | None = None,
     ) -> None:
@@ -173,20 +405,35 @@ class TimeBudget:
             )
         self.config = BudgetConfig(
             margin=margin,
+            initial_step_estimate=initial_step_estimate,
             initial_save_estimate=initial_save_estimate,
+            initial_exit_estimate=initial_exit_estimate,
+            slack=slack,
             warmup_steps=warmup_steps,
             step_window=step_window,
             step_quantile=step_quantile,
             save_window=save_window,
+            save_quantile=save_quantile,
+            exit_window=exit_window,
+            signal_lead=signal_lead_from_env(env) if signal_lead is None else signal_lead,
+            signal_jitter=signal_jitter,
+            warning_signals=warning_signals,
         )
         self._deadline = deadline
         self.signals = signals
+        self.timeline = timeline
         if clock is None:
             clock = deadline.clock if isinstance(deadline, DeadlineWatcher) else time.time
         self._clock = clock
         self._timer = timer or (clock if clock is not time.time else time.monotonic)
         self._steps = RobustEstimate(skip=warmup_steps, window=step_window, quantile=step_quantile)
-        self._saves = RobustEstimate(skip=0, window=save_window, quantile=1.0)
+        self._saves = SaveTail(window=save_window, quantile=save_quantile)
+        self._exits: dict[tuple[str, int], float] = {}
+        self._warnings_seen = 0
+        self._said: set[str] = set()
+        self._parts_cache: dict[bool, tuple[float, str]] = {}  # with_step -> (needed, said)
+        if timeline is not None:
+            self.load_timeline(timeline)
 
     # -- measuring --------------------------------------------------------------------------
 
@@ -198,26 +445,52 @@ class TimeBudget:
         self.record_step(self._timer() - start)
 
     @contextlib.contextmanager
-    def save(self) -> Iterator[None]:
-        """Time the body as one checkpoint save, until durable (not recorded if it raises)."""
+    def save(self, *, final: bool = False) -> Iterator[None]:
+        """Time the body as one checkpoint save, until durable (not recorded if it raises).
+
+        ``final=True``: the last save of this run; the timeline is marked ``saved`` at its end,
+        so the exit that follows is measured (by ``slurmclock mark``/``requeue`` in the script).
+        """
         start = self._timer()
         yield
-        self.record_save(self._timer() - start)
+        self.record_save(self._timer() - start, final=final)
 
     def record_step(self, seconds: float) -> None:
         """Add a measured step duration."""
         if self._valid("step", seconds):
             self._steps.add(float(seconds))
 
-    def record_save(self, seconds: float) -> None:
-        """Add a measured save duration (until the checkpoint is durable)."""
+    def record_save(self, seconds: float, *, final: bool = False) -> None:
+        """Add a measured save duration (until the checkpoint is durable); see :meth:`save`."""
         if self._valid("save", seconds):
             self._saves.add(float(seconds))
+            self._parts_cache.clear()
+        if final and self.timeline is not None:
+            self.timeline.mark("saved", seconds=round(float(seconds), 3))
 
-    @staticmethod
-    def _valid(what: str, seconds: float) -> bool:
+    def record_exit(self, seconds: float, *, job: str = "?", restart: int = -1) -> None:
+        """Add what one earlier run needed after its final save (exit, teardown, requeue).
+
+        :meth:`load_timeline` does this from the job's timeline; call it yourself when you
+        measure the exit some other way. ``(job, restart)`` identifies the run: once is enough.
+        """
+        if self._valid("exit", seconds):
+            self._exits.pop((job, restart), None)
+            self._exits[(job, restart)] = float(seconds)
+            while len(self._exits) > self.config.exit_window:
+                del self._exits[next(iter(self._exits))]
+            self._parts_cache.clear()
+
+    def load_timeline(self, timeline: JobTimeline) -> int:
+        """Read the exit times of this job's earlier allocations; returns how many it found."""
+        samples: list[ExitSample] = timeline.exit_samples()
+        for s in samples:
+            self.record_exit(s.seconds, job=s.job, restart=s.restart)
+        return len(samples)
+
+    def _valid(self, what: str, seconds: float) -> bool:
         # A bad measurement (clock jumped back) is dropped, not raised: training goes on.
-        if isinstance(seconds, (int, float)) and math.isfinite(seconds) and seconds >= 0:
+        if _number(seconds) and seconds >= 0:
             return True
         log.warning("ignoring %s duration %r: not a finite number of seconds >= 0", what, seconds)
         return False
@@ -237,86 +510,182 @@ class TimeBudget:
 
     @property
     def save_estimate(self) -> float | None:
-        """Estimate of a save's duration from measured saves; None before the first one."""
+        """Tail bound of a save's duration from measured saves; None before the first one."""
         return self._saves.value
 
-    # -- deciding ---------------------------------------------------------------------------
+    @property
+    def exit_estimate(self) -> float | None:
+        """Bound of what the job needs after its final save; None before one was measured."""
+        if not self._exits:
+            return None
+        return EXIT_FACTOR * max(self._exits.values())
 
-    def deadline(self) -> Deadline | None:
-        """The current deadline (the watcher re-polls SLURM at its own bounded rate)."""
+    # -- the deadline and signals -----------------------------------------------------------
+
+    def _source_deadline(self) -> Deadline | None:
         if isinstance(self._deadline, DeadlineWatcher):
             return self._deadline.get()
         return self._deadline
+
+    def _arrivals(self) -> list[tuple[str, float]]:
+        flag = self.signals
+        if flag is None or not flag.requested:
+            return []
+        got = getattr(flag, "arrivals", None)
+        if got is None:  # a combination of flags that has no arrivals itself: look inside
+            inner = [getattr(f, "arrivals", None) for f in getattr(flag, "flags", ())]
+            known = [a for a in inner if a is not None]
+            if inner and len(known) == len(inner):
+                got = sorted((x for arrivals in known for x in arrivals), key=lambda x: x[1])
+        if got is not None:
+            return list(got)
+        at = getattr(flag, "received_at", None)
+        return [(flag.received or "request", self._clock() if at is None else at)]
+
+    def _is_warning(self, name: str) -> bool:
+        lead = self.config.signal_lead
+        return lead is not None and _signal_name(name) in self.config.warning_signals
+
+    def _warning(self, arrivals: list[tuple[str, float]]) -> tuple[str, float] | None:
+        """The earliest warning signal (name, epoch time) among the arrivals, if any."""
+        warnings = [a for a in arrivals if self._is_warning(a[0])]
+        if len(warnings) > self._warnings_seen:
+            # News from SLURM: the time limit may have changed since the last poll.
+            self._warnings_seen = len(warnings)
+            if isinstance(self._deadline, DeadlineWatcher):
+                self._deadline.refresh()
+        return min(warnings, key=lambda a: a[1]) if warnings else None
+
+    def deadline(self) -> Deadline | None:
+        """The deadline the budget works with: SLURM's (or the override), bounded by a warning.
+
+        A warning signal with a known lead says the end is at ``receipt + lead`` (SLURM sends
+        it up to 30 s early, so a known deadline up to ``signal_jitter`` later still agrees).
+        """
+        known = self._source_deadline()
+        warning = self._warning(self._arrivals())
+        if warning is None:
+            return known
+        name, at = warning
+        lead = self.config.signal_lead or 0.0
+        bound = at + lead
+        job = None if known is None else known.job_id
+        if known is not None and known.end is not None:
+            if known.end <= bound + self.config.signal_jitter:
+                return known
+            self._say(
+                "disagree",
+                f"{name} came {known.end - at:.0f} s before the deadline {known}, but the signal "
+                f"lead is {lead:g} s: using the earlier end; if you submitted with another "
+                f"--signal=...@LEAD, export {LEAD_ENV}=LEAD",
+            )
+        return Deadline(bound, "signal", job)
 
     def seconds_left(self) -> float | None:
         """Seconds until the deadline; None without one."""
         d = self.deadline()
         return None if d is None else d.seconds_left(self._clock())
 
-    def _save_needed(self) -> tuple[float, str]:
-        measured = self._saves.value
-        if measured is None:
-            return self.config.initial_save_estimate, "initial guess, no save measured yet"
-        return measured, self._saves.describe("save")
+    def _say(self, key: str, message: str) -> None:
+        if key not in self._said:
+            self._said.add(key)
+            log.warning("%s", message)
+
+    # -- deciding ---------------------------------------------------------------------------
+
+    def _save_part(self, name: str) -> _Part:
+        value = self._saves.value
+        if value is None:
+            return _Part(
+                name, self.config.initial_save_estimate, "initial guess, no save measured yet"
+            )
+        return _Part(name, value, self._saves.describe())
+
+    def _step_part(self) -> _Part:
+        step = self._steps.value
+        if step is None:
+            how = "initial guess" if self.config.initial_step_estimate else "no step measured yet"
+            return _Part("next step", self.config.initial_step_estimate, how)
+        return _Part("next step", step, self._steps.describe("step"))
+
+    def _end_parts(self, save_name: str) -> list[_Part]:
+        cfg = self.config
+        parts = [self._save_part(save_name)]
+        if cfg.margin is not None:
+            parts.append(_Part("margin", cfg.margin, ""))
+            return parts
+        exit_bound = self.exit_estimate
+        if exit_bound is None:
+            parts.append(_Part("exit", cfg.initial_exit_estimate, "initial guess, none measured"))
+        else:
+            n = len(self._exits)
+            parts.append(_Part("exit", exit_bound, f"{EXIT_FACTOR:g} x max of {n} measured"))
+        parts.append(_Part("slack", cfg.slack, ""))
+        return parts
+
+    def _needed(self, *, with_step: bool) -> tuple[float, str]:
+        """(seconds needed, the parts said). The save/exit part is cached until a save or exit
+        is measured: should_stop() runs every step and must cost microseconds."""
+        cached = self._parts_cache.get(with_step)
+        if cached is None:
+            parts = self._end_parts("final save" if with_step else "save")
+            cached = (sum(p.seconds for p in parts), " + ".join(map(str, parts)))
+            self._parts_cache[with_step] = cached
+        if not with_step:
+            return cached
+        step = self._step_part()
+        return step.seconds + cached[0], f"{step} + {cached[1]}"
 
     def needed_to_stop(self) -> float:
-        """Seconds the next step, a final save and the margin need together."""
-        return (self._steps.value or 0.0) + self._save_needed()[0] + self.config.margin
+        """Seconds the next step, a final save, the exit and the slack need together."""
+        return self._needed(with_step=True)[0]
 
     def should_stop(self) -> Decision:
-        """Stop now? Yes when a stop signal arrived or time left < next step + save + margin."""
-        left = self.seconds_left()
-        step = self._steps.value or 0.0
-        save, save_how = self._save_needed()
-        needed = step + save + self.config.margin
-        parts = (
-            f"next step {_fmt(step)} s ({self._steps.describe('step')}) + final save "
-            f"{_fmt(save)} s ({save_how}) + margin {_fmt(self.config.margin)} s"
-        )
-        if self.signals is not None and self.signals.requested:
+        """Stop now? Yes on a stop signal, or when time left < step + save + exit + slack."""
+        arrivals = self._arrivals()
+        needed, said = self._needed(with_step=True)
+        d = self.deadline()
+        left = None if d is None else d.seconds_left(self._clock())
+        stop_signal = next((n for n, _ in arrivals if not self._is_warning(n)), None)
+        if stop_signal is not None:
             when = "" if left is None else f"; {_fmt(left, down=True)} s left"
-            return Decision(True, f"stop: received {self.signals.received}{when}", left, needed)
-        if left is None:
-            return Decision(False, f"continue: {self._no_deadline()}", None, needed)
+            return Decision(True, f"stop: received {stop_signal}{when}", left, needed, "signal")
+        if d is None or left is None:
+            return Decision(False, f"continue: {self._no_deadline(d)}", None, needed)
+        src = self._signal_source(d)
         if left < needed:
-            return Decision(
-                True,
-                f"stop: {_fmt(left, down=True)} s left < {_fmt(needed)} s needed = {parts}",
-                left,
-                needed,
-            )
-        return Decision(
-            False,
-            f"continue: {_fmt(left, down=True)} s left >= {_fmt(needed)} s needed = {parts}",
-            left,
-            needed,
+            reason = f"stop: {_fmt(left, down=True)} s left{src} < {_fmt(needed)} s needed = {said}"
+            return Decision(True, reason, left, needed, "time")
+        reason = (
+            f"continue: {_fmt(left, down=True)} s left{src} >= {_fmt(needed)} s needed = {said}"
         )
+        return Decision(False, reason, left, needed)
 
     def can_save(self) -> Decision:
-        """Can a save started now finish (plus the margin) before the deadline?"""
-        left = self.seconds_left()
-        save, save_how = self._save_needed()
-        needed = save + self.config.margin
-        parts = f"save {_fmt(save)} s ({save_how}) + margin {_fmt(self.config.margin)} s"
-        if left is None:
-            return Decision(True, f"save fits: {self._no_deadline()}", None, needed)
-        if left < needed:
-            return Decision(
-                False,
-                f"no time to save: {_fmt(left, down=True)} s left < {_fmt(needed)} s = {parts}",
-                left,
-                needed,
-            )
-        return Decision(
-            True,
-            f"save fits: {_fmt(left, down=True)} s left >= {_fmt(needed)} s = {parts}",
-            left,
-            needed,
-        )
-
-    def _no_deadline(self) -> str:
+        """Can a save started now finish, with the exit after it, before the deadline?"""
+        needed, said = self._needed(with_step=False)
         d = self.deadline()
+        left = None if d is None else d.seconds_left(self._clock())
+        if left is None:
+            return Decision(True, f"save fits: {self._no_deadline(d)}", None, needed)
+        if left < needed:
+            reason = f"no time to save: {_fmt(left, down=True)} s left < {_fmt(needed)} s = {said}"
+            return Decision(False, reason, left, needed)
+        reason = f"save fits: {_fmt(left, down=True)} s left >= {_fmt(needed)} s = {said}"
+        return Decision(True, reason, left, needed)
+
+    def _signal_source(self, d: Deadline) -> str:
+        if d.source != "signal":
+            return ""
+        warning = self._warning(self._arrivals())
+        name = warning[0] if warning else "warning"
+        return f" (deadline: {name} + lead {_fmt(self.config.signal_lead or 0.0)} s)"
+
+    @staticmethod
+    def _no_deadline(d: Deadline | None) -> str:
         return f"no deadline ({'not given' if d is None else d}), never stops for time"
+
+    # -- reporting and remembering ----------------------------------------------------------
 
     def snapshot(self) -> dict[str, Any]:
         """Everything the budget knows, JSON-ready, for logs."""
@@ -324,12 +693,75 @@ class TimeBudget:
         return {
             "deadline": None if d is None else d.iso(),
             "deadline_source": None if d is None else d.source,
-            "seconds_left": self.seconds_left(),
+            "seconds_left": None if d is None else d.seconds_left(self._clock()),
             "step_estimate": self.step_estimate,
             "save_estimate": self.save_estimate,
+            "exit_estimate": self.exit_estimate,
             "steps_measured": self.steps_measured,
             "saves_measured": self.saves_measured,
+            "exits_measured": len(self._exits),
             "margin": self.config.margin,
+            "slack": self.config.slack,
+            "signal_lead": self.config.signal_lead,
             "needed_to_stop": self.needed_to_stop(),
             "stop_signal": None if self.signals is None else self.signals.received,
         }
+
+    def state_dict(self) -> dict[str, Any]:
+        """The measured figures, JSON-ready: store it in the checkpoint's metadata and give it to
+        :meth:`load_state_dict` in the next allocation, which then starts from measured numbers."""
+        return {
+            "version": STATE_VERSION,
+            "steps": self._steps.samples,
+            "saves": self._saves.samples,
+            "exits": [
+                {"job": job, "restart": restart, "seconds": seconds}
+                for (job, restart), seconds in self._exits.items()
+            ],
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Start from the figures of :meth:`state_dict` (an empty mapping changes nothing).
+
+        Loaded steps stand in until this run measured its own; loaded saves and exits join this
+        run's. A malformed state raises one ValueError naming the entry (nothing is loaded).
+        """
+        if not isinstance(state, Mapping):
+            raise ValueError(f"time budget state must be a mapping (state_dict()), got {state!r}")
+        if not state:
+            return
+        version = state.get("version")
+        if not isinstance(version, int) or isinstance(version, bool) or version > STATE_VERSION:
+            raise ValueError(
+                f"time budget state version {version!r} is not one this slurmclock reads "
+                f"(<= {STATE_VERSION}): upgrade slurmclock, or drop the state to start afresh"
+            )
+        steps = _check_samples("steps", _list(state, "steps"))
+        saves = _check_samples("saves", _list(state, "saves"))
+        exits = [_exit_entry(i, e) for i, e in enumerate(_list(state, "exits"))]
+        self._steps.load(steps)
+        self._saves.load(saves)
+        self._parts_cache.clear()
+        mine = dict(self._exits)
+        self._exits.clear()
+        for job, restart, seconds in exits:
+            self.record_exit(seconds, job=job, restart=restart)
+        for (job, restart), seconds in mine.items():
+            self.record_exit(seconds, job=job, restart=restart)
+
+
+def _list(state: Mapping[str, Any], key: str) -> list[Any]:
+    value = state.get(key, [])
+    if not isinstance(value, list):
+        raise ValueError(f"time budget state: {key} must be a list, got {type(value).__name__}")
+    return value
+
+
+def _exit_entry(i: int, entry: Any) -> tuple[str, int, float]:
+    where = f"time budget state: exits[{i}]"
+    if not isinstance(entry, Mapping) or not {"job", "restart", "seconds"} <= set(entry):
+        raise ValueError(f"{where} must be {{'job': ..., 'restart': ..., 'seconds': ...}}")
+    restart = entry["restart"]
+    if isinstance(restart, bool) or not isinstance(restart, int):
+        raise ValueError(f"{where}.restart must be an integer, got {restart!r}")
+    return str(entry["job"]), restart, check_seconds(f"{where}.seconds", entry["seconds"])

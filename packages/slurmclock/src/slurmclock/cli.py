@@ -4,9 +4,17 @@
     slurmclock seconds-left         an integer, for `$(...)`; exit 1 without a deadline
     slurmclock end-time [--epoch]   the deadline (ISO-8601 or epoch); exit 1 without one
     slurmclock requeue              scontrol requeue $SLURM_JOB_ID; exit 0 only when requeued
-                                    (SIGTERM is ignored meanwhile: SLURM sends it at once)
+                                    (SIGTERM is ignored meanwhile: SLURM sends it at once);
+                                    marks `requeued` in the job's timeline
+    slurmclock mark EVENT [K=V ...] append EVENT (start, signal, saved, exited, requeued) with
+                                    the time to the job's timeline; exit 1 when not written
+    slurmclock timeline [--json]    the job's timeline and what each run needed after its
+                                    final save (exit, requeue)
+    slurmclock stop JOBID           ask a running job to save and stop now (SIGTERM to its
+                                    batch shell, which forwards it; the trainer saves and exits)
 
-Exit codes: 0 success, 1 the answer is "no" (no deadline, not requeued), 2 usage error.
+Exit codes: 0 success, 1 the answer is "no" (no deadline, not requeued, not written), 2 usage
+error (bad arguments or a malformed PYRECOVER_END_TIME / SLURM_JOB_END_TIME).
 """
 
 from __future__ import annotations
@@ -24,10 +32,12 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from slurmclock import __version__
-from slurmclock.commands import Runner
-from slurmclock.deadline import DeadlineWatcher
+from slurmclock.commands import CommandError, Runner, default_runner
+from slurmclock.deadline import DeadlineWatcher, parse_time
+from slurmclock.durations import check_seconds
 from slurmclock.job import array_task, job_id, restart_count
 from slurmclock.requeue import requeue
+from slurmclock.timeline import EVENTS, JobTimeline
 
 __all__ = ["main", "status"]
 
@@ -94,6 +104,21 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--epoch", action="store_true", help="epoch seconds instead of ISO-8601")
     sub.add_parser("requeue", parents=[common], help="scontrol requeue the job; 0 when requeued")
+    p = sub.add_parser(
+        "mark", parents=[common], help="append an event with the time to the job's timeline"
+    )
+    p.add_argument("event", choices=EVENTS)
+    p.add_argument("info", nargs="*", metavar="KEY=VALUE", help="details to record (rc=75)")
+    p = sub.add_parser(
+        "timeline", parents=[common], help="the job's timeline and its measured exit times"
+    )
+    p.add_argument("--json", action="store_true", help="one JSON object (for jq)")
+    p = sub.add_parser(
+        "stop",
+        parents=[common],
+        help="ask a running job to save and stop now (scancel --batch --signal=TERM JOBID)",
+    )
+    p.add_argument("stop_job", metavar="JOBID", help="the job to stop")
     return parser
 
 
@@ -117,16 +142,15 @@ def main(
 
 
 def _run(args: argparse.Namespace, env: Mapping[str, str] | None, runner: Runner | None) -> int:
+    problem = _bad_input(args, os.environ if env is None else env)
+    if problem:
+        print(f"slurmclock: error: {problem}", file=sys.stderr)
+        return 2
     if args.job_id:
         env = {**(os.environ if env is None else env), "SLURM_JOB_ID": args.job_id}
-    if args.command == "requeue":
-        # An accepted requeue makes SLURM send SIGTERM to every process of this run at once:
-        # ignored here (and so in scontrol, which inherits it), the answer is still printed and
-        # the exit status is still 0 -- SIGKILL comes only KillWait seconds later.
-        with _sigterm_ignored():
-            result = requeue(env=env, runner=runner, timeout=args.timeout)
-            print(result.message, file=sys.stdout if result.ok else sys.stderr, flush=True)
-        return 0 if result.ok else 1
+    command = _COMMANDS.get(args.command)
+    if command is not None:
+        return command(args, env, runner)
     try:
         info = status(
             end_time=args.end_time,
@@ -150,6 +174,112 @@ def _run(args: argparse.Namespace, env: Mapping[str, str] | None, runner: Runner
     else:
         print(math.floor(info["end_time"]) if args.epoch else info["deadline"])
     return 0
+
+
+def _bad_input(args: argparse.Namespace, env: Mapping[str, str]) -> str | None:
+    """One line naming what is wrong and how to fix it, or None."""
+    try:
+        check_seconds("--timeout", args.timeout, positive=True)
+    except ValueError as e:
+        return str(e)
+    if args.command not in ("status", "seconds-left", "end-time"):
+        return None
+    # Training skips a malformed variable with a warning; here the user asked about it.
+    for name in ("PYRECOVER_END_TIME", "SLURM_JOB_END_TIME"):
+        raw = env.get(name, "").strip()
+        if raw:
+            try:
+                parse_time(raw)
+            except ValueError as e:
+                return f"{name}: {e}; unset it or give epoch seconds / ISO-8601"
+    return None
+
+
+def _requeue(args: argparse.Namespace, env: Mapping[str, str] | None, runner: Runner | None) -> int:
+    # An accepted requeue makes SLURM send SIGTERM to every process of this run at once:
+    # ignored here (and so in scontrol, which inherits it), the answer is still printed and
+    # the exit status is still 0 -- SIGKILL comes only KillWait seconds later.
+    with _sigterm_ignored():
+        timeline = JobTimeline(env=env)
+        result = requeue(env=env, runner=runner, timeout=args.timeout, timeline=timeline)
+        print(result.message, file=sys.stdout if result.ok else sys.stderr, flush=True)
+    return 0 if result.ok else 1
+
+
+def _mark(args: argparse.Namespace, env: Mapping[str, str] | None, runner: Runner | None) -> int:
+    info: dict[str, Any] = {}
+    for item in args.info:
+        key, sep, value = item.partition("=")
+        if not sep or not key.isidentifier() or key in ("event", "time", "restart"):
+            print(f"slurmclock: error: {item!r} is not KEY=VALUE (e.g. rc=75)", file=sys.stderr)
+            return 2
+        info[key] = int(value) if value.lstrip("-").isdigit() else value
+    timeline = JobTimeline(env=env)
+    if timeline.path is None:
+        print("slurmclock: not marked: not in a SLURM job (SLURM_JOB_ID is unset)", file=sys.stderr)
+        return 1
+    return 0 if timeline.mark(args.event, **info) else 1
+
+
+def _timeline(
+    args: argparse.Namespace, env: Mapping[str, str] | None, runner: Runner | None
+) -> int:
+    timeline = JobTimeline(env=env)
+    if timeline.path is None:
+        print("slurmclock: no timeline: not in a SLURM job; pass --job-id", file=sys.stderr)
+        return 1
+    events = timeline.events()
+    exits = timeline.exit_samples()
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "job_id": timeline.job_id,
+                    "path": str(timeline.path),
+                    "events": [
+                        {"event": e.name, "time": e.time, "restart": e.restart, **e.info}
+                        for e in events
+                    ],
+                    "exits": [
+                        {"restart": x.restart, "seconds": x.seconds, "exit_s": x.exit_s}
+                        for x in exits
+                    ],
+                }
+            )
+        )
+        return 0
+    print(f"timeline of job {timeline.job_id}: {timeline.path}")
+    if not events:
+        print("  (no events yet)")
+    for e in events:
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(e.time))
+        extra = " ".join(f"{k}={v}" for k, v in e.info.items() if k not in ("host", "pid"))
+        print(f"  {when}  run {e.restart}  {e.name:<9} {extra}".rstrip())
+    for x in exits:
+        part = "" if x.exit_s is None else f" (exit {x.exit_s:.2f} s)"
+        print(f"  run {x.restart}: {x.seconds:.2f} s from the final save to the end{part}")
+    return 0
+
+
+def _stop(args: argparse.Namespace, env: Mapping[str, str] | None, runner: Runner | None) -> int:
+    job = args.stop_job.strip()
+    if not job.replace("_", "").isdigit():
+        print(f"slurmclock: error: {job!r} is not a job id (e.g. 1234 or 1234_7)", file=sys.stderr)
+        return 2
+    run = default_runner if runner is None else runner
+    try:
+        run(["scancel", "--batch", "--signal=TERM", job], args.timeout)
+    except CommandError as e:
+        print(f"slurmclock: not stopped: {e}", file=sys.stderr)
+        return 1
+    print(
+        f"asked job {job} to save and stop: SIGTERM sent to its batch shell, which forwards it "
+        "to the training step (the trainer saves, exits, and the job is not requeued)"
+    )
+    return 0
+
+
+_COMMANDS = {"requeue": _requeue, "mark": _mark, "timeline": _timeline, "stop": _stop}
 
 
 @contextlib.contextmanager

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 
 from slurmclock.commands import CommandError, Runner, default_runner
+from slurmclock.durations import check_seconds, parse_duration
 from slurmclock.job import job_id as _job_id
 
 __all__ = [
@@ -60,6 +61,8 @@ _NO_TIME = {"", "unknown", "none", "n/a", "unlimited", "infinite", "invalid", "(
 _UNLIMITED = {"unlimited", "infinite"}
 # SLURM 22.05 gives a job without a limit TimeLimit=365-00:00:00 and EndTime one year out.
 NO_LIMIT_SECONDS = 365 * 86400
+# 9999-12-31: beyond it datetime (and so ISO-8601) has no way to write a time.
+_LAST_TIME = 253402214400.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,9 +83,11 @@ class Deadline:
         """``end`` as local-time ISO-8601 with UTC offset, e.g. ``2026-11-22T10:41:07+01:00``."""
         if self.end is None:
             return None
-        return (
-            datetime.fromtimestamp(self.end, tz=timezone.utc).astimezone().isoformat("T", "seconds")
-        )
+        try:
+            when = datetime.fromtimestamp(self.end, tz=timezone.utc).astimezone()
+        except (OverflowError, ValueError, OSError):  # built by hand beyond what parse_time takes
+            return f"@{self.end:.0f}"
+        return when.isoformat("T", "seconds")
 
     def __str__(self) -> str:
         job = f" (job {self.job_id})" if self.job_id else ""
@@ -114,46 +119,11 @@ def parse_time(value: str | float) -> float:
                     f"{value!r} is neither epoch seconds nor ISO-8601 "
                     "(e.g. 1767225600 or 2026-01-01T00:00:00+01:00)"
                 ) from None
-    if not math.isfinite(seconds) or seconds <= 0:
-        raise ValueError(f"{value!r} is not a valid time (must be a positive epoch second count)")
+    if not math.isfinite(seconds) or not 0 < seconds < _LAST_TIME:
+        raise ValueError(
+            f"{value!r} is not a valid time: epoch seconds must be > 0 and before the year 10000"
+        )
     return seconds
-
-
-_DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-
-
-def parse_duration(value: str | float) -> float:
-    """Seconds from a number of seconds, ``"90s"``/``"15m"``/``"2h"``/``"1d"``, or SLURM's
-    ``[D-]HH:MM:SS``, ``MM:SS``, ``D-HH[:MM]``. A bare number is seconds (unlike ``sbatch
-    --time``, where it is minutes)."""
-    if isinstance(value, bool):
-        raise ValueError(f"{value!r} is not a duration")
-    if isinstance(value, (int, float)):
-        seconds = float(value)
-    else:
-        seconds = _parse_duration_text(value.strip())
-    if not math.isfinite(seconds) or seconds < 0:
-        raise ValueError(f"duration {value!r} must be a finite number of seconds >= 0")
-    return seconds
-
-
-def _parse_duration_text(text: str) -> float:
-    bad = ValueError(
-        f"cannot read duration {text!r}: give seconds (5400), a unit (90m, 1.5h) "
-        "or SLURM's [D-]HH:MM:SS"
-    )
-    m = re.fullmatch(r"(\d+(?:\.\d*)?)\s*([smhd]?)", text, flags=re.IGNORECASE)
-    if m:
-        return float(m.group(1)) * _DURATION_UNITS.get(m.group(2).lower(), 1)
-    m = re.fullmatch(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?", text)
-    if not m or (m.group(1) is None and m.group(3) is None):
-        raise bad
-    days, a, b, c = (int(g) if g is not None else None for g in m.groups())
-    if days is not None:  # D-HH, D-HH:MM, D-HH:MM:SS
-        return days * 86400 + (a or 0) * 3600 + (b or 0) * 60 + (c or 0)
-    if c is not None:  # HH:MM:SS
-        return (a or 0) * 3600 + (b or 0) * 60 + c
-    return (a or 0) * 60 + (b or 0)  # MM:SS
 
 
 def _parse_limit(text: str) -> float | None:
@@ -210,18 +180,16 @@ class DeadlineWatcher:
         command_timeout: float = 10.0,
         skew_tolerance: float = 300.0,
     ) -> None:
-        if not (poll_interval >= 1.0 and math.isfinite(poll_interval)):
+        if not check_seconds("poll_interval", poll_interval) >= 1.0:
             raise ValueError(
                 f"poll_interval must be >= 1 s (the SLURM controller is shared; polling it every "
                 f"step loads it), got {poll_interval!r}"
             )
-        if not command_timeout > 0:
-            raise ValueError(f"command_timeout must be > 0 s, got {command_timeout!r}")
-        if not skew_tolerance >= 0:
-            raise ValueError(f"skew_tolerance must be >= 0 s, got {skew_tolerance!r}")
         self.poll_interval = float(poll_interval)
-        self.command_timeout = float(command_timeout)
-        self.skew_tolerance = float(skew_tolerance)
+        self.command_timeout = check_seconds("command_timeout", command_timeout, positive=True)
+        self.skew_tolerance = check_seconds("skew_tolerance", skew_tolerance)
+        if started_at is not None:
+            check_seconds("started_at", started_at)
         self._env: Mapping[str, str] = os.environ if env is None else env
         self._runner = default_runner if runner is None else runner
         self._clock = time.time if clock is None else clock

@@ -6,10 +6,15 @@ import logging
 import signal
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from slurmclock.commands import CommandError, Runner, default_runner
+from slurmclock.durations import check_seconds
 from slurmclock.job import job_id as _job_id
 from slurmclock.job import restart_count
+
+if TYPE_CHECKING:
+    from slurmclock.timeline import JobTimeline
 
 __all__ = ["RequeueResult", "requeue"]
 
@@ -34,8 +39,10 @@ def requeue(
     env: Mapping[str, str] | None = None,
     runner: Runner | None = None,
     timeout: float = 30.0,
+    timeline: JobTimeline | None = None,
 ) -> RequeueResult:
-    """Run ``scontrol requeue JOB`` (JOB defaults to ``$SLURM_JOB_ID``); never raises.
+    """Run ``scontrol requeue JOB`` (JOB defaults to ``$SLURM_JOB_ID``); never raises (but for
+    a ``timeout`` that is not a finite number of seconds > 0: ValueError).
 
     Call it last, after the final checkpoint is durable: SLURM ends the running job soon after
     (SIGTERM to every process of the job, SIGKILL ``KillWait`` seconds later) and starts it again
@@ -43,16 +50,21 @@ def requeue(
     keep :class:`~slurmclock.StopSignals` installed (or SIGTERM ignored) across the call so it
     only raises the flag, then log the message and exit. (``slurmclock requeue`` ignores SIGTERM
     itself.) If scontrol is killed by that signal, the result says the requeue is unconfirmed.
+    With a ``timeline``, an accepted (or unconfirmed) requeue is marked ``requeued`` there, so the
+    next allocation knows how long the end of this one took.
     """
+    timeout = check_seconds("timeout", timeout, positive=True)
     job = job_id or _job_id(env)
     if not job:
         return RequeueResult(
             False, "not requeued: not in a SLURM job (SLURM_JOB_ID is unset); pass the job id"
         )
     run = default_runner if runner is None else runner
+    killed = False  # scontrol killed by a signal: most likely SLURM accepted and is ending us
     try:
         run(["scontrol", "requeue", job], timeout)
     except CommandError as e:
+        killed = e.kind == "failed" and e.returncode is not None and e.returncode < 0
         result = RequeueResult(False, _explain(job, e), job)
     except Exception as e:  # a custom runner's bug must not crash the end of a run
         result = RequeueResult(False, f"not requeued: job {job}: {type(e).__name__}: {e}", job)
@@ -63,6 +75,8 @@ def requeue(
             True, f"requeued job {job}{then}; SLURM now ends this run and starts it again", job
         )
     log.info("%s", result.message)  # the caller decides how loud a failure is
+    if timeline is not None and (result.ok or killed):
+        timeline.mark("requeued", confirmed=result.ok)
     return result
 
 

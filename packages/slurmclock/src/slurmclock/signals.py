@@ -11,11 +11,13 @@ import logging
 import signal
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from types import FrameType, TracebackType
 from typing import Any
 
-__all__ = ["StopSignals", "signal_number"]
+from slurmclock.durations import check_seconds
+
+__all__ = ["AnyFlag", "StopSignals", "signal_number"]
 
 log = logging.getLogger("slurmclock")
 
@@ -52,7 +54,10 @@ class StopSignals:
     kill the process or abort the step, the very thing this class prevents.
 
     ``received`` is the name of the first signal (``"SIGUSR2"``), ``received_at`` its epoch time,
-    ``count`` how many arrived. Install from the main thread (Python delivers signals there).
+    ``count`` how many arrived, ``arrivals`` every one as ``(name, epoch time)`` (a
+    :class:`~slurmclock.TimeBudget` reads a warning signal there as information, not an order).
+    Install from the main thread (Python delivers signals there). ``clock`` stamps the arrivals
+    (epoch seconds; injectable for simulations and tests).
     """
 
     def __init__(
@@ -60,6 +65,7 @@ class StopSignals:
         signals: Iterable[str | int | signal.Signals] = ("USR2", "TERM"),
         *,
         chain: bool = True,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self.signals = tuple(dict.fromkeys(signal_number(s) for s in signals))
         if not self.signals:
@@ -68,9 +74,11 @@ class StopSignals:
             if sig in (signal.SIGKILL, signal.SIGSTOP):
                 raise ValueError(f"{sig.name} cannot be caught; pick e.g. USR2 or TERM")
         self.chain = chain
+        self._clock = clock
         self.received: str | None = None
         self.received_at: float | None = None
         self.count = 0
+        self.arrivals: list[tuple[str, float]] = []
         self._previous: dict[signal.Signals, _Handler] = {}
 
     @property
@@ -84,14 +92,17 @@ class StopSignals:
 
     def request(self, reason: str = "manual") -> None:
         """Raise the flag without a signal (e.g. another rank asked to stop)."""
+        now = self._clock()
         if self.received is None:
-            self.received, self.received_at = reason, time.time()
+            self.received, self.received_at = reason, now
         self.count += 1
+        self.arrivals.append((reason, now))  # list.append: safe from a signal handler
 
     def reset(self) -> None:
         """Lower the flag again."""
         self.received = self.received_at = None
         self.count = 0
+        self.arrivals = []
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         # Only assignments here: a signal can interrupt the main thread anywhere.
@@ -132,7 +143,8 @@ class StopSignals:
         Polls instead of using an Event: setting an Event from a signal handler can deadlock
         when the signal lands while the main thread holds the Event's lock.
         """
-        end = None if timeout is None else time.monotonic() + timeout
+        interval = check_seconds("interval", interval, positive=True)
+        end = None if timeout is None else time.monotonic() + check_seconds("timeout", timeout)
         while not self.requested and (end is None or time.monotonic() < end):
             time.sleep(interval if end is None else max(0.0, min(interval, end - time.monotonic())))
         return self.requested
@@ -151,3 +163,41 @@ class StopSignals:
     def __repr__(self) -> str:
         names = ",".join(s.name for s in self.signals)
         return f"StopSignals({names}, received={self.received!r}, installed={self.installed})"
+
+
+class AnyFlag:
+    """Several stop flags read as one: raised when any of them is.
+
+    E.g. ``AnyFlag(slurm_signals, ctrl_c)`` where Ctrl-C is armed only once training runs.
+    ``received`` is the first arrival over all flags, ``arrivals`` all of them in time order;
+    ``request()`` raises the first flag.
+    """
+
+    def __init__(self, *flags: StopSignals | AnyFlag) -> None:
+        if not flags:
+            raise ValueError("AnyFlag needs at least one flag, e.g. AnyFlag(signals, interrupt)")
+        self.flags = flags
+
+    @property
+    def requested(self) -> bool:
+        return any(f.requested for f in self.flags)
+
+    @property
+    def arrivals(self) -> list[tuple[str, float]]:
+        return sorted((a for f in self.flags for a in f.arrivals), key=lambda a: a[1])
+
+    @property
+    def received(self) -> str | None:
+        first = self.arrivals[:1]
+        return first[0][0] if first else None
+
+    @property
+    def received_at(self) -> float | None:
+        first = self.arrivals[:1]
+        return first[0][1] if first else None
+
+    def request(self, reason: str = "manual") -> None:
+        self.flags[0].request(reason)
+
+    def __repr__(self) -> str:
+        return f"AnyFlag({', '.join(map(repr, self.flags))})"

@@ -1,0 +1,191 @@
+"""One job's timeline: timestamps written by the trainer and the batch script, read next time.
+
+What a run needs after its final save is durable -- process exit, ``srun`` teardown, the batch
+script's ``scontrol requeue`` -- happens after the last moment the trainer can write anything
+into its checkpoint. So both write a line to a small per-job file instead, and the next
+allocation of the same job (``SLURM_JOB_ID`` stays the same across requeues) reads it:
+
+============  ====================================================================================
+event         written by
+============  ====================================================================================
+``start``     the batch script, first thing (``slurmclock mark start``)
+``signal``    the batch script when SLURM's signal arrives (``slurmclock mark signal``)
+``saved``     the trainer when its final save is durable (``TimeBudget.save(final=True)``)
+``exited``    the batch script when the training step has exited (``slurmclock mark exited``)
+``requeued``  ``slurmclock requeue`` / :func:`slurmclock.requeue` once SLURM accepted it
+============  ====================================================================================
+
+The file is ``$SLURMCLOCK_DIR/CLUSTER-JOBID.jsonl`` (default directory
+``$XDG_CACHE_HOME/slurmclock`` or ``~/.cache/slurmclock``: it must be on a file system every node
+of the job sees, as ``$HOME`` usually is). One JSON object per line, appended; a line that does
+not parse is skipped. Writing never raises: a timeline is a measurement, not a reason to fail.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from slurmclock.durations import check_seconds
+from slurmclock.job import job_id as _job_id
+from slurmclock.job import restart_count
+
+__all__ = ["EVENTS", "Event", "ExitSample", "JobTimeline", "timeline_dir"]
+
+log = logging.getLogger("slurmclock")
+
+EVENTS = ("start", "signal", "saved", "exited", "requeued")
+
+
+def timeline_dir(env: Mapping[str, str] | None = None) -> Path:
+    """``$SLURMCLOCK_DIR``, else ``$XDG_CACHE_HOME/slurmclock``, else ``~/.cache/slurmclock``."""
+    e = os.environ if env is None else env
+    if e.get("SLURMCLOCK_DIR", "").strip():
+        return Path(e["SLURMCLOCK_DIR"].strip()).expanduser()
+    cache = e.get("XDG_CACHE_HOME", "").strip() or str(Path(e.get("HOME", "~")) / ".cache")
+    return Path(cache).expanduser() / "slurmclock"
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """One line of the timeline."""
+
+    name: str
+    time: float
+    restart: int
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class ExitSample:
+    """What one run of the job needed after its final save: ``seconds`` until SLURM accepted
+    the requeue (or, without a requeue, until the training step had exited); ``exit_s`` is the
+    part until the step had exited, None when the script did not mark it."""
+
+    job: str
+    restart: int
+    seconds: float
+    exit_s: float | None = None
+
+
+class JobTimeline:
+    """The timeline file of one job (default: this one, ``$SLURM_JOB_ID``).
+
+    ``path`` is None outside a SLURM job: :meth:`mark` then does nothing and :meth:`events` is
+    empty. Only rank 0 writes (``RANK``, else ``SLURM_PROCID``; a batch script is rank 0), so
+    every rank may hold one. ``clock`` gives epoch seconds (injectable for tests).
+    """
+
+    def __init__(
+        self,
+        job_id: str | None = None,
+        *,
+        directory: str | os.PathLike[str] | None = None,
+        env: Mapping[str, str] | None = None,
+        clock: Callable[[], float] | None = None,
+    ) -> None:
+        e = os.environ if env is None else env
+        self.job_id = job_id or _job_id(e)
+        self.restart = restart_count(e)
+        self.directory = Path(directory) if directory is not None else timeline_dir(e)
+        cluster = e.get("SLURM_CLUSTER_NAME", "").strip()
+        self._name = f"{cluster}-{self.job_id}" if cluster else f"job-{self.job_id}"
+        rank = (e.get("RANK") or e.get("SLURM_PROCID") or "0").strip()
+        self.writer = rank in ("", "0")
+        self._clock = time.time if clock is None else clock
+        self._warned = False
+
+    @property
+    def path(self) -> Path | None:
+        return None if self.job_id is None else self.directory / f"{self._name}.jsonl"
+
+    def mark(self, event: str, *, at: float | None = None, **info: Any) -> bool:
+        """Append ``event`` (one of :data:`EVENTS`) with the time and ``info``; True if written.
+
+        Never raises on I/O: an unwritable directory logs one warning.
+        """
+        if event not in EVENTS:
+            raise ValueError(f"unknown timeline event {event!r}: use one of {', '.join(EVENTS)}")
+        if at is not None:
+            check_seconds("at", at)
+        path = self.path
+        if path is None or not self.writer:
+            return False
+        record = {
+            "event": event,
+            "time": round(self._clock() if at is None else at, 3),
+            "restart": self.restart,
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            **info,
+        }
+        line = (json.dumps(record, default=str) + "\n").encode()
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            try:
+                os.write(fd, line)  # one write with O_APPEND: lines never interleave
+            finally:
+                os.close(fd)
+        except OSError as e:
+            self._warn(f"cannot write the job timeline {path}: {e}; set SLURMCLOCK_DIR")
+            return False
+        return True
+
+    def events(self) -> list[Event]:
+        """Every readable line, in file order."""
+        path = self.path
+        if path is None:
+            return []
+        try:
+            text = path.read_text(errors="replace")
+        except FileNotFoundError:
+            return []
+        except OSError as e:
+            self._warn(f"cannot read the job timeline {path}: {e}")
+            return []
+        return [ev for ev in map(_parse, text.splitlines()) if ev is not None]
+
+    def exit_samples(self) -> list[ExitSample]:
+        """Per finished run: the time from its last ``saved`` to ``requeued`` (else ``exited``).
+
+        The run in progress has no end mark yet, so it gives no sample.
+        """
+        by_run: dict[int, dict[str, float]] = {}
+        for ev in self.events():
+            marks = by_run.setdefault(ev.restart, {})
+            if ev.name == "saved":
+                marks.clear()  # a later save restarts the measurement
+            marks[ev.name] = ev.time
+        samples = []
+        for restart, marks in sorted(by_run.items()):
+            saved, end = marks.get("saved"), marks.get("requeued", marks.get("exited"))
+            if saved is None or end is None or end < saved:
+                continue
+            exited = marks.get("exited")
+            part = None if exited is None or exited < saved else exited - saved
+            samples.append(ExitSample(str(self.job_id), restart, end - saved, part))
+        return samples
+
+    def _warn(self, message: str) -> None:
+        if not self._warned:
+            self._warned = True
+            log.warning("%s", message)
+
+
+def _parse(line: str) -> Event | None:
+    try:
+        record = json.loads(line)
+        name, at, restart = record.pop("event"), float(record.pop("time")), record.pop("restart")
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return None
+    if not isinstance(name, str) or not isinstance(restart, int) or isinstance(restart, bool):
+        return None
+    return Event(name, at, restart, record)
