@@ -152,6 +152,16 @@ def _nothing(store: Any) -> NoCheckpointError:
     return NoCheckpointError(f"no checkpoints in {store.url}")
 
 
+def _or_nothing(store: Any, step: int | str, fn: Callable[[int | str], Any]) -> Any:
+    """``fn(step)``; for "latest" with nothing there, say where the checkpoints may be."""
+    try:
+        return fn(step)
+    except NoCheckpointError:
+        if step != "latest":
+            raise
+        raise _nothing(store) from None
+
+
 # -- list ------------------------------------------------------------------------------------
 def cmd_list(args: argparse.Namespace) -> int:
     store, _ = _open(args)
@@ -233,13 +243,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 
 def _verify_one(store: Any, step: int | str, as_json: bool) -> int:
-    try:
-        report = store.verify(step)
-    except NoCheckpointError:
-        if step != "latest":
-            raise
-        raise _nothing(store) from None
-    return _report(report, as_json)
+    return _report(_or_nothing(store, step, store.verify), as_json)
 
 
 def _report(report: Any, as_json: bool) -> int:
@@ -257,7 +261,7 @@ def _report(report: Any, as_json: bool) -> int:
 # -- inspect, prune, export ------------------------------------------------------------------
 def cmd_inspect(args: argparse.Namespace) -> int:
     store, url_step = _open(args)
-    info = store.inspect(_step(args, url_step))
+    info = _or_nothing(store, _step(args, url_step), store.inspect)
     if args.json:
         sys.stdout.write(orjson.dumps(info, option=orjson.OPT_INDENT_2).decode() + "\n")
         return 0
@@ -299,7 +303,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
     store, url_step = _open(args)
     step = _step(args, url_step)
-    keys = list(store.inspect(step)["types"])
+    keys = list(_or_nothing(store, step, store.inspect)["types"])
     key = args.key or "model"
     if key not in keys:
         raise _UsageError(

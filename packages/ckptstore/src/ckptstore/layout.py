@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import CheckpointError
+from .errors import CheckpointError, CorruptCheckpointError
 from .manifest import LATEST_NAME, MANIFEST_NAME, Manifest, parse_step_dir, step_dir_name
 from .storage import Storage, open_storage
 
@@ -75,11 +75,16 @@ class StepSpec:
         return "latest" if self.latest else str(self.step if self.path is None else self.path)
 
 
+def folder_step(path: str) -> int | None:
+    """The step a step folder's name says (``.../step-00000042`` -> 42), else None."""
+    return parse_step_dir(path.rstrip("/").rsplit("/", 1)[-1])
+
+
 def split_step_url(url: str) -> tuple[str, int | None]:
     """``(root, step)`` of a URL that ends in a step folder; ``(url, None)`` otherwise."""
     url = url.rstrip("/") or "/"
-    head, _, last = url.rpartition("/")
-    step = parse_step_dir(last) if head else None
+    head, slash, last = url.rpartition("/")
+    step = parse_step_dir(last) if slash else None
     return (head or "/", step) if step is not None else (url, None)
 
 
@@ -159,22 +164,26 @@ class Location:
                 out[step] = self.path(name)
         return out
 
-    def read_manifest(self, step_dir: str) -> Manifest:
-        """FileNotFoundError when absent (not a checkpoint); CheckpointError if bad."""
+    def read_manifest(self, step_dir: str, step: int | None = None) -> Manifest:
+        """The manifest in ``step_dir``, checked against the step its folder names (if any).
+        FileNotFoundError when absent (not a checkpoint); CheckpointError if it is bad."""
         data = self.storage.read_small(self.storage.join(step_dir, MANIFEST_NAME))
-        return Manifest.from_json(data, url=self.storage.url(step_dir))
+        m = Manifest.from_json(data, url=self.storage.url(step_dir))
+        step = folder_step(step_dir) if step is None else step
+        if step is not None and m.step != step:
+            raise CorruptCheckpointError(
+                f"{m.url}: manifest says step {m.step}, its folder says step {step}"
+            )
+        return m
 
     def judge(self, step: int, step_dir: str) -> Manifest | str | None:
         """The manifest of a committed step, why it cannot be trusted, or None (no manifest)."""
         try:
-            m = self.read_manifest(step_dir)
+            return self.read_manifest(step_dir, step)
         except FileNotFoundError:
             return None
         except (CheckpointError, OSError) as e:
             return str(e)
-        if m.step != step:
-            return f"{m.url}: manifest says step {m.step}, its folder says step {step}"
-        return m
 
     def scan(self) -> Scan:
         good: dict[int, Manifest] = {}

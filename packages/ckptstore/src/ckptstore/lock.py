@@ -310,8 +310,7 @@ class WriterLock:
             self.storage.delete_if(self.path, self._version)
         except (OSError, CheckpointError) as e:
             log.warning(
-                "ckptstore: could not remove the writer lock of %s (%s); the next run takes it "
-                "over (this process is gone by then)",
+                "ckptstore: the writer lock of %s stays behind (%s); the next run takes it over",
                 self.url,
-                e,
+                type(e.__cause__ or e).__name__,
             )

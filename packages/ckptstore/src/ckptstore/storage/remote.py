@@ -116,20 +116,22 @@ class FsspecStorage:
         self.fs.invalidate_cache(path)
 
     # -- writes ----------------------------------------------------------------------------
-    @_translated
     def write_payload(
         self, path: str, payload: Payload, io: IOEngine, *, background: bool = False
     ) -> FileEntry:
         try:
-            if self.is_s3 and payload.size > io.options.s3_part_bytes:
-                crcs = s3.upload(self.fs, path, payload, io, background, self._piece_bytes)
-            else:
-                crcs = self._sequential_write(path, payload, io)
+            crcs = self._write(path, payload, io, background)
         except OSError as e:
             raise disk_error(e, self.url(path)) from e
         self.fs.invalidate_cache(path)
         name = path.rstrip("/").rsplit("/", 1)[-1]
         return FileEntry(name, payload.size, Checksum(CRC_CHUNK, tuple(crcs)))
+
+    @_translated
+    def _write(self, path: str, payload: Payload, io: IOEngine, background: bool) -> list[int]:
+        if self.is_s3 and payload.size > io.options.s3_part_bytes:
+            return s3.upload(self.fs, path, payload, io, background, self._piece_bytes)
+        return self._sequential_write(path, payload, io)
 
     @staticmethod
     def _piece_bytes(
