@@ -14,23 +14,16 @@ second copy) and ``reading`` (candidates tried on every rank).
 from __future__ import annotations
 
 import builtins
-import contextlib
-import dataclasses
 import functools
-import platform
 import threading
 import time
 import uuid
 import weakref
-from collections.abc import Callable, Iterator, Mapping, MutableMapping, Sequence
+from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from typing import Any
 
-import orjson
-import torch
-
-from ._dist import all_gather, broadcast, dist_info
-from ._version import __version__
-from .buffers import Arena, align_up
+from ._dist import broadcast, dist_info
+from .buffers import Arena
 from .errors import (
     CheckpointError,
     CheckpointWarning,
@@ -39,14 +32,13 @@ from .errors import (
     NoCheckpointError,
     warn,
 )
-from .formats import CheckpointFormat, SaveContext, get_format
-from .layout import ExperimentLocation, Location, Scan, StepSpec, check_step
+from .formats import CheckpointFormat, get_format
+from .layout import ExperimentLocation, Location, Scan, StepSpec
 from .lock import DEFAULT_LEASE_S, LockInfo, WriterLock
 from .manifest import (
     LATEST_NAME,
     MANIFEST_NAME,
     CheckpointInfo,
-    FileEntry,
     FileReport,
     Manifest,
     SaveStats,
@@ -65,37 +57,11 @@ from .reading import (
     no_checkpoint,
     read_torch_save,
 )
-from .retention import RetentionPolicy
+from .retention import InUse, RetentionPolicy
+from .saving import SaveHandle, SaveHooks, Saver
 from .storage import IOEngine, IOOptions, Storage, open_storage
-from .tree import encode_state
 
 __all__ = ["CheckpointStore", "CheckpointWarning", "SaveHandle"]
-
-
-def _check_metadata(metadata: Mapping[str, Any] | None) -> dict[str, Any]:
-    if metadata is None:
-        return {}
-    if not isinstance(metadata, Mapping):
-        raise TypeError(f"metadata must be a dict of JSON values, got {type(metadata).__name__}")
-    try:
-        out: dict[str, Any] = orjson.loads(orjson.dumps(dict(metadata)))
-    except TypeError as e:
-        raise TypeError(
-            f"metadata must be JSON (str keys; numbers, strings, lists, dicts): {e}"
-        ) from None
-    return out
-
-
-def _versions() -> dict[str, str]:
-    import fsspec
-
-    return {
-        "ckptstore": __version__,
-        "torch": torch.__version__,
-        "fsspec": fsspec.__version__,
-        "orjson": orjson.__version__,
-        "python": platform.python_version(),
-    }
 
 
 def _newest(heads: Sequence[tuple[float, int, Location]]) -> tuple[Location, int]:
@@ -107,43 +73,6 @@ def _newest(heads: Sequence[tuple[float, int, Location]]) -> tuple[Location, int
 def _release(locks: Sequence[WriterLock]) -> None:
     for lk in locks:
         lk.release()
-
-
-class SaveHandle:
-    """What ``save()`` returns; ``result()`` waits for durability and re-raises a failure."""
-
-    def __init__(
-        self, step: int, blocking_s: float, on_delivered: Callable[[BaseException], None]
-    ) -> None:
-        self.step, self.blocking_s = step, blocking_s
-        self._done = threading.Event()
-        self._stats: SaveStats | None = None
-        self._error: BaseException | None = None
-        self._on_delivered = on_delivered
-
-    def done(self) -> bool:
-        return self._done.is_set()
-
-    def result(self, timeout: float | None = None) -> SaveStats:
-        if not self._done.wait(timeout):
-            raise TimeoutError(f"save of step {self.step} still running after {timeout} s")
-        if self._error is not None:
-            self._on_delivered(self._error)
-            raise self._error
-        assert self._stats is not None
-        return self._stats
-
-    def finish(self, stats: SaveStats | None, error: BaseException | None) -> None:
-        self._stats, self._error = stats, error
-        self._done.set()
-
-    @property
-    def error(self) -> BaseException | None:
-        return self._error
-
-    def __repr__(self) -> str:
-        state = "done" if self.done() else "running"
-        return f"SaveHandle(step={self.step}, {state}, blocking_s={self.blocking_s:.3f})"
 
 
 class CheckpointStore:
@@ -191,26 +120,41 @@ class CheckpointStore:
         self._storage_options = storage_options
         self._clock, self._wall = clock, wall_clock
         self.rank, self.world_size, self._group = dist_info(distributed)
-        self._session = broadcast(self._group, uuid.uuid4().hex[:8])
         self._init_state(io)
         self._writers = self._make_locks(lock, lease_s)
         self._release_locks = weakref.finalize(self, _release, list(self._writers))
         self._mirror = self._make_mirror()
 
     def _init_state(self, io: IOOptions | None) -> None:
-        self._seq = 0
         self._io = IOEngine(io)
         self._arena = Arena()
         self._mutex = threading.Lock()
-        self._thread: threading.Thread | None = None
-        self._pending: BaseException | None = None
         self._completed: list[SaveStats] = []
         self._timings = SaveTimings()
         self._verified: set[tuple[str, int, str]] = set()  # (root url, step, save_id) we know
-        self._protected: set[int] = set()  # being written or loaded: never pruned
+        self._in_use = InUse()  # steps being written or loaded: never pruned
         self._warned: set[tuple[str, int, str]] = set()
         self._reader = Reader(
             rank=self.rank, world_size=self.world_size, group=self._group, io=self._io
+        )
+        hooks = SaveHooks(
+            writer_error=self._writer_error,
+            may_commit=self._may_commit,
+            committed=self._committed,
+            in_use=self._in_use,
+        )
+        dist = (self.rank, self.world_size, self._group)
+        self._saver = Saver(
+            self.primary,
+            self._format,
+            self.format_name,
+            dist=dist,
+            io=self._io,
+            arena=self._arena,
+            session=broadcast(self._group, uuid.uuid4().hex[:8]),
+            hooks=hooks,
+            clock=self._clock,
+            wall=self._wall,
         )
         self._closed = False
 
@@ -295,177 +239,26 @@ class CheckpointStore:
         after a CPU snapshot; the write runs in the background (one at a time: a second save
         first waits for the previous one) and ``latest`` moves only once it is durable."""
         self._check_open()
-        self._seq += 1  # before validation, so every rank derives the same file token
-        token = f"{self._session}{self._seq:05x}"
-        step = check_step(step)
-        meta = _check_metadata(metadata)
-        self.wait()
-        t0 = self._clock()
-        record: dict[str, Any] = {"t0": t0}
-        ctx = self._save_context(step, token, meta, blocking, record)
-        with self._mutex:
-            self._protected.add(step)
-        staged, error = self._stage(state, ctx)
-        # Every rank learns whether every rank staged: otherwise a rank that failed here would
-        # leave the others waiting forever in the collectives of the write.
-        self._agree_ok(step, "preparing", error)
-        handle = SaveHandle(step, self._clock() - t0, self._delivered)
-        if blocking:
-            self._persist(staged, ctx, handle, record)
-            self._agree_ok(step, "writing", handle.error)
-            return handle
-        self._thread = threading.Thread(
-            target=self._persist,
-            args=(staged, ctx, handle, record),
-            name=f"ckptstore-save-{step}",
-            daemon=False,  # a durable last checkpoint matters more than a prompt exit
-        )
-        self._thread.start()
-        return handle
-
-    def _save_context(
-        self, step: int, token: str, meta: dict[str, Any], blocking: bool, record: dict[str, Any]
-    ) -> SaveContext:
-        return SaveContext(
-            storage=self.primary.storage,
-            step_dir=self.primary.step_dir(step),
-            step=step,
-            token=token,
-            rank=self.rank,
-            world_size=self.world_size,
-            group=self._group,
-            io=self._io,
-            arena=self._arena,
-            background=not blocking,
-            commit=lambda files, fd: self._commit(step, token, meta, files, fd, record),
-        )
-
-    def _stage(
-        self, state: Mapping[str, Any], ctx: SaveContext
-    ) -> tuple[Any, BaseException | None]:
-        """(what the format staged, or the error that stops this save)."""
-        error = self._writer_error() if self.rank == 0 else None
-        if error is not None:
-            return None, error
-        try:
-            enc = None
-            if self._format.writes_on(self.rank, self.world_size):
-                enc = encode_state(state, allow_dtensor=self.format_name != "torch")
-            return self._format.stage(enc, ctx), None
-        except OSError as e:
-            return None, CheckpointError(f"cannot save step {ctx.step} under {self.url}: {e}")
-        except Exception as e:
-            return None, e
+        return self._saver.save(step, state, metadata, blocking)
 
     def reserve(self, state: Mapping[str, Any]) -> None:
         """Prepare for async saves of ``state`` (call once, e.g. before training starts):
         allocate the snapshot buffer and touch its memory in the background, so the first
         ``save(..., blocking=False)`` blocks only for the copy, not for fresh memory."""
         self._check_open()
-        if not self._format.writes_on(self.rank, self.world_size):
-            return
-        enc = encode_state(state, allow_dtensor=self.format_name != "torch")
-        nbytes = sum(align_up(t.numel() * t.element_size()) for t in enc.tensors.values())
-        nbytes += 2 * len(orjson.dumps(enc.tree)) + (1 << 20)  # header, padding
-        cuda = any(t.is_cuda for t in enc.tensors.values())
-        self._arena.reserve(nbytes, pin=cuda, nice=self._io.options.background_nice)
+        self._saver.reserve(state)
 
-    def _persist(
-        self, staged: Any, ctx: SaveContext, handle: SaveHandle, record: dict[str, Any]
-    ) -> None:
-        """Write and commit; never raises: the outcome goes to the handle (and, for a
-        background save, to the store, which re-raises it at the next call)."""
-        try:
-            self._format.persist(staged, ctx)
-            handle.finish(self._committed(ctx, handle, record), None)
-        except BaseException as e:
-            err = e
-            if not isinstance(e, CheckpointError):
-                err = CheckpointError(f"save of step {ctx.step} to {self.url} failed: {e!r}")
-                err.__cause__ = e
-            if ctx.background:
-                with self._mutex:
-                    self._pending = err
-            handle.finish(None, err)
-        finally:
-            self._unprotect(ctx.step)
-
-    def _committed(self, ctx: SaveContext, handle: SaveHandle, record: dict[str, Any]) -> SaveStats:
-        if "stats" not in record:  # another rank committed
-            return SaveStats(
-                step=ctx.step,
-                bytes=0,
-                blocking_s=handle.blocking_s,
-                total_s=self._clock() - record["t0"],
-                durable_at=self._wall(),
-                url=self.primary.storage.url(ctx.step_dir),
-                format=self.format_name,
-            )
-        stats = dataclasses.replace(record["stats"], blocking_s=handle.blocking_s)
-        with self._mutex:
-            self._completed.append(stats)
-            self._timings = self._timings.add(stats)
-        self._after_commit(ctx.step, record["manifest"])
-        return stats
-
-    def _agree_ok(self, step: int, what: str, error: BaseException | None) -> None:
-        """Under torch.distributed every rank raises if any rank failed (blocking saves also
-        return only once rank 0 has committed). Outside it, just raise our own error."""
-        if self._group is None:
-            if error is not None:
-                self._unprotect(step)
-                raise error
-            return
-        outcomes = all_gather(self._group, None if error is None else str(error))
-        failed = [(r, o) for r, o in enumerate(outcomes) if o is not None]
-        if failed:
-            self._unprotect(step)
-            if error is not None and failed[0][0] == self.rank:
-                raise error
-            r, msg = failed[0]
-            raise CheckpointError(f"{what} step {step} failed on rank {r}: {msg}")
-
-    def _commit(
-        self,
-        step: int,
-        token: str,
-        meta: dict[str, Any],
-        files: Sequence[FileEntry],
-        format_data: dict[str, Any],
-        record: dict[str, Any],
-    ) -> None:
-        """Coordinator only, once every rank's payload is durable: manifest, then pointer."""
+    def _may_commit(self) -> None:
         if self._writers and self._writers[0].lost is not None:
             raise self._writers[0].lost  # another run holds the experiment now: commit nothing
-        loc = self.primary
-        manifest = Manifest(
-            step=step,
-            format=self.format_name,
-            time=self._wall(),
-            world_size=self.world_size,
-            files=tuple(files),
-            metadata=meta,
-            versions=_versions(),
-            format_data=format_data,
-            save_id=token,
-            url=loc.storage.url(loc.step_dir(step)),
-        )
-        loc.storage.write_small(
-            loc.storage.join(loc.step_dir(step), MANIFEST_NAME), manifest.to_json()
-        )
-        loc.write_pointer(step)
+
+    def _committed(self, manifest: Manifest, stats: SaveStats) -> None:
+        """The saver's callback on the coordinator, once the pointer moved."""
         with self._mutex:
-            self._verified.add((loc.url, step, token))
-        record["manifest"] = manifest
-        record["stats"] = SaveStats(
-            step=step,
-            bytes=manifest.bytes,
-            blocking_s=0.0,
-            total_s=self._clock() - record["t0"],
-            durable_at=self._wall(),
-            url=manifest.url,
-            format=self.format_name,
-        )
+            self._verified.add((self.primary.url, manifest.step, manifest.save_id))
+            self._completed.append(stats)
+            self._timings = self._timings.add(stats)
+        self._after_commit(manifest.step, manifest)
 
     def _after_commit(self, step: int, manifest: Manifest) -> None:
         """Housekeeping that must never fail a committed save: stale files, mirror, prune."""
@@ -490,27 +283,8 @@ class CheckpointStore:
             warn(f"ckptstore: could not {what} {self.url} (the checkpoint is committed): {e}")
 
     def _protected_now(self) -> set[int]:
-        with self._mutex:
-            out = set(self._protected)
-        return out | (self._mirror.busy_steps() if self._mirror is not None else set())
-
-    @contextlib.contextmanager
-    def _protecting(self, step: int) -> Iterator[None]:
-        with self._mutex:
-            self._protected.add(step)
-        try:
-            yield
-        finally:
-            self._unprotect(step)
-
-    def _unprotect(self, step: int) -> None:
-        with self._mutex:
-            self._protected.discard(step)
-
-    def _delivered(self, err: BaseException) -> None:
-        with self._mutex:
-            if self._pending is err:
-                self._pending = None
+        busy = self._mirror.busy_steps() if self._mirror is not None else set()
+        return self._in_use.snapshot() | busy
 
     def _mirrored(self, copy: MirrorCopy) -> None:
         """The mirror's callback: record the copy, then apply retention there."""
@@ -534,11 +308,7 @@ class CheckpointStore:
 
     def wait(self) -> None:
         """Block until the save in flight is durable; re-raise a background failure."""
-        t = self._thread
-        if t is not None:
-            t.join()
-            self._thread = None
-        self._raise_pending()
+        self._saver.wait()
 
     def saves_completed(self) -> list[SaveStats]:
         """Stats of saves (and mirror copies) committed since the last call, oldest first."""
@@ -549,8 +319,7 @@ class CheckpointStore:
     @property
     def save_in_flight(self) -> bool:
         """Whether a background save is still being written (a new save would wait for it)."""
-        t = self._thread
-        return t is not None and t.is_alive()
+        return self._saver.in_flight
 
     @property
     def save_timings(self) -> SaveTimings:
@@ -599,7 +368,7 @@ class CheckpointStore:
         cands = broadcast(self._group, candidates(locs, spec.step) if self.rank == 0 else None)
         if not cands:
             raise no_checkpoint(self._where(), spec.step, self.steps())
-        result, skipped = self._reader.first_loadable(cands, locs, request, self._protecting)
+        result, skipped = self._reader.first_loadable(cands, locs, request, self._in_use.holding)
         if result is not None:
             return result
         if not spec.latest:  # an explicit step never silently becomes another one
@@ -849,7 +618,4 @@ class CheckpointStore:
             raise CheckpointError("this CheckpointStore is closed; create a new one")
 
     def _raise_pending(self) -> None:
-        with self._mutex:
-            err, self._pending = self._pending, None
-        if err is not None:
-            raise err
+        self._saver.raise_pending()
