@@ -239,3 +239,24 @@ def test_whoami_names_the_slurm_job() -> None:
     me = whoami(5.0, 60.0, {"SLURM_JOB_ID": "12", "SLURM_STEP_ID": "3"})
     assert (me.job_id, me.job_step, me.host, me.pid) == ("12", "3", HOST, os.getpid())
     assert "SLURM job 12 step 3" in me.describe(5.0)
+
+
+@pytest.mark.s3
+@pytest.mark.slow
+def test_close_is_not_held_up_by_a_hanging_endpoint(moto: Any) -> None:
+    from ckpt_helpers import s3server
+
+    from ckptstore.lock import RELEASE_TIMEOUT_S
+
+    with s3server.MotoServer() as server:
+        server.make_bucket("hang")
+        store = CheckpointStore("s3://hang/run", storage_options=server.storage_options())
+        store.acquire()
+        server.pause()  # SIGSTOP: connections hang, nothing answers
+        try:
+            t0 = time.monotonic()
+            store.close()
+            took = time.monotonic() - t0
+        finally:
+            server.resume()
+    assert took < 2 * RELEASE_TIMEOUT_S + 5, took

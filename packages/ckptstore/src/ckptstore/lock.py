@@ -48,6 +48,7 @@ from .storage import Storage
 log = logging.getLogger("ckptstore")
 LOCK_NAME = "writer.lock"
 DEFAULT_LEASE_S = 60.0
+RELEASE_TIMEOUT_S = 10.0
 _LIVE: set[str] = set()  # tokens of the locks this process holds right now
 _LIVE_MUTEX = threading.Lock()
 
@@ -206,6 +207,7 @@ class WriterLock:
         self._mutex = threading.Lock()
         self._thread: threading.Thread | None = None
         self._renew_failing = False
+        self._left = False
 
     def acquire(self) -> LockInfo:
         """Take the lock (or keep it); LockedError names the live holder."""
@@ -253,20 +255,26 @@ class WriterLock:
             self.renew()
 
     def renew(self) -> None:
-        """Push the lease forward; notice a lost lock (``self.lost``)."""
+        """Push the lease forward; notice a lost lock (``self.lost``). No I/O under the mutex:
+        a hanging endpoint must not block ``release()``."""
         with self._mutex:
-            if self.info is None or self.lost is not None:
-                return
-            new = dataclasses.replace(self.info, renewed=self._wall())
-            try:
-                version = self.storage.replace_if(self.path, new.to_json(), self._version)
-            except (OSError, CheckpointError) as e:
-                self._renew_failed(e)
-                return
-            if version is None:
-                self.lost = self._lost_error()
-                return
-            self.info, self._version, self._renew_failing = new, version, False
+            info, version = self.info, self._version
+        if info is None or self.lost is not None:
+            return
+        new = dataclasses.replace(info, renewed=self._wall())
+        try:
+            got = self.storage.replace_if(self.path, new.to_json(), version)
+        except (OSError, CheckpointError) as e:
+            self._renew_failed(e)
+            return
+        lost = self._lost_error() if got is None else None
+        with self._mutex:
+            if self.info is None or self.info.token != info.token:
+                return  # released meanwhile
+            if lost is not None:
+                self.lost = lost
+            else:
+                self.info, self._version, self._renew_failing = new, str(got), False
 
     def _renew_failed(self, e: BaseException) -> None:
         if not self._renew_failing:  # once per outage
@@ -295,7 +303,7 @@ class WriterLock:
         """Stop renewing and remove the lock (unless another run has taken it)."""
         self._stop.set()
         if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join()
+            self._thread.join(RELEASE_TIMEOUT_S)
         with self._mutex:
             info, self.info = self.info, None
         if info is None:
@@ -303,14 +311,25 @@ class WriterLock:
         with _LIVE_MUTEX:
             _LIVE.discard(info.token)
         if self.lost is None:
-            self._delete()
+            # Bounded: a hanging endpoint must not hold up a process that is ending anyway.
+            t = threading.Thread(target=self._delete, name="ckptstore-unlock", daemon=True)
+            t.start()
+            t.join(RELEASE_TIMEOUT_S)
+            if t.is_alive():
+                self._left_behind(f"no answer in {RELEASE_TIMEOUT_S:.0f} s")
 
     def _delete(self) -> None:
         try:
             self.storage.delete_if(self.path, self._version)
         except (OSError, CheckpointError) as e:
-            log.warning(
-                "ckptstore: the writer lock of %s stays behind (%s); the next run takes it over",
-                self.url,
-                type(e.__cause__ or e).__name__,
-            )
+            self._left_behind(type(e.__cause__ or e).__name__)
+
+    def _left_behind(self, why: str) -> None:
+        if self._left:
+            return  # said once (a late answer of a timed-out removal)
+        self._left = True
+        log.warning(
+            "ckptstore: the writer lock of %s stays behind (%s); the next run takes it over",
+            self.url,
+            why,
+        )
