@@ -139,8 +139,10 @@ class Location:
     def open(
         cls, url: str | Storage, experiment: str | None, options: dict[str, Any] | None = None
     ) -> Location:
-        if isinstance(url, str) and not url:
-            raise ValueError("url must be a local path or an fsspec URL, e.g. /ckpt or s3://b/ckpt")
+        if not (isinstance(url, str) and url) and not hasattr(url, "list_dir"):
+            raise ValueError(
+                "url must be a local path, an fsspec URL (e.g. /ckpt or s3://b/ckpt) or a Storage"
+            )
         storage = open_storage(url, options) if isinstance(url, str) else url
         if experiment is None:
             return cls(storage, storage.root)
@@ -243,29 +245,27 @@ class Location:
                 swept.append(s)
         return swept
 
-    def experiments(self, depth: int = 3) -> list[str]:
+    def experiments(self, depth: int = 3, max_folders: int = 500) -> list[str]:
         """Names of experiment folders below this one (folders holding step folders or a
-        `latest` pointer), for a user who pointed a tool at the root of several."""
+        `latest` pointer), for a user who pointed a tool at the root of several. Looks at most
+        ``depth`` levels down and lists at most ``max_folders`` folders (a root may be $HOME)."""
         found: list[str] = []
-        for name in self.storage.list_dir(self.root):
-            if parse_step_dir(name) is None and name != LATEST_NAME and len(found) < 1000:
-                found += _experiments_in(self.storage, self.path(name), name, depth)
-        return found
+        todo = [(n, self.path(n), depth) for n in self.storage.list_dir(self.root) if _child(n)]
+        for _ in range(max_folders):
+            if not todo:
+                break
+            name, path, left = todo.pop(0)
+            names = self.storage.list_dir(path)
+            if LATEST_NAME in names or any(parse_step_dir(n) is not None for n in names):
+                found.append(name)
+            elif left > 1:
+                todo += [(f"{name}/{n}", self.storage.join(path, n), left - 1) for n in names]
+        return sorted(found)
 
 
-def _experiments_in(storage: Storage, path: str, name: str, depth: int) -> list[str]:
-    names = storage.list_dir(path)
-    if LATEST_NAME in names or any(parse_step_dir(n) is not None for n in names):
-        return [name]
-    if depth <= 1:
-        return []
-    return [
-        found
-        for child in names
-        for found in _experiments_in(
-            storage, storage.join(path, child), f"{name}/{child}", depth - 1
-        )
-    ]
+def _child(name: str) -> bool:
+    """A folder name that may be an experiment (not one of a checkpoint's own entries)."""
+    return parse_step_dir(name) is None and name != LATEST_NAME
 
 
 def _pointer_problem(
