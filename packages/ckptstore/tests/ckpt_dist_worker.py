@@ -12,13 +12,11 @@ import traceback
 import warnings
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+import torch
+import torch.distributed as dist
+from ckpt_helpers import BIG_DIST, assert_same_state, blank_state, make_state  # beside this script
 
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
-from ckpt_helpers import BIG_DIST, assert_same_state, blank_state, make_state  # noqa: E402
-
-from ckptstore import CheckpointStore, CheckpointWarning  # noqa: E402
+from ckptstore import CheckpointStore, CheckpointWarning
 
 
 def scenario(root: Path, rank: int) -> dict[str, object]:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -11,10 +10,7 @@ from typing import Any
 
 import fsspec
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # for ckpt_helpers
-
-from ckpt_helpers import s3server  # noqa: E402
+from ckpt_helpers import s3server  # importable: the tests folder is on pytest's `pythonpath`
 
 
 def require_or_skip(env: str, why: str) -> None:

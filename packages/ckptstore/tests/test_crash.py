@@ -11,10 +11,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from ckpt_crash_child import POINTS
 from ckpt_helpers import assert_same_state, blank_state, make_state
 
 from ckptstore import CheckpointStore
-from ckptstore._testing import POINTS
 
 BIG = 3_000_000  # 12 MB: the child writes it in 4 MiB pieces, so a kill lands mid-file
 

@@ -74,3 +74,74 @@ def test_mirror_failure_is_reported_not_fatal(tmp_path: Path) -> None:
     with pytest.warns(CheckpointWarning), pytest.raises(MirrorError):
         store.save(2, make_state(2))
         store.close()  # close() reports the mirror failure too
+
+
+def mirror_steps(murl: str, mopts: dict[str, Any]) -> list[str]:
+    mfs, mpath = fs_for(murl, mopts)
+    mfs.invalidate_cache(mpath)
+    return sorted(p.rsplit("/", 1)[-1] for p in mfs.ls(mpath, detail=False) if "step-" in p)
+
+
+def test_resume_from_the_mirror_when_the_primary_is_gone(
+    tmp_path: Path, mirror: tuple[str, dict[str, Any]]
+) -> None:
+    """latest / latest_step() / manifest("latest") / load("latest") find the mirror's newest
+    checkpoint, and the resumed run's new steps never overwrite the mirror's."""
+    murl, mopts = mirror
+    primary = str(tmp_path / "primary")
+    with CheckpointStore(primary, mirror=murl, mirror_storage_options=mopts) as store:
+        for step in (1, 2, 3):
+            store.save(step, make_state(step))
+            store.wait_mirror()  # each one (a mirror that falls behind copies the newest only)
+    mfs, mpath = fs_for(murl, mopts)
+    committed_3 = mfs.cat_file(f"{mpath}/step-00000003/manifest.json")
+    shutil.rmtree(primary)  # the node-local disk is gone
+    with CheckpointStore(primary, mirror=murl, mirror_storage_options=mopts) as store:
+        assert store.latest_step() == 3 and store.manifest("latest").step == 3
+        loaded = blank_state()
+        assert store.load(loaded).step == 3
+        assert_same_state(make_state(3), loaded)
+        store.save(4, make_state(4))
+        store.wait_mirror()
+        assert store.latest_step() == 4 and store.steps() == [4]
+    assert mirror_steps(murl, mopts) == [f"step-{s:08d}" for s in (1, 2, 3, 4)]
+    assert mfs.cat_file(f"{mpath}/step-00000003/manifest.json") == committed_3
+
+
+def test_the_newest_commit_wins_across_primary_and_mirror(
+    tmp_path: Path, mirror: tuple[str, dict[str, Any]]
+) -> None:
+    murl, mopts = mirror
+    primary = tmp_path / "primary"
+    with CheckpointStore(str(primary), mirror=murl, mirror_storage_options=mopts) as store:
+        for step in (1, 2, 3):
+            store.save(step, make_state(step))
+            store.wait_mirror()
+    shutil.rmtree(primary / "step-00000003")  # the primary lost its newest checkpoint only
+    (primary / "latest").write_text("step-00000002\n")
+    with CheckpointStore(str(primary), mirror=murl, mirror_storage_options=mopts) as store:
+        assert store.latest_step() == 3
+        loaded = blank_state()
+        assert store.load(loaded).step == 3
+        assert_same_state(make_state(3), loaded)
+        corrupt(f"{murl}/step-00000003", mopts, "flip")  # and a corrupt newest falls back
+        with pytest.warns(CheckpointWarning, match="checksum mismatch.*trying step 2"):
+            assert store.load(blank_state()).step == 2
+
+
+@pytest.mark.s3
+def test_an_unreachable_mirror_does_not_stop_a_resume(tmp_path: Path, moto: Any) -> None:
+    dead = {
+        **moto.storage_options(),
+        "endpoint_url": "http://127.0.0.1:9",  # nothing listens there
+        "config_kwargs": {"retries": {"max_attempts": 1}, "connect_timeout": 2},
+    }
+    with CheckpointStore(str(tmp_path / "p")) as store:
+        store.save(1, make_state(1))
+    with CheckpointStore(
+        str(tmp_path / "p"), mirror="s3://ckpt/dead", mirror_storage_options=dead
+    ) as store:
+        with pytest.warns(CheckpointWarning, match="mirror s3://ckpt/dead unreachable"):
+            assert store.latest_step() == 1
+        with pytest.warns(CheckpointWarning, match="unreachable, using the primary alone"):
+            assert store.load(blank_state()).step == 1

@@ -1,15 +1,16 @@
 """Verified, atomic, async PyTorch checkpoints on any fsspec URL, in torch or DCP format."""
 
-__version__ = "0.1.0"
-
-from .errors import (  # noqa: E402 - __version__ first: store.py records it in manifests
+from ._version import __version__
+from .errors import (
     CheckpointError,
+    CheckpointWarning,
     CorruptCheckpointError,
     IncompatibleCheckpointError,
+    LockedError,
     MirrorError,
     NoCheckpointError,
 )
-from .formats import (  # noqa: E402
+from .formats import (
     CheckpointFormat,
     LoadContext,
     SaveContext,
@@ -17,16 +18,25 @@ from .formats import (  # noqa: E402
     get_format,
     register_format,
 )
-from .manifest import (  # noqa: E402
+from .layout import (
+    ExperimentLocation,
+    Scan,
+    StepSpec,
+    experiment_location,
+    validate_experiment_name,
+)
+from .lock import LockInfo
+from .manifest import (
     CheckpointInfo,
     FileReport,
     Manifest,
     SaveStats,
+    SaveTimings,
     VerifyReport,
 )
-from .retention import RetentionPolicy  # noqa: E402
-from .storage import IOOptions  # noqa: E402
-from .store import CheckpointStore, CheckpointWarning, SaveHandle  # noqa: E402
+from .retention import RetentionPolicy
+from .storage import IOOptions, Storage, open_storage
+from .store import CheckpointStore, SaveHandle
 
 __all__ = [
     "CheckpointError",
@@ -35,10 +45,13 @@ __all__ = [
     "CheckpointStore",
     "CheckpointWarning",
     "CorruptCheckpointError",
+    "ExperimentLocation",
     "FileReport",
     "IOOptions",
     "IncompatibleCheckpointError",
     "LoadContext",
+    "LockInfo",
+    "LockedError",
     "Manifest",
     "MirrorError",
     "NoCheckpointError",
@@ -46,9 +59,16 @@ __all__ = [
     "SaveContext",
     "SaveHandle",
     "SaveStats",
+    "SaveTimings",
+    "Scan",
+    "StepSpec",
+    "Storage",
     "VerifyReport",
     "__version__",
     "available_formats",
+    "experiment_location",
     "get_format",
+    "open_storage",
     "register_format",
+    "validate_experiment_name",
 ]

@@ -1,7 +1,8 @@
-"""``ckptstore`` command line: list, verify, inspect, prune, export.
+"""``ckptstore`` command line: list, verify, inspect, prune, export, lock.
 
-Exit codes: 0 fine, 1 corrupt / nothing found / failed, 2 usage error (one line on stderr).
-URL is a checkpoint root (``/ckpt``, ``s3://bucket/run``) or one step directory of it.
+Exit codes: 0 fine, 1 corrupt / untrusted / nothing found / failed, 2 usage error (one line on
+stderr). URL is an experiment folder (``/ckpt/run1``, ``s3://bucket/run``), one step folder of
+it, or a root holding experiment folders (``list`` then lists the experiments).
 """
 
 from __future__ import annotations
@@ -10,13 +11,15 @@ import argparse
 import datetime
 import os
 import sys
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
 import orjson
 
 from .errors import CheckpointError, NoCheckpointError
-from .manifest import parse_step_dir
+from .layout import Location, StepSpec, split_step_url
+from .manifest import Manifest
 
 
 class _UsageError(Exception):
@@ -28,42 +31,45 @@ class _Parser(argparse.ArgumentParser):
         raise _UsageError(message)
 
 
+def _common(sp: argparse.ArgumentParser) -> None:
+    sp.add_argument("url", help="experiment folder, step folder or root (path or fsspec URL)")
+    sp.add_argument("--experiment", help="experiment sub-directory under the root")
+    sp.add_argument(
+        "--storage-options",
+        type=_json_dict,
+        default=None,
+        help='fsspec options as JSON, e.g. \'{"endpoint_url": "http://127.0.0.1:9000"}\'',
+    )
+
+
 def _parser() -> argparse.ArgumentParser:
     p = _Parser(prog="ckptstore", description="Inspect and manage ckptstore checkpoints.")
     sub = p.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
-
-    def common(sp: argparse.ArgumentParser) -> None:
-        sp.add_argument("url", help="checkpoint root or step directory (path or fsspec URL)")
-        sp.add_argument("--experiment", help="experiment sub-directory under the root")
-        sp.add_argument(
-            "--storage-options",
-            type=_json_dict,
-            default=None,
-            help='fsspec options as JSON, e.g. \'{"endpoint_url": "http://127.0.0.1:9000"}\'',
-        )
-
-    sp = sub.add_parser("list", help="committed checkpoints, by step")
-    common(sp)
+    sp = _command(sub, "list", "committed checkpoints by step; broken ones; or the experiments")
     sp.add_argument("--json", action="store_true", help="one JSON object per line")
-    sp = sub.add_parser("verify", help="re-read files against the manifest; exit 1 if corrupt")
-    common(sp)
+    sp = _command(sub, "verify", "re-read files against the manifest; exit 1 if anything is bad")
     sp.add_argument("--step", default=None, help="N, latest (default) or all")
     sp.add_argument("--json", action="store_true")
-    sp = sub.add_parser("inspect", help="manifest, files, tensor shapes and dtypes")
-    common(sp)
+    sp = _command(sub, "inspect", "manifest, files, tensor shapes and dtypes")
     sp.add_argument("--step", default=None, help="N or latest (default)")
     sp.add_argument("--json", action="store_true")
-    sp = sub.add_parser("prune", help="delete old checkpoints (never the newest verified one)")
-    common(sp)
+    sp = _command(sub, "prune", "delete old checkpoints (never the newest verified one)")
     sp.add_argument("--keep-last", type=_positive, required=True, metavar="K")
     sp.add_argument("--keep-every", type=_positive, default=None, metavar="N")
     sp.add_argument("--dry-run", action="store_true", help="say what would go; delete nothing")
-    sp = sub.add_parser("export", help="plain torch.save file of one state entry")
-    common(sp)
+    sp = _command(sub, "export", "plain torch.save file of one state entry")
     sp.add_argument("--step", required=True, help="N or latest")
     sp.add_argument("--out", required=True, help="output file (written atomically)")
     sp.add_argument("--key", default=None, help="state entry to export (default: model)")
+    sp = _command(sub, "lock", "who writes this experiment (the one-writer lock)")
+    sp.add_argument("--break", dest="break_", action="store_true", help="remove the lock")
     return p
+
+
+def _command(sub: Any, name: str, help: str) -> argparse.ArgumentParser:
+    sp: argparse.ArgumentParser = sub.add_parser(name, help=help)
+    _common(sp)
+    return sp
 
 
 def _json_dict(text: str) -> dict[str, Any]:
@@ -86,22 +92,24 @@ def _positive(text: str) -> int:
     return v
 
 
-def _step_arg(text: str | None) -> int | str:
-    if text is None or text == "latest":
-        return "latest"
-    if text.isdigit():
-        return int(text)
-    raise _UsageError(f"--step must be a step number or 'latest', got {text!r}")
+def _step(args: argparse.Namespace, url_step: int | None) -> int | str:
+    """The step a command means: --step, else the step folder the URL names, else latest."""
+    if args.step is None:
+        return "latest" if url_step is None else url_step
+    try:
+        spec = StepSpec.parse(args.step)
+    except ValueError as e:
+        raise _UsageError(f"--step: {e}") from None
+    if spec.path is not None:
+        raise _UsageError(f"--step must be a step number or 'latest', got {args.step!r}")
+    return "latest" if spec.step is None else spec.step
 
 
 def _open(args: argparse.Namespace, **kw: Any) -> tuple[Any, int | None]:
     """The store, and the step the URL itself names (URL = .../step-00001234)."""
     from .store import CheckpointStore
 
-    url = args.url.rstrip("/")
-    step = parse_step_dir(url.rsplit("/", 1)[-1]) if "/" in url else None
-    if step is not None:
-        url = url.rsplit("/", 1)[0] or "/"
+    url, step = split_step_url(args.url)
     store = CheckpointStore(
         url,
         experiment=args.experiment,
@@ -124,63 +132,136 @@ def _when(t: float) -> str:
     return datetime.datetime.fromtimestamp(t).isoformat(timespec="seconds")
 
 
-def cmd_list(args: argparse.Namespace) -> int:
-    store, _ = _open(args)
-    infos = store.list()
-    if args.json:
-        for i in infos:
-            sys.stdout.write(orjson.dumps(i, option=orjson.OPT_SERIALIZE_DATACLASS).decode() + "\n")
-        return 0
-    if not infos:
-        print(f"no checkpoints in {store.url}")
-        return 0
-    head = store.latest_step()
-    rows = [("step", "time", "format", "size", "world", "metadata")]
-    for i in infos:
-        meta = orjson.dumps(i.metadata).decode()
-        rows.append(
-            (
-                f"{i.step}{' (latest)' if i.step == head else ''}",
-                _when(i.time),
-                i.format,
-                _human(i.bytes),
-                str(i.world_size),
-                meta if len(meta) <= 60 else meta[:57] + "...",
-            )
-        )
+def _table(rows: Sequence[Sequence[str]]) -> None:
     widths = [max(len(r[c]) for r in rows) for c in range(len(rows[0]))]
     for r in rows:
         print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())
+
+
+def _nothing(store: Any) -> NoCheckpointError:
+    """No checkpoint here: say whether the folder exists or holds experiments instead."""
+    exps = store.experiments()
+    if exps:
+        more = f" and {len(exps) - 10} more" if len(exps) > 10 else ""
+        return NoCheckpointError(
+            f"no checkpoints directly in {store.url}: it holds experiments "
+            f"{', '.join(exps[:10])}{more}; name one, e.g. {store.url.rstrip('/')}/{exps[0]}"
+        )
+    if not store.primary.storage.exists(store.primary.root):
+        return NoCheckpointError(f"{store.url} does not exist: no checkpoints there")
+    return NoCheckpointError(f"no checkpoints in {store.url}")
+
+
+def _or_nothing(store: Any, step: int | str, fn: Callable[[int | str], Any]) -> Any:
+    """``fn(step)``; for "latest" with nothing there, say where the checkpoints may be."""
+    try:
+        return fn(step)
+    except NoCheckpointError:
+        if step != "latest":
+            raise
+        raise _nothing(store) from None
+
+
+# -- list ------------------------------------------------------------------------------------
+def cmd_list(args: argparse.Namespace) -> int:
+    store, _ = _open(args)
+    scan = store.scan()
+    if not scan.checkpoints and not scan.broken:
+        return _list_experiments(store, args.json)
+    (_list_json if args.json else _list_table)(scan)
+    for line in scan.problems():
+        print(f"ckptstore: cannot be trusted: {line}", file=sys.stderr)
+    return 1 if scan.problems() else 0
+
+
+def _list_json(scan: Any) -> None:
+    for step in sorted({*scan.checkpoints, *scan.broken}):
+        m: Manifest | None = scan.checkpoints.get(step)
+        if m is None:
+            row: dict[str, Any] = {"step": step, "ok": False, "problem": scan.broken[step]}
+        else:
+            row = {"step": step, "ok": True, "url": m.url, "format": m.format, "time": m.time}
+            row |= {"bytes": m.bytes, "world_size": m.world_size, "metadata": m.metadata}
+        sys.stdout.write(orjson.dumps({**row, "latest": step == _latest(scan)}).decode() + "\n")
+
+
+def _latest(scan: Any) -> int | None:
+    """The step the pointer names (even a broken one: the table says so), else the head."""
+    return scan.pointer if scan.pointer is not None else scan.head
+
+
+def _list_table(scan: Any) -> None:
+    rows = [("step", "time", "format", "size", "world", "metadata")]
+    for step in sorted({*scan.checkpoints, *scan.broken}):
+        mark = " (latest)" if step == _latest(scan) else ""
+        m: Manifest | None = scan.checkpoints.get(step)
+        if m is None:
+            rows.append((f"{step}{mark}", "BROKEN", "-", "-", "-", scan.broken[step][:80]))
+            continue
+        meta = orjson.dumps(m.metadata).decode()
+        meta = meta if len(meta) <= 60 else meta[:57] + "..."
+        rows.append(
+            (f"{step}{mark}", _when(m.time), m.format, _human(m.bytes), str(m.world_size), meta)
+        )
+    _table(rows)
+
+
+def _list_experiments(store: Any, as_json: bool) -> int:
+    names = store.experiments()
+    if not names:
+        raise _nothing(store)
+    rows = [("experiment", "latest", "step folders", "url")]
+    for name in names:
+        loc = Location(store.primary.storage, store.primary.path(name))
+        latest, _ = loc.read_pointer()
+        row = (name, "-" if latest is None else str(latest), str(len(loc.step_dirs())), loc.url)
+        if as_json:
+            keys = ("experiment", "latest", "step_folders", "url")
+            sys.stdout.write(orjson.dumps(dict(zip(keys, row, strict=True))).decode() + "\n")
+        rows.append(row)
+    if not as_json:
+        print(f"no checkpoints directly in {store.url}; it holds {len(names)} experiment(s):")
+        _table(rows)
     return 0
 
 
+# -- verify ----------------------------------------------------------------------------------
 def cmd_verify(args: argparse.Namespace) -> int:
     store, url_step = _open(args)
-    if args.step == "all":
-        steps: list[int | str] = list(store.steps())
-        if not steps:
-            raise NoCheckpointError(f"no checkpoints in {store.url}")
-    else:
-        steps = [url_step if url_step is not None and args.step is None else _step_arg(args.step)]
-    bad = 0
-    for s in steps:
-        report = store.verify(s)
-        if args.json:
-            sys.stdout.write(orjson.dumps(report, option=orjson.OPT_SERIALIZE_DATACLASS).decode())
-            sys.stdout.write("\n")
-        else:
-            print(report.summary())
-            for f in report.files:
-                why = "" if f.ok else f": {f.problem}"
-                print(f"  {'ok ' if f.ok else 'BAD'} {f.path} ({f.size} bytes){why}")
-        bad += not report.ok
-    return 1 if bad else 0
+    if args.step != "all":
+        return _verify_one(store, _step(args, url_step), args.json)
+    scan = store.scan()
+    steps = sorted({*scan.checkpoints, *scan.broken})
+    if not steps:
+        raise _nothing(store)
+    bad = sum(_report(store.verify(s), args.json) for s in steps)
+    for s in scan.incomplete:
+        print(f"INCOMPLETE step {s}: no manifest.json: an interrupted save, not a checkpoint")
+    if scan.pointer_problem:
+        print(f"BAD {scan.pointer_problem}")
+    return 1 if bad or scan.pointer_problem else 0
 
 
+def _verify_one(store: Any, step: int | str, as_json: bool) -> int:
+    return _report(_or_nothing(store, step, store.verify), as_json)
+
+
+def _report(report: Any, as_json: bool) -> int:
+    if as_json:
+        out = orjson.dumps(report, option=orjson.OPT_SERIALIZE_DATACLASS).decode()
+        sys.stdout.write(out + "\n")
+        return 0 if report.ok else 1
+    print(report.summary())
+    for f in report.files:
+        why = "" if f.ok else f": {f.problem}"
+        print(f"  {'ok ' if f.ok else 'BAD'} {f.path} ({f.size} bytes){why}")
+    return 0 if report.ok else 1
+
+
+# -- inspect, prune, export ------------------------------------------------------------------
 def cmd_inspect(args: argparse.Namespace) -> int:
     store, url_step = _open(args)
-    step = url_step if url_step is not None and args.step is None else _step_arg(args.step)
-    info = store.inspect(step)
+    info = _or_nothing(store, _step(args, url_step), store.inspect)
     if args.json:
         sys.stdout.write(orjson.dumps(info, option=orjson.OPT_INDENT_2).decode() + "\n")
         return 0
@@ -205,12 +286,15 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 def cmd_prune(args: argparse.Namespace) -> int:
     store, _ = _open(args, keep_last=args.keep_last, keep_every=args.keep_every)
-    gone = store.prune(dry_run=args.dry_run)
+    with store:
+        if not store.scan().checkpoints:
+            raise _nothing(store)
+        gone = store.prune(dry_run=args.dry_run)
+        kept = "(dry run)" if args.dry_run else ", ".join(map(str, store.steps()))
     verb = "would delete" if args.dry_run else "deleted"
-    print(
-        f"{verb} {len(gone)} checkpoint(s){': steps ' + ', '.join(map(str, gone)) if gone else ''}"
-    )
-    print(f"kept: steps {', '.join(map(str, store.steps())) if not args.dry_run else '(dry run)'}")
+    listed = f": steps {', '.join(map(str, gone))}" if gone else ""
+    print(f"{verb} {len(gone)} checkpoint(s){listed}")
+    print(f"kept: steps {kept}")
     return 0
 
 
@@ -218,8 +302,8 @@ def cmd_export(args: argparse.Namespace) -> int:
     import torch
 
     store, url_step = _open(args)
-    step = url_step if url_step is not None and args.step is None else _step_arg(args.step)
-    keys = list(store.inspect(step)["types"])
+    step = _step(args, url_step)
+    keys = list(_or_nothing(store, step, store.inspect)["types"])
     key = args.key or "model"
     if key not in keys:
         raise _UsageError(
@@ -257,12 +341,33 @@ def _clone(v: Any) -> Any:
     return v
 
 
-_COMMANDS = {
+# -- lock ------------------------------------------------------------------------------------
+def cmd_lock(args: argparse.Namespace) -> int:
+    from .lock import break_lock, holder_alive, read_lock, takeover_reason, whoami
+
+    loc = Location.open(split_step_url(args.url)[0], args.experiment, args.storage_options)
+    current = read_lock(loc.storage, loc.root) if not args.break_ else None
+    if args.break_:
+        removed = break_lock(loc.storage, loc.root)
+        print(f"removed the writer lock of {loc.url}" if removed else f"{loc.url}: not locked")
+        return 0
+    if current is None:
+        print(f"{loc.url}: not locked (no run writes it)")
+        return 0
+    holder, now = current[0], time.time()
+    reason = takeover_reason(holder, whoami(now, holder.lease_s), now, holder_alive)
+    state = f"stale: a new writer takes it over ({reason})" if reason else "held by a live writer"
+    print(f"{loc.url}: written by {holder.describe(now)}; lease {holder.lease_s:.0f} s; {state}")
+    return 0
+
+
+_COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "list": cmd_list,
     "verify": cmd_verify,
     "inspect": cmd_inspect,
     "prune": cmd_prune,
     "export": cmd_export,
+    "lock": cmd_lock,
 }
 
 

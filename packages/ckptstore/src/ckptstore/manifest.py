@@ -228,3 +228,46 @@ class SaveStats:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+@dataclass(frozen=True, slots=True)
+class SaveTimings:
+    """Measured durations of a store's committed saves (primary copies), oldest first: the
+    facts a save schedule needs to decide whether a save may start now and end in time.
+    ``total_s`` runs from the ``save()`` call until the commit is durable; ``blocking_s`` is
+    how long ``save()`` held the caller. The tuples keep the most recent saves only."""
+
+    total_s: tuple[float, ...] = ()
+    blocking_s: tuple[float, ...] = ()
+    count: int = 0  # every committed save, also those older than the tuples reach
+
+    @property
+    def last_s(self) -> float | None:
+        return self.total_s[-1] if self.total_s else None
+
+    @property
+    def median_s(self) -> float | None:
+        return _median(self.total_s)
+
+    @property
+    def max_s(self) -> float | None:
+        return max(self.total_s) if self.total_s else None
+
+    @property
+    def blocking_median_s(self) -> float | None:
+        return _median(self.blocking_s)
+
+    def add(self, stats: SaveStats, window: int = 64) -> SaveTimings:
+        return SaveTimings(
+            total_s=(*self.total_s, stats.total_s)[-window:],
+            blocking_s=(*self.blocking_s, stats.blocking_s)[-window:],
+            count=self.count + 1,
+        )
+
+
+def _median(xs: tuple[float, ...]) -> float | None:
+    if not xs:
+        return None
+    s = sorted(xs)
+    mid = len(s) // 2
+    return s[mid] if len(s) % 2 else (s[mid - 1] + s[mid]) / 2

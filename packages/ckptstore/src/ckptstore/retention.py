@@ -8,8 +8,11 @@ deleted here; training overwrites them when it gets there.
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Iterable, Mapping
+import threading
+from collections import Counter
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -72,3 +75,34 @@ class RetentionPolicy:
                 scored.append((v if self.best_mode == "min" else -v, -s, s))
         scored.sort()
         return [s for *_, s in scored[: self.keep_best or 0]]
+
+
+class InUse:
+    """Steps being written, read or mirrored right now (thread-safe, counted: a load and a save
+    of the same step overlap fine): retention never deletes them."""
+
+    def __init__(self) -> None:
+        self._steps: Counter[int] = Counter()
+        self._mutex = threading.Lock()
+
+    def add(self, step: int) -> None:
+        with self._mutex:
+            self._steps[step] += 1
+
+    def discard(self, step: int) -> None:
+        with self._mutex:
+            self._steps[step] -= 1
+            if self._steps[step] <= 0:
+                del self._steps[step]
+
+    def snapshot(self) -> set[int]:
+        with self._mutex:
+            return set(self._steps)
+
+    @contextlib.contextmanager
+    def holding(self, step: int) -> Iterator[None]:
+        self.add(step)
+        try:
+            yield
+        finally:
+            self.discard(step)

@@ -251,14 +251,3 @@ def _check_prefix(got: bytes, header: Mapping[str, Any], url: str) -> None:
         raise CorruptCheckpointError(f"{url}: not a ckptstore 'torch' file (bad magic {magic!r})")
     if _PREFIX.size + hlen > int(header["data_offset"]):
         raise CorruptCheckpointError(f"{url}: header length {hlen} overruns the data")
-
-
-def read_file_header(data: bytes) -> dict[str, Any]:
-    """Parse the header at the start of a lone ``.ckpt`` file (for ``ckptstore inspect FILE``)."""
-    if data.startswith(_PICKLE_MAGICS):
-        raise CorruptCheckpointError("this is a pickle (torch.save) file, not a ckptstore file")
-    magic, hlen = _PREFIX.unpack(data[: _PREFIX.size])
-    if magic != MAGIC:
-        raise CorruptCheckpointError(f"not a ckptstore 'torch' file (bad magic {magic!r})")
-    header: dict[str, Any] = orjson.loads(data[_PREFIX.size : _PREFIX.size + hlen])
-    return header

@@ -1,0 +1,333 @@
+"""Saving: stage on every rank, persist (maybe in the background), commit on the coordinator.
+
+A ``Saver`` owns the save pipeline of one store: the per-save file token, the one save in
+flight and its failure (delivered once). Whether this process may write at all, and what a
+commit means to the rest of the store (record it, tidy up, mirror, prune), reach it as
+``SaveHooks``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import platform
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+import torch
+
+from ._dist import all_gather
+from ._version import __version__
+from .buffers import Arena, align_up
+from .errors import CheckpointError
+from .formats import CheckpointFormat, SaveContext
+from .layout import Location, check_step
+from .manifest import MANIFEST_NAME, FileEntry, Manifest, SaveStats
+from .retention import InUse
+from .storage import IOEngine
+from .tree import encode_state
+
+
+def check_metadata(metadata: Mapping[str, Any] | None) -> dict[str, Any]:
+    if metadata is None:
+        return {}
+    if not isinstance(metadata, Mapping):
+        raise TypeError(f"metadata must be a dict of JSON values, got {type(metadata).__name__}")
+    try:
+        out: dict[str, Any] = orjson.loads(orjson.dumps(dict(metadata)))
+    except TypeError as e:
+        raise TypeError(
+            f"metadata must be JSON (str keys; numbers, strings, lists, dicts): {e}"
+        ) from None
+    return out
+
+
+def versions() -> dict[str, str]:
+    import fsspec
+
+    return {
+        "ckptstore": __version__,
+        "torch": torch.__version__,
+        "fsspec": fsspec.__version__,
+        "orjson": orjson.__version__,
+        "python": platform.python_version(),
+    }
+
+
+class SaveHandle:
+    """What ``save()`` returns; ``result()`` waits for durability and re-raises a failure."""
+
+    def __init__(
+        self, step: int, blocking_s: float, on_delivered: Callable[[BaseException], None]
+    ) -> None:
+        self.step, self.blocking_s = step, blocking_s
+        self._done = threading.Event()
+        self._stats: SaveStats | None = None
+        self._error: BaseException | None = None
+        self._on_delivered = on_delivered
+
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    def result(self, timeout: float | None = None) -> SaveStats:
+        if not self._done.wait(timeout):
+            raise TimeoutError(f"save of step {self.step} still running after {timeout} s")
+        if self._error is not None:
+            self._on_delivered(self._error)
+            raise self._error
+        assert self._stats is not None
+        return self._stats
+
+    def finish(self, stats: SaveStats | None, error: BaseException | None) -> None:
+        self._stats, self._error = stats, error
+        self._done.set()
+
+    @property
+    def error(self) -> BaseException | None:
+        return self._error
+
+    def __repr__(self) -> str:
+        state = "done" if self.done() else "running"
+        return f"SaveHandle(step={self.step}, {state}, blocking_s={self.blocking_s:.3f})"
+
+
+@dataclass(frozen=True, slots=True)
+class SaveHooks:
+    """What the saver asks of, and tells, the store it works for."""
+
+    writer_error: Callable[[], BaseException | None]  # rank 0: None while it may write
+    may_commit: Callable[[], None]  # raises when this run lost the writer lock meanwhile
+    committed: Callable[[Manifest, SaveStats], None]  # after the pointer moved (never raises)
+    in_use: InUse  # the step being written is never pruned
+
+
+@dataclass(kw_only=True, slots=True)
+class _Save:
+    """One save on its way: when it started, its context, and (coordinator) its commit."""
+
+    t0: float
+    ctx: SaveContext = field(init=False)
+    manifest: Manifest | None = None
+    stats: SaveStats | None = None
+
+
+class Saver:
+    """The save pipeline of one store (see the module docstring)."""
+
+    def __init__(
+        self,
+        loc: Location,
+        fmt: CheckpointFormat,
+        format_name: str,
+        *,
+        dist: tuple[int, int, Any],
+        io: IOEngine,
+        arena: Arena,
+        session: str,
+        hooks: SaveHooks,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
+        self.loc, self.fmt, self.format_name = loc, fmt, format_name
+        self.io, self.arena, self.hooks = io, arena, hooks
+        self.rank, self.world_size, self.group = dist
+        self._session, self._seq = session, 0
+        self._clock, self._wall = clock, wall
+        self._mutex = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._pending: BaseException | None = None
+
+    @property
+    def in_flight(self) -> bool:
+        t = self._thread
+        return t is not None and t.is_alive()
+
+    def save(
+        self,
+        step: int,
+        state: Mapping[str, Any],
+        metadata: Mapping[str, Any] | None,
+        blocking: bool,
+    ) -> SaveHandle:
+        self._seq += 1  # before validation, so every rank derives the same file token
+        token = f"{self._session}{self._seq:05x}"
+        step, meta = check_step(step), check_metadata(metadata)
+        self.wait()
+        save = _Save(t0=self._clock())
+        save.ctx = self._context(step, token, blocking, functools.partial(self._commit, save, meta))
+        self.hooks.in_use.add(step)
+        staged, error = self._stage(state, save.ctx)
+        # Every rank learns whether every rank staged: otherwise a rank that failed here would
+        # leave the others waiting forever in the collectives of the write.
+        self._agree_ok(step, "preparing", error)
+        handle = SaveHandle(step, self._clock() - save.t0, self._delivered)
+        if blocking:
+            self._persist(staged, save, handle)
+            self._agree_ok(step, "writing", handle.error)
+            return handle
+        self._thread = threading.Thread(
+            target=self._persist,
+            args=(staged, save, handle),
+            name=f"ckptstore-save-{step}",
+            daemon=False,  # a durable last checkpoint matters more than a prompt exit
+        )
+        self._thread.start()
+        return handle
+
+    def _context(
+        self,
+        step: int,
+        token: str,
+        blocking: bool,
+        commit: Callable[[Sequence[FileEntry], dict[str, Any]], None],
+    ) -> SaveContext:
+        return SaveContext(
+            storage=self.loc.storage,
+            step_dir=self.loc.step_dir(step),
+            step=step,
+            token=token,
+            rank=self.rank,
+            world_size=self.world_size,
+            group=self.group,
+            io=self.io,
+            arena=self.arena,
+            background=not blocking,
+            commit=commit,
+        )
+
+    def _stage(
+        self, state: Mapping[str, Any], ctx: SaveContext
+    ) -> tuple[Any, BaseException | None]:
+        """(what the format staged, or the error that stops this save)."""
+        error = self.hooks.writer_error() if self.rank == 0 else None
+        if error is not None:
+            return None, error
+        try:
+            enc = None
+            if self.fmt.writes_on(self.rank, self.world_size):
+                enc = encode_state(state, allow_dtensor=self.format_name != "torch")
+            return self.fmt.stage(enc, ctx), None
+        except OSError as e:
+            return None, CheckpointError(f"cannot save step {ctx.step} under {self.loc.url}: {e}")
+        except Exception as e:
+            return None, e
+
+    def reserve(self, state: Mapping[str, Any]) -> None:
+        if not self.fmt.writes_on(self.rank, self.world_size):
+            return
+        enc = encode_state(state, allow_dtensor=self.format_name != "torch")
+        nbytes = sum(align_up(t.numel() * t.element_size()) for t in enc.tensors.values())
+        nbytes += 2 * len(orjson.dumps(enc.tree)) + (1 << 20)  # header, padding
+        cuda = any(t.is_cuda for t in enc.tensors.values())
+        self.arena.reserve(nbytes, pin=cuda, nice=self.io.options.background_nice)
+
+    def _persist(self, staged: Any, save: _Save, handle: SaveHandle) -> None:
+        """Write and commit; never raises: the outcome goes to the handle (and, for a
+        background save, to the saver, which re-raises it at the next call)."""
+        try:
+            self.fmt.persist(staged, save.ctx)
+            handle.finish(self._outcome(save, handle), None)
+        except BaseException as e:
+            err = e
+            if not isinstance(e, CheckpointError):
+                err = CheckpointError(
+                    f"save of step {save.ctx.step} to {self.loc.url} failed: {e!r}"
+                )
+                err.__cause__ = e
+            if save.ctx.background:
+                with self._mutex:
+                    self._pending = err
+            handle.finish(None, err)
+        finally:
+            self.hooks.in_use.discard(save.ctx.step)
+
+    def _outcome(self, save: _Save, handle: SaveHandle) -> SaveStats:
+        if save.stats is None or save.manifest is None:  # another rank committed
+            return SaveStats(
+                step=save.ctx.step,
+                bytes=0,
+                blocking_s=handle.blocking_s,
+                total_s=self._clock() - save.t0,
+                durable_at=self._wall(),
+                url=self.loc.storage.url(save.ctx.step_dir),
+                format=self.format_name,
+            )
+        stats = dataclasses.replace(save.stats, blocking_s=handle.blocking_s)
+        self.hooks.committed(save.manifest, stats)
+        return stats
+
+    def _agree_ok(self, step: int, what: str, error: BaseException | None) -> None:
+        """Under torch.distributed every rank raises if any rank failed (blocking saves also
+        return only once rank 0 has committed). Outside it, just raise our own error."""
+        if self.group is None:
+            if error is not None:
+                self.hooks.in_use.discard(step)
+                raise error
+            return
+        outcomes = all_gather(self.group, None if error is None else str(error))
+        failed = [(r, o) for r, o in enumerate(outcomes) if o is not None]
+        if failed:
+            self.hooks.in_use.discard(step)
+            if error is not None and failed[0][0] == self.rank:
+                raise error
+            r, msg = failed[0]
+            raise CheckpointError(f"{what} step {step} failed on rank {r}: {msg}")
+
+    def _commit(
+        self,
+        save: _Save,
+        meta: dict[str, Any],
+        files: Sequence[FileEntry],
+        format_data: dict[str, Any],
+    ) -> None:
+        """Coordinator only, once every rank's payload is durable: manifest, then pointer."""
+        self.hooks.may_commit()
+        step, loc = save.ctx.step, self.loc
+        manifest = Manifest(
+            step=step,
+            format=self.format_name,
+            time=self._wall(),
+            world_size=self.world_size,
+            files=tuple(files),
+            metadata=meta,
+            versions=versions(),
+            format_data=format_data,
+            save_id=save.ctx.token,
+            url=loc.storage.url(loc.step_dir(step)),
+        )
+        path = loc.storage.join(loc.step_dir(step), MANIFEST_NAME)
+        loc.storage.write_small(path, manifest.to_json())
+        loc.write_pointer(step)
+        save.manifest = manifest
+        save.stats = SaveStats(
+            step=step,
+            bytes=manifest.bytes,
+            blocking_s=0.0,
+            total_s=self._clock() - save.t0,
+            durable_at=self._wall(),
+            url=manifest.url,
+            format=self.format_name,
+        )
+
+    def _delivered(self, err: BaseException) -> None:
+        with self._mutex:
+            if self._pending is err:
+                self._pending = None
+
+    def wait(self) -> None:
+        """Block until the save in flight is durable; re-raise a background failure."""
+        t = self._thread
+        if t is not None:
+            t.join()
+            self._thread = None
+        self.raise_pending()
+
+    def raise_pending(self) -> None:
+        with self._mutex:
+            err, self._pending = self._pending, None
+        if err is not None:
+            raise err

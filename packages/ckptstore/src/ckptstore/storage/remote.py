@@ -1,0 +1,304 @@
+"""Any fsspec filesystem (object stores and the rest), with S3 fast paths from ``s3.py``."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import functools
+import importlib
+import zlib
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, TypeVar
+
+from ..buffers import memview
+from ..errors import CorruptCheckpointError, disk_error
+from ..manifest import CRC_CHUNK, Checksum, FileEntry
+from . import s3
+from .engine import IOEngine
+from .payload import (
+    Dest,
+    Payload,
+    check_chunks,
+    crc_chunks,
+    n_chunks,
+    needed_chunks,
+    pieces,
+    scatter,
+)
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+@functools.cache
+def _remote_errors() -> tuple[type[BaseException], ...]:
+    """Client-library errors that mean "the storage failed" but are not OSErrors."""
+    out = []
+    for module, name in (("botocore.exceptions", "BotoCoreError"), ("aiohttp", "ClientError")):
+        with contextlib.suppress(ImportError, AttributeError):
+            out.append(getattr(importlib.import_module(module), name))
+    return tuple(out)
+
+
+def _translated(fn: F) -> F:
+    """Storage failures surface as OSError (what every caller handles), never as a client
+    library's own exception type with a traceback."""
+
+    @functools.wraps(fn)
+    def wrapper(self: FsspecStorage, path: str, *args: Any, **kw: Any) -> Any:
+        try:
+            return fn(self, path, *args, **kw)
+        except _remote_errors() as e:
+            raise OSError(errno.EIO, f"{self.url(path)}: {type(e).__name__}: {e}") from e
+
+    return wrapper  # type: ignore[return-value]
+
+
+class FsspecStorage:
+    """Any fsspec filesystem. On object stores a PUT is atomic, so the manifest's presence is
+    the commit; there are no directories to fsync."""
+
+    def __init__(self, fs: Any, root: str) -> None:
+        self.fs, self.root = fs, root
+        self.is_s3 = type(fs).__name__ == "S3FileSystem"
+        self.is_object_store = not getattr(fs, "local_file", False)
+        self._bucket_checked = False
+        if self.is_s3:
+            s3.quiet_dead_connections(fs)
+
+    def join(self, *parts: str) -> str:
+        return "/".join(p.strip("/") if i else p.rstrip("/") for i, p in enumerate(parts))
+
+    def url(self, path: str) -> str:
+        return str(self.fs.unstrip_protocol(path))
+
+    def local_path(self, path: str) -> str | None:
+        return None
+
+    @_translated
+    def makedirs(self, path: str) -> None:
+        if self.is_s3:  # no directories on S3; and s3fs would create a missing bucket
+            self._require_bucket(path)
+            return
+        with contextlib.suppress(FileExistsError):
+            self.fs.makedirs(path, exist_ok=True)
+
+    def _require_bucket(self, path: str) -> None:
+        if not self._bucket_checked:
+            s3.require_bucket(self.fs, path)
+            self._bucket_checked = True
+
+    @_translated
+    def list_dir(self, path: str) -> list[str]:
+        self.fs.invalidate_cache(path)
+        try:
+            names = self.fs.ls(path, detail=False)
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+        base = path.rstrip("/")
+        return sorted({n.rstrip("/").rsplit("/", 1)[-1] for n in names if n.rstrip("/") != base})
+
+    @_translated
+    def exists(self, path: str) -> bool:
+        self.fs.invalidate_cache(path)
+        return bool(self.fs.exists(path))
+
+    @_translated
+    def read_small(self, path: str) -> bytes:
+        self.fs.invalidate_cache(path)
+        return bytes(self.fs.cat_file(path))
+
+    @_translated
+    def write_small(self, path: str, data: bytes) -> None:
+        try:
+            self.fs.pipe_file(path, data)
+        except OSError as e:
+            raise disk_error(e, self.url(path)) from e
+        self.fs.invalidate_cache(path)
+
+    # -- writes ----------------------------------------------------------------------------
+    def write_payload(
+        self, path: str, payload: Payload, io: IOEngine, *, background: bool = False
+    ) -> FileEntry:
+        try:
+            crcs = self._write(path, payload, io, background)
+        except OSError as e:
+            raise disk_error(e, self.url(path)) from e
+        self.fs.invalidate_cache(path)
+        name = path.rstrip("/").rsplit("/", 1)[-1]
+        return FileEntry(name, payload.size, Checksum(CRC_CHUNK, tuple(crcs)))
+
+    @_translated
+    def _write(self, path: str, payload: Payload, io: IOEngine, background: bool) -> list[int]:
+        if self.is_s3 and payload.size > io.options.s3_part_bytes:
+            return s3.upload(self.fs, path, payload, io, background, self._piece_bytes)
+        return self._sequential_write(path, payload, io)
+
+    @staticmethod
+    def _piece_bytes(
+        payload: Payload, off: int, n: int, io: IOEngine
+    ) -> tuple[bytes, list[tuple[int, int]]]:
+        src = payload.view(off, n)
+        if src is not None:
+            mv = memview(src)[:n]
+            return bytes(mv), crc_chunks(mv, off)
+        with io.staging_for(n).get() as buf:
+            payload.fill(off, buf[:n])
+            mv = memview(buf[:n])
+            return bytes(mv), crc_chunks(mv, off)
+
+    def _sequential_write(self, path: str, payload: Payload, io: IOEngine) -> list[int]:
+        crcs = [0] * n_chunks(payload.size)
+        with self.fs.open(path, "wb") as f:
+            for off, n in pieces(payload.size, io.options.piece_bytes):
+                data, got = self._piece_bytes(payload, off, n, io)
+                for c, crc in got:
+                    crcs[c] = crc
+                f.write(data)
+        return crcs
+
+    # -- reads -----------------------------------------------------------------------------
+    def _stream(self, path: str, start: int, stop: int, piece: int) -> Iterator[bytes]:
+        """Bytes [start, stop) of a file, in order, with as few requests as possible."""
+        if stop <= start:
+            return
+        if self.is_s3:
+            yield from s3.stream(self.fs, path, start, stop)
+            return
+        with self.fs.open(path, "rb", block_size=piece, cache_type="none") as f:
+            f.seek(start)
+            pos = start
+            while pos < stop and (data := f.read(min(piece, stop - pos))):
+                pos += len(data)
+                yield data
+
+    def _check_size(self, path: str, entry: FileEntry) -> None:
+        self.fs.invalidate_cache(path)
+        try:
+            actual = int(self.fs.size(path))
+        except FileNotFoundError:
+            raise CorruptCheckpointError(
+                f"{self.url(path)}: missing file listed in the manifest"
+            ) from None
+        if actual != entry.size:
+            what = "truncated" if actual < entry.size else "longer than recorded"
+            raise CorruptCheckpointError(
+                f"{self.url(path)}: {what}: {actual} bytes stored, manifest says {entry.size}"
+            )
+
+    def _verified_runs(
+        self, path: str, entry: FileEntry, runs: Sequence[tuple[int, int]], io: IOEngine
+    ) -> Iterator[tuple[int, memoryview]]:
+        """(offset, bytes) of each checksum chunk in ``runs``, verified, in file order."""
+        for c0, c1 in runs:
+            start, stop = c0 * CRC_CHUNK, min(c1 * CRC_CHUNK, entry.size)
+            chunks = _Chunker(start, stop, entry, self.url(path))
+            for data in self._stream(path, start, stop, io.options.piece_bytes):
+                yield from chunks.feed(data)
+            chunks.finish()
+
+    @_translated
+    def read_into(self, path: str, entry: FileEntry, dests: Sequence[Dest], io: IOEngine) -> None:
+        self._check_size(path, entry)
+        for off, data in self._verified_runs(path, entry, needed_chunks(dests, entry.size), io):
+            scatter(data, off, dests)
+
+    def verify(self, path: str, entry: FileEntry, io: IOEngine) -> str | None:
+        try:
+            self._read_all(path, entry, io)
+        except CorruptCheckpointError as e:
+            return str(e)
+        except OSError as e:
+            return f"{self.url(path)}: cannot read ({e})"
+        return None
+
+    @_translated
+    def _read_all(self, path: str, entry: FileEntry, io: IOEngine) -> None:
+        self._check_size(path, entry)
+        runs = [(0, n_chunks(entry.size))] if entry.size else []
+        for _ in self._verified_runs(path, entry, runs, io):
+            pass
+
+    @_translated
+    def delete(self, path: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            self.fs.rm_file(path)
+        self.fs.invalidate_cache(path)
+
+    @_translated
+    def rmdir(self, path: str) -> None:
+        if self.list_dir(path):
+            return  # foreign files stay, and so does their directory
+        with contextlib.suppress(OSError, ValueError):
+            self.fs.rmdir(path)
+        self.fs.invalidate_cache(path)
+
+    # -- atomic primitives (the writer lock) -------------------------------------------------
+    # S3: conditional requests (If-None-Match / If-Match), atomic on AWS, MinIO and moto.
+    # Elsewhere best effort: check, write, read back; a race inside that window is possible.
+    @_translated
+    def read_versioned(self, path: str) -> tuple[bytes, str] | None:
+        if self.is_s3:
+            return s3.get_versioned(self.fs, path)
+        try:
+            data = self.read_small(path)
+        except FileNotFoundError:
+            return None
+        return data, f"{zlib.crc32(data):08x}-{len(data)}"
+
+    @_translated
+    def create_exclusive(self, path: str, data: bytes) -> str | None:
+        if self.is_s3:
+            self._require_bucket(path)
+            return s3.put_if(self.fs, path, data, IfNoneMatch="*")
+        if self.exists(path):
+            return None
+        self.write_small(path, data)
+        got = self.read_versioned(path)
+        return got[1] if got is not None and got[0] == data else None
+
+    @_translated
+    def replace_if(self, path: str, data: bytes, version: str) -> str | None:
+        if self.is_s3:
+            return s3.put_if(self.fs, path, data, IfMatch=version)
+        cur = self.read_versioned(path)
+        if cur is None or cur[1] != version:
+            return None
+        self.write_small(path, data)
+        return f"{zlib.crc32(data):08x}-{len(data)}"
+
+    @_translated
+    def delete_if(self, path: str, version: str) -> bool:
+        if self.is_s3:
+            return s3.delete_if(self.fs, path, version)
+        cur = self.read_versioned(path)
+        if cur is None or cur[1] != version:
+            return False
+        self.delete(path)
+        return True
+
+
+class _Chunker:
+    """Regroups streamed bytes into whole checksum chunks and verifies each one."""
+
+    def __init__(self, start: int, stop: int, entry: FileEntry, url: str) -> None:
+        self.pos, self.stop, self.entry, self.url = start, stop, entry, url
+        self.chunk = bytearray()
+
+    def feed(self, data: bytes) -> Iterator[tuple[int, memoryview]]:
+        mv = memoryview(data)
+        while len(mv):
+            size = min(CRC_CHUNK, self.stop - self.pos)
+            want = size - len(self.chunk)
+            self.chunk += mv[:want]
+            mv = mv[want:]
+            if len(self.chunk) == size:
+                check_chunks(
+                    [(self.pos // CRC_CHUNK, zlib.crc32(self.chunk))], self.entry, self.url
+                )
+                yield self.pos, memoryview(self.chunk)
+                self.pos += size
+                self.chunk = bytearray()
+
+    def finish(self) -> None:
+        if self.pos != self.stop:
+            raise CorruptCheckpointError(f"{self.url}: truncated while reading at byte {self.pos}")

@@ -1,0 +1,244 @@
+"""S3 fast paths and guarantees (s3fs): parallel multipart uploads, one streaming GET per read,
+conditional writes for the writer lock, no bucket created behind the user's back, and no asyncio
+noise when the endpoint dies."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import queue
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from ..buffers import align_up
+from ..errors import CheckpointError
+from ..manifest import CRC_CHUNK
+from .engine import IOEngine
+from .payload import MiB, Payload, n_chunks, pieces
+
+log = logging.getLogger("ckptstore")
+PieceBytes = Callable[[Payload, int, int, IOEngine], tuple[bytes, list[tuple[int, int]]]]
+
+
+def call(fs: Any, method: str, **kw: Any) -> Any:
+    """One S3 API call on the filesystem's event loop (errors translated by s3fs)."""
+    from fsspec.asyn import sync
+
+    return sync(fs.loop, fs._call_s3, method, **kw)
+
+
+# -- buckets --------------------------------------------------------------------------------
+def require_bucket(fs: Any, path: str) -> None:
+    """Refuse (one line, with the fix) to write into a bucket that does not exist: s3fs would
+    create it silently, with the endpoint's default settings."""
+    bucket = fs.split_path(path)[0]
+    try:
+        call(fs, "head_bucket", Bucket=bucket)
+    except FileNotFoundError:
+        raise CheckpointError(
+            f"bucket s3://{bucket} does not exist: create it first (e.g. `aws s3 mb "
+            f"s3://{bucket}`, or s3fs.S3FileSystem(...).mkdir({bucket!r})); ckptstore never "
+            "creates buckets"
+        ) from None
+    except PermissionError:
+        pass  # no HEAD permission: the writes themselves will tell
+
+
+# -- conditional requests (the writer lock) -------------------------------------------------
+def _precondition_failed(e: OSError) -> bool:
+    cause = getattr(e.__cause__, "response", None) or {}
+    code = cause.get("Error", {}).get("Code", "")
+    return isinstance(e, FileExistsError) or code in ("PreconditionFailed", "412", "409")
+
+
+def get_versioned(fs: Any, path: str) -> tuple[bytes, str] | None:
+    bucket, key, _ = fs.split_path(path)
+    try:
+        resp = call(fs, "get_object", Bucket=bucket, Key=key)
+    except FileNotFoundError:
+        return None
+    body = resp["Body"]
+    from fsspec.asyn import sync
+
+    try:
+        data = sync(fs.loop, body.read)
+    finally:
+        body.close()
+    return bytes(data), str(resp["ETag"])
+
+
+def put_if(fs: Any, path: str, data: bytes, **condition: str) -> str | None:
+    """PUT with ``IfNoneMatch="*"`` or ``IfMatch=etag``: the new ETag, or None when the
+    condition failed (someone else created or changed the object first)."""
+    bucket, key, _ = fs.split_path(path)
+    try:
+        resp = call(fs, "put_object", Bucket=bucket, Key=key, Body=data, **condition)
+    except FileNotFoundError:
+        if "IfMatch" in condition:
+            return None  # gone since we read it
+        raise
+    except OSError as e:
+        if _precondition_failed(e):
+            return None
+        raise
+    fs.invalidate_cache(path)
+    return str(resp["ETag"])
+
+
+def delete_if(fs: Any, path: str, etag: str) -> bool:
+    bucket, key, _ = fs.split_path(path)
+    try:
+        call(fs, "delete_object", Bucket=bucket, Key=key, IfMatch=etag)
+    except FileNotFoundError:
+        return False
+    except OSError as e:
+        if _precondition_failed(e):
+            return False
+        raise
+    fs.invalidate_cache(path)
+    return True
+
+
+# -- asyncio noise --------------------------------------------------------------------------
+def quiet_dead_connections(fs: Any) -> None:
+    """aiohttp starts tasks of its own per request; when the endpoint dies mid-upload their
+    connection errors are never retrieved, and asyncio prints each with a traceback (~20 lines
+    before our one-line error). Those go to the debug log; everything else is reported as
+    before. Installed once on fsspec's event loop."""
+    loop = fs.loop
+    previous = loop.get_exception_handler()
+    if getattr(previous, "ckptstore", False):
+        return
+
+    def handler(lp: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        if _is_dead_connection(context):
+            log.debug("ckptstore: %s: %r", context.get("message"), context.get("exception"))
+        elif previous is not None:
+            previous(lp, context)
+        else:
+            lp.default_exception_handler(context)
+
+    handler.ckptstore = True  # type: ignore[attr-defined]
+    loop.set_exception_handler(handler)
+
+
+def _is_dead_connection(context: dict[str, Any]) -> bool:
+    exc = context.get("exception")
+    if "never retrieved" not in str(context.get("message", "")):
+        return False
+    try:
+        from aiohttp import ClientError
+    except ImportError:  # pragma: no cover - s3fs depends on aiohttp
+        return isinstance(exc, ConnectionError)
+    return isinstance(exc, (ConnectionError, ClientError, asyncio.TimeoutError))
+
+
+# -- multipart upload -----------------------------------------------------------------------
+def upload(
+    fs: Any, path: str, payload: Payload, io: IOEngine, background: bool, piece: PieceBytes
+) -> list[int]:
+    """Parallel multipart upload of ``payload``; the CRC32 of each checksum chunk."""
+    from fsspec.asyn import sync
+
+    part = max(io.options.s3_part_bytes, align_up(-(-payload.size // 9000), CRC_CHUNK))
+    crcs = [0] * n_chunks(payload.size)
+    sync(fs.loop, _upload, fs, path, payload, io, background, piece, part, crcs)
+    return crcs
+
+
+async def _upload(
+    fs: Any,
+    path: str,
+    payload: Payload,
+    io: IOEngine,
+    background: bool,
+    piece: PieceBytes,
+    part: int,
+    crcs: list[int],
+) -> None:
+    bucket, key, _ = fs.split_path(path)
+    mpu = await fs._call_s3("create_multipart_upload", Bucket=bucket, Key=key)
+    where = {"Bucket": bucket, "Key": key, "UploadId": mpu["UploadId"]}
+    sem = asyncio.Semaphore(io.options.s3_concurrency)
+    pool = io.pool(background)
+    loop = asyncio.get_running_loop()
+
+    async def one(i: int, off: int, n: int) -> dict[str, Any]:
+        async with sem:
+            data, got = await loop.run_in_executor(pool, piece, payload, off, n, io)
+            for c, crc in got:
+                crcs[c] = crc
+            out = await fs._call_s3("upload_part", **where, PartNumber=i + 1, Body=data)
+            return {"PartNumber": i + 1, "ETag": out["ETag"]}
+
+    tasks = [
+        asyncio.ensure_future(one(i, o, n)) for i, (o, n) in enumerate(pieces(payload.size, part))
+    ]
+    try:
+        parts = await asyncio.gather(*tasks)
+        await fs._call_s3("complete_multipart_upload", **where, MultipartUpload={"Parts": parts})
+    except BaseException:
+        for t in tasks:  # stop the other parts, and collect their errors (never "unretrieved")
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        with contextlib.suppress(Exception):
+            await fs._call_s3("abort_multipart_upload", **where)
+        raise
+
+
+# -- streaming reads ------------------------------------------------------------------------
+def stream(fs: Any, path: str, start: int, stop: int) -> Iterator[bytes]:
+    """Bytes [start, stop) with one streaming GET; chunks come through a small bounded queue."""
+    q: queue.Queue[bytes | BaseException | None] = queue.Queue(maxsize=8)
+    cancelled = threading.Event()
+    t = threading.Thread(
+        target=_pump_thread, args=(fs, path, start, stop, q, cancelled), daemon=True
+    )
+    t.name = "ckptstore-s3-get"
+    t.start()
+    try:
+        while (item := q.get()) is not None:
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        cancelled.set()
+        while t.is_alive():  # drain so the producer never blocks on a full queue
+            with contextlib.suppress(queue.Empty):
+                q.get(timeout=0.05)
+
+
+def _pump_thread(
+    fs: Any, path: str, start: int, stop: int, q: queue.Queue[Any], cancelled: threading.Event
+) -> None:
+    from fsspec.asyn import sync
+
+    try:
+        sync(fs.loop, _pump, fs, path, start, stop, q, cancelled)
+        q.put(None)
+    except BaseException as e:
+        q.put(e)
+
+
+async def _pump(
+    fs: Any, path: str, start: int, stop: int, q: queue.Queue[Any], cancelled: threading.Event
+) -> None:
+    bucket, key, version = fs.split_path(path)
+    kw: dict[str, Any] = {"Bucket": bucket, "Key": key, "Range": f"bytes={start}-{stop - 1}"}
+    if version:
+        kw["VersionId"] = version
+    body = (await fs._call_s3("get_object", **kw))["Body"]
+    put = asyncio.get_running_loop().run_in_executor
+    try:
+        buf = bytearray()
+        while not cancelled.is_set() and (chunk := await body.read(4 * MiB)):
+            buf += chunk
+            if len(buf) >= 4 * MiB:
+                await put(None, q.put, bytes(buf))
+                buf.clear()
+        if buf:
+            await put(None, q.put, bytes(buf))
+    finally:
+        body.close()
