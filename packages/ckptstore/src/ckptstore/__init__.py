@@ -53,8 +53,10 @@ __all__ = [
     "LockInfo",
     "LockedError",
     "Manifest",
+    "ModelState",
     "MirrorError",
     "NoCheckpointError",
+    "OptimizerState",
     "RetentionPolicy",
     "SaveContext",
     "SaveHandle",
@@ -72,3 +74,13 @@ __all__ = [
     "register_format",
     "validate_experiment_name",
 ]
+
+
+def __getattr__(name: str) -> object:
+    # The FSDP2 wrappers import torch.distributed.checkpoint: only when asked for, so that
+    # `import ckptstore` (the CLI, verify, list) stays free of torch.
+    if name in ("ModelState", "OptimizerState"):
+        from . import sharded
+
+        return getattr(sharded, name)
+    raise AttributeError(f"module 'ckptstore' has no attribute {name!r}")
