@@ -3,7 +3,8 @@
 The core imports neither torch nor tokenizers; ``parquetlm.torch`` is the PyTorch adapter.
 """
 
-from .cache import TokenCache, default_cache_dir
+from .cache import TokenCache
+from .cachedir import default_cache_dir
 from .errors import (
     CacheError,
     EmptyDatasetError,

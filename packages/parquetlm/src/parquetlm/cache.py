@@ -43,35 +43,23 @@ from typing import Any, NamedTuple
 import numpy as np
 import pyarrow as pa
 
+from .cachedir import CACHE_DIRNAME, CACHE_ENV, default_cache_dir
 from .errors import CacheError, EmptyDatasetError, NullRowsWarning, TokenizerError
-from .source import ParquetSource, Unit, _is_url
+from .source import ParquetSource, Unit
 from .tokenizer import Tokenizer, encode_to_array
 
+__all__ = [
+    "CACHE_DIRNAME",
+    "CACHE_ENV",
+    "FORMAT_VERSION",
+    "TokenCache",
+    "cache_key",
+    "default_cache_dir",
+    "dtype_for",
+]
+
 FORMAT_VERSION = 1
-CACHE_ENV = "PARQUETLM_CACHE"
-CACHE_DIRNAME = ".parquetlm-cache"
 ProgressFn = Callable[[int, int], None]
-
-
-def default_cache_dir(source: ParquetSource) -> Path:
-    """``$PARQUETLM_CACHE`` if set; else ``.parquetlm-cache/`` in the dataset's directory when it
-    is local and writable; else ``$XDG_CACHE_HOME/parquetlm`` (``~/.cache/parquetlm``)."""
-    env = os.environ.get(CACHE_ENV)
-    if env:
-        return Path(env)
-    if not any(_is_url(f) for f in source.files):
-        parents = [
-            os.path.dirname(os.path.abspath(f.removeprefix("file://"))) for f in source.files
-        ]
-        candidate = Path(os.path.commonpath(parents)) / CACHE_DIRNAME
-        try:
-            candidate.mkdir(exist_ok=True)
-            if os.access(candidate, os.W_OK | os.X_OK):
-                return candidate
-        except OSError:
-            pass  # read-only dataset directory: fall back to the user cache
-    home = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(home) / "parquetlm"
 
 
 def dtype_for(vocab_size: int) -> np.dtype[Any]:

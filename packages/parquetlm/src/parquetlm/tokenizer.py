@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 import numpy as np
 import pyarrow as pa
 
+from .cachedir import default_cache_dir
 from .errors import MissingExtraError, TokenizerError
 
 if TYPE_CHECKING:
@@ -281,8 +282,6 @@ def train_tokenizer(
     tk = _tokenizers_module()
     cached: Path | None = None
     if path is None:
-        from .cache import default_cache_dir
-
         root = Path(cache_dir) if cache_dir is not None else default_cache_dir(source)
         cached = root / f"tokenizer-bpe{vocab_size}-{source.fingerprint()[:16]}.json"
         if cached.is_file():
