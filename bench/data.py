@@ -5,7 +5,10 @@
 Side by side in one run, interleaved, medians of BENCH_REPEATS (default 5) repeats:
 
 1. stream: batches (8 x 1025) from parquetlm's token cache vs the naive loader (pyarrow reads a
-   record batch, HF tokenizers encodes it, the tokens are cut into windows), tokens/s.
+   record batch, HF tokenizers encodes it, the tokens are cut into windows), tokens/s. The cost
+   of the cache's checksums, side by side: the same stream over the bare token array (no
+   checks), and from a freshly opened cache (every piece checked on first use, as in the first
+   epoch after a start; the "cache stream" loader has checked everything after its first round).
 2. restore: ``load_state_dict`` + first batch at positions 0, 10**6 and 10**12 windows, ms.
 3. tokenize: ``TokenCache.build`` with a trained 8k byte-level BPE (parquet read, encode on all
    cores, write, assemble) vs raw ``tokenizers.Tokenizer.encode_batch`` over the same texts
@@ -118,11 +121,32 @@ def run(work: Path, megabytes: float, repeats: int) -> None:
             loader.next_batch()
         counts["parquetlm cache stream"] = stream_batches * BATCH * SEQ_LEN
 
+    def timed_stream(name: str, tokens: Any) -> float:
+        """Seconds to stream ``stream_batches`` from a new loader (its set-up not timed)."""
+        fresh = PackedLoader(tokens, seq_len=SEQ_LEN, batch_size=BATCH, seed=0, key="bench")
+        t0 = time.perf_counter()
+        for _ in range(stream_batches):
+            fresh.next_batch()
+        counts[name] = stream_batches * BATCH * SEQ_LEN
+        return time.perf_counter() - t0
+
+    def unchecked() -> float:
+        return timed_stream("cache stream, no checksums", np.asarray(cache.tokens))
+
+    def first_use() -> float:
+        return timed_stream("cache stream, checked on first use", TokenCache.open(cache.path))
+
     def naive() -> None:
         counts["pyarrow + tokenizers per batch"] = naive_stream(path, bpe, naive_tokens)
 
     stream = interleaved(
-        {"parquetlm cache stream": ours, "pyarrow + tokenizers per batch": naive}, repeats=repeats
+        {
+            "parquetlm cache stream": ours,
+            "cache stream, no checksums": unchecked,
+            "cache stream, checked on first use": first_use,
+            "pyarrow + tokenizers per batch": naive,
+        },
+        repeats=repeats,
     )
     stream_rate = {k: counts[k] / median(v) for k, v in stream.items()}
 
@@ -193,9 +217,19 @@ def run(work: Path, megabytes: float, repeats: int) -> None:
         stream_rate["parquetlm cache stream"],
         stream_rate["pyarrow + tokenizers per batch"],
     )
+    s_bare = stream_rate["cache stream, no checksums"]
+    s_first = stream_rate["cache stream, checked on first use"]
     rows = [
         ["stream", "parquetlm cache stream", f"{s_ours / 1e6:.1f} Mtok/s", s_ours / s_naive],
         ["stream", "pyarrow + tokenizers per batch", f"{s_naive / 1e6:.2f} Mtok/s", 1.0],
+        ["checksums", "cache stream, no checksums", f"{s_bare / 1e6:.1f} Mtok/s", 1.0],
+        ["checksums", "parquetlm cache stream", f"{s_ours / 1e6:.1f} Mtok/s", s_ours / s_bare],
+        [
+            "checksums",
+            "cache stream, checked on first use",
+            f"{s_first / 1e6:.1f} Mtok/s",
+            s_first / s_bare,
+        ],
     ]
     base = restore_ms["position 0e+00"]
     rows += [["restore", k, f"{v:.3f} ms", v / base] for k, v in restore_ms.items()]
@@ -215,7 +249,11 @@ def run(work: Path, megabytes: float, repeats: int) -> None:
     )
     worst = max(restore_ms.values())
     print(
-        f"\ntargets: stream >= 100 Mtok/s: {s_ours / 1e6:.0f}; BPE build >= 0.9x raw: "
+        f"\nchecksums: {s_ours / s_bare:.3f}x the unchecked stream once checked, "
+        f"{s_first / s_bare:.3f}x while every piece is checked on first use"
+    )
+    print(
+        f"targets: stream >= 100 Mtok/s: {s_ours / 1e6:.0f}; BPE build >= 0.9x raw: "
         f"{b_ours / b_raw:.2f}x; restore <= 10 ms at any position: {worst:.3f} ms"
     )
     write_results(
@@ -228,6 +266,8 @@ def run(work: Path, megabytes: float, repeats: int) -> None:
             "batch_size": BATCH,
             "stream_tokens_per_s": stream_rate,
             "stream_ratio": s_ours / s_naive,
+            "checked_stream_vs_unchecked": s_ours / s_bare,
+            "first_use_stream_vs_unchecked": s_first / s_bare,
             "restore_ms": restore_ms,
             "tokenize_tokens_per_s": tok_rate,
             "bpe_build_vs_raw": b_ours / b_raw,

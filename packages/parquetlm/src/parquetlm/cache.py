@@ -6,7 +6,12 @@ Layout of ``CACHE_DIR/tokens-KEY/`` (KEY = hash of the dataset content + tokeniz
                  the vocabulary has more than 65536 ids)
     docs.bin     int64 offsets, num_docs + 1 of them: document i is tokens[docs[i]:docs[i+1]]
                  (its trailing EOT included)
-    meta.json    counts, dtype, fingerprints, where it came from
+    tokens.crc32 crc32 of every 1 MiB piece of tokens.bin (see :mod:`parquetlm.integrity`)
+    meta.json    counts, dtype, fingerprints, checksums, where it came from
+
+Reading checks each piece of tokens.bin the first time it is used, and docs.bin when the document
+index is first used: a cache damaged on disk raises :class:`CacheError` naming the file and the
+fix, instead of being trained on.
 
 Build protocol (safe against kills and concurrent builders such as two ranks on one node):
 an exclusive ``flock`` on ``tokens-KEY.lock``; row groups are tokenized in parallel into
@@ -33,6 +38,7 @@ import tempfile
 import time
 import uuid
 import warnings
+import zlib
 from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -45,12 +51,14 @@ import pyarrow as pa
 
 from .cachedir import CACHE_DIRNAME, CACHE_ENV, default_cache_dir
 from .errors import CacheError, EmptyDatasetError, NullRowsWarning, TokenizerError
+from .integrity import CHUNK_BYTES, SUMS_FILE, ChunkCrc, LazyCheck, pieces, read_sums
 from .source import ParquetSource, Unit
 from .tokenizer import Tokenizer, encode_to_array
 
 __all__ = [
     "CACHE_DIRNAME",
     "CACHE_ENV",
+    "CHUNK_BYTES",
     "FORMAT_VERSION",
     "TokenCache",
     "cache_key",
@@ -58,7 +66,7 @@ __all__ = [
     "dtype_for",
 ]
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: per-chunk checksums of tokens.bin, a checksum of docs.bin
 ProgressFn = Callable[[int, int], None]
 
 
@@ -91,7 +99,10 @@ class TokenCache:
         except (ValueError, KeyError, TypeError) as e:
             raise CacheError(f"{meta_path} is corrupt ({e}): delete {self._path}") from e
         if version != FORMAT_VERSION:
-            raise CacheError(f"{self._path} has cache format {version}, expected {FORMAT_VERSION}")
+            raise CacheError(
+                f"{self._path} has cache format {version}, expected {FORMAT_VERSION}: delete it "
+                "(this version builds its own)"
+            )
         tok_path, doc_path = self._path / "tokens.bin", self._path / "docs.bin"
         for p, want in (
             (tok_path, num_tokens * self._dtype.itemsize),
@@ -106,9 +117,25 @@ class TokenCache:
         self.tokens: np.ndarray = np.memmap(
             tok_path, dtype=self._dtype, mode="r", shape=(num_tokens,)
         )
-        self.doc_offsets: np.ndarray = np.memmap(
+        """The raw tokens. Read them through :meth:`read` or a loader, which check them."""
+        self._docs: np.ndarray = np.memmap(
             doc_path, dtype=np.int64, mode="r", shape=(num_docs + 1,)
         )
+        self._docs_checked = False
+        self._check = self._open_checks(meta, tok_path)
+
+    def _open_checks(self, meta: dict[str, Any], tok_path: Path) -> LazyCheck:
+        fix = f"delete {self._path} and run again to rebuild it"
+        try:
+            sums = meta["checksums"]
+            chunk, sums_crc = int(sums["chunk_bytes"]), int(sums["tokens_crc32"])
+        except (KeyError, TypeError, ValueError) as e:
+            raise CacheError(f"{self._path / 'meta.json'} is corrupt ({e}): {fix}") from e
+        data = self.tokens.view(np.uint8)
+        table = read_sums(
+            self._path / SUMS_FILE, count=pieces(len(data), chunk), crc=sums_crc, fix=fix
+        )
+        return LazyCheck(data, table, chunk, tok_path, fix)
 
     # -- building ------------------------------------------------------------------------------
 
@@ -121,6 +148,7 @@ class TokenCache:
         *,
         workers: int | None = None,
         progress: ProgressFn | None = None,
+        verify: bool = False,
     ) -> TokenCache:
         """Tokenize ``source`` into ``cache_dir`` (default :func:`default_cache_dir`), or reuse the
         cache a previous run built for the same content and tokenizer.
@@ -130,12 +158,13 @@ class TokenCache:
         itself (``parallel_batch``: HF tokenizers) tokenizes in this process when ``workers`` is
         1 or covers all of at most ``MAX_INPROCESS_CPUS`` CPUs. ``progress(done, total)`` is
         called after each row group is durable. Null rows are skipped, counted (``null_rows``)
-        and warned about.
+        and warned about. ``verify``: check every byte of a cache found on disk now (instead of
+        each piece on first use) and rebuild it, with a warning, when it is damaged.
         """
         root = Path(cache_dir) if cache_dir is not None else default_cache_dir(source)
         key = cache_key(source, tokenizer)
         final = root / f"tokens-{key}"
-        existing = _try_open(final)
+        existing = _try_open(final, verify=verify)
         if existing is not None:
             return existing
         try:
@@ -143,7 +172,7 @@ class TokenCache:
         except OSError as e:
             raise CacheError(f"cannot create cache directory {root} ({e}): pass cache_dir=") from e
         with _exclusive(root / f"tokens-{key}.lock") as locked:
-            existing = _try_open(final, repair=locked)
+            existing = _try_open(final, repair=locked, verify=verify)
             if existing is not None:
                 return existing  # another builder finished while we waited for the lock
             # Without a working lock each builder uses its own directory: wasteful, never corrupt.
@@ -213,12 +242,45 @@ class TokenCache:
     def meta(self) -> dict[str, Any]:
         return dict(self._meta)
 
+    @property
+    def doc_offsets(self) -> np.ndarray:
+        """Where each document starts (num_docs + 1 offsets), checked on first use."""
+        if not self._docs_checked:
+            if zlib.crc32(self._docs.data) != int(self._meta["checksums"]["docs_crc32"]):
+                raise CacheError(
+                    f"{self._path / 'docs.bin'} is damaged: it does not match the checksum "
+                    f"written when the cache was built; delete {self._path} and run again to "
+                    "rebuild it"
+                )
+            self._docs_checked = True
+        return self._docs
+
+    def read(self, start: int, stop: int) -> np.ndarray:
+        """``tokens[start:stop]``, checked against the build's checksums (first use only)."""
+        start, stop, _ = slice(start, stop).indices(self.num_tokens)
+        self.check_windows(np.array([start]), max(0, stop - start))
+        return np.asarray(self.tokens[start:stop])
+
+    def check_windows(self, starts: np.ndarray, width: int) -> None:
+        """Check the tokens ``[s, s + width)`` for every ``s`` in ``starts`` (the loader calls
+        this for each batch); each piece is checked once, so this costs nothing once all are."""
+        if not self._check.complete:
+            size = self._dtype.itemsize
+            self._check.bytes(np.asarray(starts, dtype=np.int64) * size, width * size)
+
+    def verify(self) -> None:
+        """Check every token and the document index now (``parquetlm verify``); a damaged cache
+        raises :class:`CacheError` naming the file and the fix."""
+        self._check.all()
+        self.doc_offsets  # noqa: B018 - the property checks docs.bin
+
     def document(self, i: int) -> np.ndarray:
         """Tokens of document ``i`` (without its trailing EOT)."""
         if not -self.num_docs <= i < self.num_docs:
             raise IndexError(f"document {i} out of range: the cache has {self.num_docs}")
         i %= self.num_docs
-        return np.asarray(self.tokens[self.doc_offsets[i] : self.doc_offsets[i + 1] - 1])
+        offsets = self.doc_offsets
+        return self.read(int(offsets[i]), int(offsets[i + 1]) - 1)
 
     def __len__(self) -> int:
         return self.num_tokens
@@ -234,11 +296,14 @@ class TokenCache:
         return (TokenCache, (str(self._path),))
 
 
-def _try_open(final: Path, *, repair: bool = False) -> TokenCache | None:
+def _try_open(final: Path, *, repair: bool = False, verify: bool = False) -> TokenCache | None:
     if not final.exists():
         return None
     try:
-        return TokenCache(final)
+        cache = TokenCache(final)
+        if verify:
+            cache.verify()
+        return cache
     except CacheError as e:
         if not repair:
             return None  # looked at again, and repaired, under the lock
@@ -633,18 +698,26 @@ def _build_into(
     _fsync_dir(partial)
 
 
-def _assemble(partial: Path, units: list[Unit], units_dir: Path) -> dict[str, int]:
-    """Concatenate the units in dataset order into tokens.bin and docs.bin (bounded memory)."""
+def _assemble(partial: Path, units: list[Unit], units_dir: Path) -> dict[str, Any]:
+    """Concatenate the units in dataset order into tokens.bin and docs.bin (bounded memory),
+    with their checksums."""
     num_tokens = num_docs = nulls = text_bytes = 0
+    tok_crc, docs_crc = ChunkCrc(CHUNK_BYTES), 0
     with open(partial / "tokens.bin", "wb") as ftok, open(partial / "docs.bin", "wb") as fdoc:
-        fdoc.write(np.zeros(1, dtype=np.int64).tobytes())
+        first = np.zeros(1, dtype=np.int64).tobytes()
+        fdoc.write(first)
+        docs_crc = zlib.crc32(first)
         for unit in units:
             base = units_dir / f"{unit.index:07d}"
             info = json.loads(base.with_suffix(".json").read_text())
             with open(base.with_suffix(".tok"), "rb") as fin:
-                shutil.copyfileobj(fin, ftok, 1 << 24)
+                while block := fin.read(1 << 24):
+                    ftok.write(block)
+                    tok_crc.update(block)
             lengths = np.fromfile(base.with_suffix(".len"), dtype=np.int64)
-            fdoc.write((np.cumsum(lengths) + num_tokens).tobytes())
+            offsets = (np.cumsum(lengths) + num_tokens).tobytes()
+            fdoc.write(offsets)
+            docs_crc = zlib.crc32(offsets, docs_crc)
             num_tokens += int(info["tokens"])
             num_docs += int(info["docs"])
             nulls += int(info["nulls"])
@@ -652,11 +725,22 @@ def _assemble(partial: Path, units: list[Unit], units_dir: Path) -> dict[str, in
         for out in (ftok, fdoc):
             out.flush()
             os.fsync(out.fileno())
+    sums = tok_crc.sums().tobytes()
+    with open(partial / SUMS_FILE, "wb") as fsum:
+        fsum.write(sums)
+        fsum.flush()
+        os.fsync(fsum.fileno())
     return {
         "num_tokens": num_tokens,
         "num_docs": num_docs,
         "null_rows": nulls,
         "text_bytes": text_bytes,
+        "checksums": {
+            "algorithm": "crc32",
+            "chunk_bytes": CHUNK_BYTES,
+            "tokens_crc32": zlib.crc32(sums),
+            "docs_crc32": docs_crc,
+        },
     }
 
 

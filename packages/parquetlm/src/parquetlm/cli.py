@@ -1,4 +1,4 @@
-"""``parquetlm`` command line: tokenize, train-tokenizer, stats.
+"""``parquetlm`` command line: tokenize, train-tokenizer, stats, verify.
 
 Bad input (a missing file, a wrong column, a corrupt tokenizer...) prints one line and exits 2.
 """
@@ -44,6 +44,11 @@ def _parser() -> argparse.ArgumentParser:
     tok.add_argument("--tokenizer", default="byte", help="byte | gpt2 | bpe[:VOCAB] | FILE.json")
     tok.add_argument("--cache-dir", default=None, help="default: .parquetlm-cache next to the data")
     tok.add_argument("--workers", type=_positive, default=None, help="processes (default: CPUs)")
+    tok.add_argument(
+        "--verify",
+        action="store_true",
+        help="check every byte of an existing cache now; rebuild it if it is damaged",
+    )
     tok.add_argument("--json", action="store_true", help="print the result as JSON")
 
     train = sub.add_parser("train-tokenizer", help="train a byte-level BPE on a dataset")
@@ -59,6 +64,11 @@ def _parser() -> argparse.ArgumentParser:
     stats.add_argument("--cache-dir", default=None)
     stats.add_argument("--workers", type=_positive, default=None)
     stats.add_argument("--json", action="store_true", help="print the result as JSON")
+
+    verify = sub.add_parser(
+        "verify", help="check token caches against the checksums written when they were built"
+    )
+    verify.add_argument("cache", nargs="+", help="a cache folder (tokens-KEY/, as tokenize prints)")
     return p
 
 
@@ -88,7 +98,8 @@ def _source(args: argparse.Namespace) -> ParquetSource:
 
 def _cache(args: argparse.Namespace, source: ParquetSource) -> TokenCache:
     tokenizer = load_tokenizer(args.tokenizer, source)
-    return TokenCache.build(source, tokenizer, args.cache_dir, workers=args.workers)
+    verify = bool(getattr(args, "verify", False))
+    return TokenCache.build(source, tokenizer, args.cache_dir, workers=args.workers, verify=verify)
 
 
 def _print(result: dict[str, Any], as_json: bool) -> None:
@@ -147,7 +158,19 @@ def cmd_stats(args: argparse.Namespace) -> None:
     _print(result, args.json)
 
 
-COMMANDS = {"tokenize": cmd_tokenize, "train-tokenizer": cmd_train_tokenizer, "stats": cmd_stats}
+def cmd_verify(args: argparse.Namespace) -> None:
+    for path in args.cache:
+        cache = TokenCache.open(path)
+        cache.verify()
+        print(f"ok {cache.path}: {cache.num_tokens:,} tokens, {cache.num_docs:,} docs")
+
+
+COMMANDS = {
+    "tokenize": cmd_tokenize,
+    "train-tokenizer": cmd_train_tokenizer,
+    "stats": cmd_stats,
+    "verify": cmd_verify,
+}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -44,7 +44,10 @@ _AHEAD_BATCHES = 64  # window indices computed in one vectorized go
 
 
 class TokenSource(Protocol):
-    """What the loader reads: a 1-D token array and a key naming its content (a TokenCache)."""
+    """What the loader reads: a 1-D token array and a key naming its content (a TokenCache).
+
+    A source with a ``check_windows(starts, width)`` method (a TokenCache: checksums) is asked
+    to check each batch's tokens before they are handed out."""
 
     @property
     def tokens(self) -> np.ndarray: ...
@@ -142,6 +145,7 @@ class PackedLoader:
         if tokens.ndim != 1:
             raise LoaderError(f"tokens must be a 1-D array, got shape {tokens.shape}")
         self._tokens = np.asarray(tokens)  # a plain view: slicing a np.memmap is slower
+        self._check_windows = getattr(cache, "check_windows", None)
         self._out_dtype = np.dtype(dtype) if dtype is not None else self._tokens.dtype
         self.num_windows = self._count_windows()
         self.val_windows, self.windows_per_epoch = self._split_sizes()
@@ -247,6 +251,8 @@ class PackedLoader:
     def _gather(self, windows: np.ndarray) -> np.ndarray:
         width, seq_len = self.config.seq_len + 1, self.config.seq_len
         out = np.empty((len(windows), width), dtype=self._out_dtype)
+        if self._check_windows is not None:
+            self._check_windows(windows * seq_len, width)
         tokens = self._tokens
         for i, w in enumerate(windows.tolist()):
             start = w * seq_len
@@ -350,7 +356,8 @@ class PackedLoader:
     def __getstate__(self) -> dict[str, Any]:
         # Pickled for DataLoader workers: the cache reopens its memory map by path; derived
         # tables are rebuilt lazily.
-        state = {k: v for k, v in self.__dict__.items() if k not in ("_tokens", "_ahead")}
+        skip = ("_tokens", "_ahead", "_check_windows")
+        state = {k: v for k, v in self.__dict__.items() if k not in skip}
         state["_epoch_perms"] = {}
         return state
 
@@ -358,6 +365,7 @@ class PackedLoader:
         self.__dict__.update(state)
         cache = self._cache
         self._tokens = np.asarray(cache if isinstance(cache, np.ndarray) else cache.tokens)
+        self._check_windows = getattr(cache, "check_windows", None)
         self._ahead = None
 
     def __repr__(self) -> str:
