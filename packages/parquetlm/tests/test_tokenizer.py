@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -227,3 +228,54 @@ def test_hf_arrays_hold_eot_after_each_text(bpe: HFTokenizer) -> None:
     ends = np.cumsum(lengths) - 1
     assert (tokens[ends] == bpe.eot_id).all() and (np.delete(tokens, ends) != bpe.eot_id).all()
     assert os.environ.get("TOKENIZERS_PARALLELISM") != "false"  # only workers change it
+
+
+def test_parse_tokenizer_spec(tmp_path: Path) -> None:
+    from parquetlm import TokenizerSpec, parse_tokenizer_spec
+
+    assert parse_tokenizer_spec("byte") == TokenizerSpec("byte")
+    assert parse_tokenizer_spec(" gpt2 ") == TokenizerSpec("gpt2")
+    bpe = parse_tokenizer_spec("bpe")
+    assert (bpe.name, bpe.vocab_size, bpe.needs_source, str(bpe)) == ("bpe", 8192, True, "bpe:8192")
+    assert parse_tokenizer_spec("bpe:4096").vocab_size == 4096
+    path = tmp_path / "tok.json"
+    path.write_text("{}")
+    spec = parse_tokenizer_spec(str(path))  # parsing does not read the file
+    assert (spec.name, spec.path, spec.vocab_size) == ("file", str(path), None)
+    assert str(spec) == str(path)
+    assert parse_tokenizer_spec("later.json", check_file=False).path == "later.json"
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("", "empty tokenizer spec: use byte, gpt2, bpe"),
+        ("bpe:lots", "write bpe:VOCAB with VOCAB from 258"),
+        ("bpe:100", "write bpe:VOCAB with VOCAB from 258"),
+        ("bpe:", "nothing after the colon; use bpe"),
+        ("byte:7", "tokenizer 'byte' takes no argument: write byte"),
+        ("sentencepiece", "unknown tokenizer 'sentencepiece': use one of"),
+        ("missing/tok.json", "no such tokenizer file: 'missing/tok.json': check the path"),
+    ],
+)
+def test_bad_tokenizer_specs_say_what_to_write(spec: str, message: str) -> None:
+    from parquetlm import parse_tokenizer_spec
+
+    with pytest.raises(TokenizerError, match=re.escape(message)) as err:
+        parse_tokenizer_spec(spec)
+    assert "\n" not in str(err.value)
+
+
+def test_bpe_goes_to_the_cache_dir_asked_for(bpe: HFTokenizer, tmp_path: Path) -> None:
+    source = ParquetSource(Path(bpe.name).parent.parent / "t.parquet")
+    tok = load_tokenizer("bpe:400", source, cache_dir=tmp_path / "mine")
+    assert isinstance(tok, HFTokenizer) and Path(tok.name).parent == tmp_path / "mine"
+    assert tok.fingerprint() == bpe.fingerprint()
+
+
+def test_builtin_names_cannot_be_replaced() -> None:
+    for name in ("byte", "gpt2", "bpe"):
+        with pytest.raises(TokenizerError, match="is built in"):
+            register_tokenizer(name, "parquetlm.tokenizer:_make_byte", clobber=True)
+    with pytest.raises(TokenizerError, match="would not parse"):
+        register_tokenizer("a:b", "parquetlm.tokenizer:_make_byte")

@@ -22,8 +22,10 @@ from .tokenizer import (
     ByteTokenizer,
     HFTokenizer,
     Tokenizer,
+    TokenizerSpec,
     gpt2_tokenizer,
     load_tokenizer,
+    parse_tokenizer_spec,
     register_tokenizer,
     train_tokenizer,
 )
@@ -47,10 +49,12 @@ __all__ = [
     "TokenCache",
     "Tokenizer",
     "TokenizerError",
+    "TokenizerSpec",
     "__version__",
     "default_cache_dir",
     "gpt2_tokenizer",
     "load_tokenizer",
+    "parse_tokenizer_spec",
     "register_tokenizer",
     "train_tokenizer",
 ]

@@ -16,6 +16,7 @@ import json
 import os
 import tempfile
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
@@ -320,14 +321,105 @@ REGISTRY: dict[str, str | Factory] = {
 ENTRY_POINT_GROUP = "parquetlm.tokenizers"
 
 
+BUILTIN = ("byte", "gpt2", "bpe")
+
+
 def register_tokenizer(name: str, factory: str | Factory, *, clobber: bool = False) -> None:
     """Add a tokenizer name: ``factory(arg, source)`` or ``"module:attr"`` naming one.
 
-    ``load_tokenizer("name:arg")`` calls it with ``arg`` (None without a colon).
+    ``load_tokenizer("name:arg")`` calls it with ``arg`` (None without a colon). The built-in
+    names (byte, gpt2, bpe) keep their meaning.
     """
+    if name in BUILTIN:
+        raise TokenizerError(f"tokenizer name {name!r} is built in: register another name")
+    if not name or ":" in name or os.sep in name or name.endswith(".json"):
+        raise TokenizerError(f"tokenizer name {name!r} would not parse: use letters and digits")
     if name in REGISTRY and not clobber:
         raise TokenizerError(f"tokenizer name {name!r} is taken: pass clobber=True to replace it")
     REGISTRY[name] = factory
+
+
+@dataclass(frozen=True, slots=True)
+class TokenizerSpec:
+    """A parsed tokenizer spec (what ``--tokenizer`` takes): see :func:`parse_tokenizer_spec`.
+
+    ``name`` is ``"file"`` for a ``tokenizer.json`` (then ``path`` is set), else the tokenizer's
+    name (``byte``, ``gpt2``, ``bpe`` or a registered one) with its ``arg`` (the text after the
+    colon, or None). ``str(spec)`` gives the canonical spec back (``bpe`` -> ``bpe:8192``).
+    """
+
+    name: str
+    arg: str | None = None
+    path: str | None = None
+
+    @property
+    def vocab_size(self) -> int | None:
+        """The vocabulary a ``bpe`` spec trains; None for the others."""
+        if self.name != "bpe":
+            return None
+        return int(self.arg) if self.arg else DEFAULT_VOCAB_SIZE
+
+    @property
+    def needs_source(self) -> bool:
+        """True when the tokenizer is trained on the dataset (``bpe``)."""
+        return self.name == "bpe"
+
+    def __str__(self) -> str:
+        if self.path is not None:
+            return self.path
+        if self.name == "bpe":
+            return f"bpe:{self.vocab_size}"
+        return self.name if self.arg is None else f"{self.name}:{self.arg}"
+
+
+_SPEC_FORMS = "byte, gpt2, bpe[:VOCAB] or a path to a tokenizer.json"
+
+
+def parse_tokenizer_spec(spec: str, *, check_file: bool = True) -> TokenizerSpec:
+    """Check a tokenizer spec without building anything; a bad one raises
+    :class:`TokenizerError` with one line saying what to write instead.
+
+    ``"byte"`` | ``"gpt2"`` | ``"bpe"`` / ``"bpe:VOCAB"`` (VOCAB from 258 to 2**32; default 8192)
+    | a path to a ``tokenizer.json`` (must exist unless ``check_file=False``) | a registered
+    name, ``name`` or ``name:arg``.
+    """
+    if not isinstance(spec, str) or not spec.strip():
+        raise TokenizerError(f"empty tokenizer spec: use {_SPEC_FORMS}")
+    spec = spec.strip()
+    if spec.endswith(".json") or os.sep in spec or os.path.isfile(spec):
+        if check_file and not os.path.isfile(spec):
+            raise TokenizerError(
+                f"no such tokenizer file: {spec!r}: check the path, or use byte, gpt2 or "
+                "bpe[:VOCAB]"
+            )
+        return TokenizerSpec("file", path=spec)
+    name, colon, arg = spec.partition(":")
+    if colon and not arg:
+        raise TokenizerError(f"bad tokenizer spec {spec!r}: nothing after the colon; use {name}")
+    if name == "bpe":
+        _bpe_vocab(arg)
+    elif name in ("byte", "gpt2") and arg:
+        raise TokenizerError(f"tokenizer {name!r} takes no argument: write {name}")
+    elif name not in REGISTRY and name not in _entry_point_names():
+        known = sorted(set(REGISTRY) | _entry_point_names())
+        raise TokenizerError(
+            f"unknown tokenizer {spec!r}: use one of {', '.join(known)}, bpe:VOCAB, "
+            "or a path to a tokenizer.json"
+        )
+    return TokenizerSpec(name, arg or None)
+
+
+def _bpe_vocab(arg: str) -> int:
+    try:
+        vocab = int(arg) if arg else DEFAULT_VOCAB_SIZE
+    except ValueError:
+        vocab = -1
+    if not 258 <= vocab <= 2**32:
+        raise TokenizerError(
+            f"bad tokenizer spec 'bpe:{arg}': write bpe:VOCAB with VOCAB from 258 to 2**32, "
+            "e.g. bpe:8192"
+        )
+    return vocab
 
 
 def _make_byte(arg: str | None, source: ParquetSource | None) -> Tokenizer:
@@ -339,28 +431,18 @@ def _make_gpt2(arg: str | None, source: ParquetSource | None) -> Tokenizer:
 
 
 def _make_bpe(arg: str | None, source: ParquetSource | None) -> Tokenizer:
-    if source is None:
-        raise TokenizerError("tokenizer 'bpe' is trained on the dataset: pass source=")
-    try:
-        vocab = int(arg) if arg else DEFAULT_VOCAB_SIZE
-    except ValueError:
-        raise TokenizerError(
-            f"bad tokenizer spec 'bpe:{arg}': write bpe:VOCAB, e.g. bpe:8192"
-        ) from None
-    return train_tokenizer(source, vocab_size=vocab)
+    return load_tokenizer(f"bpe:{arg}" if arg else "bpe", source)
 
 
-def _resolve(name: str) -> Factory | None:
+def _resolve(name: str) -> Factory:
     target = REGISTRY.get(name)
     if target is None:
         from importlib.metadata import entry_points
 
-        for ep in entry_points(group=ENTRY_POINT_GROUP):
-            if ep.name == name:
-                target = ep.value
-                break
+        eps = entry_points(group=ENTRY_POINT_GROUP)
+        target = next((ep.value for ep in eps if ep.name == name), None)
     if target is None:
-        return None
+        raise TokenizerError(f"unknown tokenizer {name!r}: register it first")
     if callable(target):
         return target
     module, _, attr = target.partition(":")
@@ -371,22 +453,25 @@ def _resolve(name: str) -> Factory | None:
     return getattr(mod, attr)
 
 
-def load_tokenizer(spec: str, source: ParquetSource | None = None) -> Tokenizer:
-    """``"byte"`` | ``"gpt2"`` | ``"bpe"`` / ``"bpe:8192"`` (trained on ``source``, cached) |
-    a path to a ``tokenizer.json`` | a registered name (``name`` or ``name:arg``)."""
-    if not isinstance(spec, str) or not spec.strip():
-        raise TokenizerError("empty tokenizer spec: use byte, gpt2, bpe[:VOCAB] or a .json path")
-    if spec.endswith(".json") or os.sep in spec or os.path.isfile(spec):
-        return HFTokenizer.from_file(spec)
-    name, _, arg = spec.partition(":")
-    factory = _resolve(name)
-    if factory is None:
-        known = sorted(set(REGISTRY) | _entry_point_names())
-        raise TokenizerError(
-            f"unknown tokenizer {spec!r}: use one of {', '.join(known)}, bpe:VOCAB, "
-            "or a path to a tokenizer.json"
-        )
-    return factory(arg or None, source)
+def load_tokenizer(
+    spec: str | TokenizerSpec,
+    source: ParquetSource | None = None,
+    *,
+    cache_dir: str | os.PathLike[str] | None = None,
+) -> Tokenizer:
+    """A tokenizer from a spec (see :func:`parse_tokenizer_spec`): ``"byte"`` | ``"gpt2"`` |
+    ``"bpe"`` / ``"bpe:8192"`` (trained on ``source``; cached in ``cache_dir``, by default next
+    to the data) | a path to a ``tokenizer.json`` | a registered name (``name`` or ``name:arg``).
+    """
+    parsed = spec if isinstance(spec, TokenizerSpec) else parse_tokenizer_spec(spec)
+    if parsed.path is not None:
+        return HFTokenizer.from_file(parsed.path)
+    if parsed.name == "bpe":
+        if source is None:
+            raise TokenizerError("tokenizer 'bpe' is trained on the dataset: pass source=")
+        vocab = _bpe_vocab(parsed.arg or "")
+        return train_tokenizer(source, vocab_size=vocab, cache_dir=cache_dir)
+    return _resolve(parsed.name)(parsed.arg, source)
 
 
 def _entry_point_names() -> set[str]:
