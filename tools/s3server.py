@@ -44,11 +44,13 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import IO
 
 ACCESS_KEY = "testing"
 SECRET_KEY = "testing"
@@ -104,7 +106,7 @@ class MotoServer:
         self.start_timeout = start_timeout
         self._proc: subprocess.Popen[bytes] | None = None
         self._proxy: _TcpProxy | None = _TcpProxy(self.port) if proxy else None
-        self._log_path: Path | None = None
+        self._log: IO[bytes] | None = None
         self._paused = False
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -114,20 +116,17 @@ class MotoServer:
         exe = moto_server_path()
         if exe is None:
             raise RuntimeError(f"moto_server not found; {_INSTALL_HINT}")
-        import tempfile
-
-        fd, log = tempfile.mkstemp(prefix="moto_server-", suffix=".log")
-        self._log_path = Path(log)
-        # moto keeps large objects in temp files; TMPDIR stays the caller's.
+        # The log has no name (unlinked at once): nothing is left behind even when the caller
+        # is SIGKILLed. moto keeps large objects in temp files; TMPDIR stays the caller's.
+        self._log = tempfile.TemporaryFile(prefix="moto_server-", suffix=".log")  # noqa: SIM115
         self._proc = subprocess.Popen(
             [exe, "-H", "127.0.0.1", "-p", str(self.port)],
-            stdout=fd,
+            stdout=self._log.fileno(),
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             start_new_session=True,  # a Ctrl-C in the terminal is for the test runner, not moto
             preexec_fn=_die_with_parent,
         )
-        os.close(fd)
         atexit.register(self.stop)
         try:
             self._wait_until_up()
@@ -179,10 +178,9 @@ class MotoServer:
                 proc.kill()
                 proc.wait(timeout=10)
         self._paused = False
-        if self._log_path is not None:
-            with contextlib.suppress(OSError):
-                self._log_path.unlink()
-            self._log_path = None
+        log, self._log = self._log, None
+        if log is not None:
+            log.close()
 
     def __enter__(self) -> MotoServer:
         return self.start()
@@ -195,9 +193,13 @@ class MotoServer:
         return self._proc.pid if self._proc is not None else None
 
     def log_tail(self, chars: int = 2000) -> str:
-        if self._log_path is None or not self._log_path.exists():
+        if self._log is None:
             return "(no log)"
-        return self._log_path.read_text(errors="replace")[-chars:].strip() or "(empty log)"
+        fd = self._log.fileno()
+        # pread: the server shares this file's offset, which a seek here would move.
+        size = os.fstat(fd).st_size
+        data = os.pread(fd, 4 * chars, max(0, size - 4 * chars))
+        return data.decode(errors="replace")[-chars:].strip() or "(empty log)"
 
     # -- client configuration ---------------------------------------------------------------
     @property

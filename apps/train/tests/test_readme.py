@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -19,7 +20,13 @@ def test_readme_has_examples() -> None:
 
 
 @pytest.mark.parametrize("index", range(len(python_blocks())))
-def test_readme_python_block_runs(index: int, capsys: pytest.CaptureFixture[str]) -> None:
+def test_readme_python_block_runs(
+    index: int,
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # the example's mkdtemp lands here
     code = python_blocks()[index]
     exec(compile(code, f"{README}:block{index}", "exec"), {"__name__": "__readme__"})
     out = capsys.readouterr().out

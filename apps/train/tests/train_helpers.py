@@ -9,6 +9,7 @@ import os
 import random
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -162,23 +163,25 @@ def run_torchrun(
     args: Sequence[str], *, nproc: int = 2, timeout: float = 300
 ) -> subprocess.CompletedProcess[str]:
     """``pyrecover-train ARGS`` in ``nproc`` processes under torchrun (gloo on CPU)."""
-    return subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc-per-node",
-            str(nproc),
-            "-m",
-            "pyrecover_train",
-            *args,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=child_env(),
-    )
+    # torchrun never removes the torchelastic_* folder it makes in its temp folder.
+    with tempfile.TemporaryDirectory(prefix="torchrun-") as tmp:
+        return subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--standalone",
+                "--nproc-per-node",
+                str(nproc),
+                "-m",
+                "pyrecover_train",
+                *args,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env=child_env(TMPDIR=tmp),
+        )
 
 
 def start_cli(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -23,6 +24,7 @@ def test_readme_example_runs(
     i: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # the example's mkdtemp lands here
     exec(compile(python_blocks()[i], f"README.md block {i}", "exec"), {"__name__": "__readme__"})
     out = capsys.readouterr().out
     if i == 0:  # the usage example prints what its comments say

@@ -124,7 +124,8 @@ def torchrun_cmd(
         scenario,
         str(outdir),
     ]
-    return argv, clean_env(TEST_TIMEOUT=str(timeout))
+    # torchrun leaves a torchelastic_* folder in its temp folder: make that the test's own.
+    return argv, clean_env(TEST_TIMEOUT=str(timeout), TMPDIR=str(outdir))
 
 
 def srun_cmds(
