@@ -74,8 +74,10 @@ def test_damage_is_found_in_every_reader(cache: TokenCache, capsys: Any) -> None
     reopened = TokenCache(cache.path)
     with pytest.raises(CacheError, match="tokens.bin is damaged"):
         reopened.read(0, reopened.num_tokens)
-    with pytest.raises(CacheError, match="tokens.bin is damaged"):
-        list(PackedLoader(TokenCache(cache.path), seq_len=32, batch_size=8).take(10_000))
+    for batch_size in (8, 100):  # small batches check window by window, big ones vectorized
+        loader = PackedLoader(TokenCache(cache.path), seq_len=32, batch_size=batch_size)
+        with pytest.raises(CacheError, match="tokens.bin is damaged"):
+            list(loader.take(10_000))
     assert cli(["verify", str(cache.path)]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("parquetlm: error: ") and "tokens.bin is damaged" in err

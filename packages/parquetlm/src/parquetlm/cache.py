@@ -131,11 +131,9 @@ class TokenCache:
             chunk, sums_crc = int(sums["chunk_bytes"]), int(sums["tokens_crc32"])
         except (KeyError, TypeError, ValueError) as e:
             raise CacheError(f"{self._path / 'meta.json'} is corrupt ({e}): {fix}") from e
-        data = self.tokens.view(np.uint8)
-        table = read_sums(
-            self._path / SUMS_FILE, count=pieces(len(data), chunk), crc=sums_crc, fix=fix
-        )
-        return LazyCheck(data, table, chunk, tok_path, fix)
+        count = pieces(self.tokens.nbytes, chunk)
+        table = read_sums(self._path / SUMS_FILE, count=count, crc=sums_crc, fix=fix)
+        return LazyCheck(self.tokens, table, chunk, tok_path, fix)
 
     # -- building ------------------------------------------------------------------------------
 
@@ -261,12 +259,13 @@ class TokenCache:
         self.check_windows(np.array([start]), max(0, stop - start))
         return np.asarray(self.tokens[start:stop])
 
-    def check_windows(self, starts: np.ndarray, width: int) -> None:
+    def check_windows(self, starts: np.ndarray, width: int) -> bool:
         """Check the tokens ``[s, s + width)`` for every ``s`` in ``starts`` (the loader calls
-        this for each batch); each piece is checked once, so this costs nothing once all are."""
+        this for each batch); each piece is checked once. Returns True once every piece has
+        been: the caller may stop asking."""
         if not self._check.complete:
-            size = self._dtype.itemsize
-            self._check.bytes(np.asarray(starts, dtype=np.int64) * size, width * size)
+            self._check.items(np.asarray(starts, dtype=np.int64), width)
+        return self._check.complete
 
     def verify(self) -> None:
         """Check every token and the document index now (``parquetlm verify``); a damaged cache

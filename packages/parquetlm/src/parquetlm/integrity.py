@@ -61,12 +61,15 @@ def read_sums(path: Path, *, count: int, crc: int, fix: str) -> np.ndarray:
 
 
 class LazyCheck:
-    """Checks pieces of a byte array against their crc32 the first time they are used."""
+    """Checks pieces of an array's bytes against their crc32 the first time they are used."""
 
     def __init__(self, data: np.ndarray, sums: np.ndarray, chunk: int, path: Path, fix: str):
-        self._data, self._sums, self._chunk = data, sums, chunk
+        if chunk <= 0 or chunk % data.itemsize:
+            raise CacheError(f"{path}: checksum piece size {chunk} is impossible; {fix}")
+        self._bytes = data.reshape(-1).view(np.uint8)
+        self._sums, self._chunk, self._per_piece = sums, chunk, chunk // data.itemsize
         self._path, self._fix = path, fix
-        self._done = np.zeros(len(sums), dtype=bool)
+        self._flags = bytearray(len(sums))  # 1 = checked; Python indexing is fastest here
         self._left = len(sums)
 
     @property
@@ -74,31 +77,33 @@ class LazyCheck:
         """Every piece has been checked (then checks cost nothing)."""
         return self._left == 0
 
-    def bytes(self, starts: np.ndarray, width: int) -> None:
-        """Check the pieces that the byte ranges ``[s, s + width)`` for each ``s`` touch."""
+    def items(self, starts: np.ndarray, width: int) -> None:
+        """Check the pieces that the element ranges ``[s, s + width)`` for each ``s`` touch."""
         if self._left == 0 or width <= 0 or len(starts) == 0:
             return
-        first = np.asarray(starts, dtype=np.int64) // self._chunk
-        last = (np.asarray(starts, dtype=np.int64) + width - 1) // self._chunk
-        if int((last - first).max()) <= 1:
-            touched = np.union1d(first, last)
-        else:  # a range wider than a piece
-            spans = [np.arange(a, b + 1) for a, b in zip(first, last, strict=True)]
-            touched = np.unique(np.concatenate(spans))
-        for piece in touched[~self._done[touched]].tolist():
-            self._check(piece)
+        per, flags = self._per_piece, self._flags
+        if len(starts) > 64:  # a big batch: find the unchecked pieces in one vectorized go
+            first, last = starts // per, (starts + width - 1) // per
+            done = np.frombuffer(flags, dtype=bool)
+            if done[first].all() and done[last].all() and int((last - first).max()) <= 1:
+                return
+        for s in np.asarray(starts).tolist():
+            for piece in range(s // per, (s + width - 1) // per + 1):
+                if not flags[piece]:
+                    self._check(piece)
 
     def all(self) -> None:
-        for piece in np.flatnonzero(~self._done).tolist():
-            self._check(piece)
+        for piece in range(len(self._flags)):
+            if not self._flags[piece]:
+                self._check(piece)
 
     def _check(self, piece: int) -> None:
         lo = piece * self._chunk
-        hi = min(lo + self._chunk, len(self._data))
-        if zlib.crc32(self._data[lo:hi].data) != int(self._sums[piece]):
+        hi = min(lo + self._chunk, len(self._bytes))
+        if zlib.crc32(self._bytes[lo:hi].data) != int(self._sums[piece]):
             raise CacheError(
                 f"{self._path} is damaged: bytes {lo:,}..{hi:,} do not match the checksum "
                 f"written when the cache was built; {self._fix}"
             )
-        self._done[piece] = True
+        self._flags[piece] = 1
         self._left -= 1

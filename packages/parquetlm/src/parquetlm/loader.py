@@ -46,8 +46,8 @@ _AHEAD_BATCHES = 64  # window indices computed in one vectorized go
 class TokenSource(Protocol):
     """What the loader reads: a 1-D token array and a key naming its content (a TokenCache).
 
-    A source with a ``check_windows(starts, width)`` method (a TokenCache: checksums) is asked
-    to check each batch's tokens before they are handed out."""
+    A source with a ``check_windows(starts, width) -> bool`` method (a TokenCache: checksums) is
+    asked to check each batch's tokens before they are handed out, until it returns True."""
 
     @property
     def tokens(self) -> np.ndarray: ...
@@ -251,8 +251,8 @@ class PackedLoader:
     def _gather(self, windows: np.ndarray) -> np.ndarray:
         width, seq_len = self.config.seq_len + 1, self.config.seq_len
         out = np.empty((len(windows), width), dtype=self._out_dtype)
-        if self._check_windows is not None:
-            self._check_windows(windows * seq_len, width)
+        if self._check_windows is not None and self._check_windows(windows * seq_len, width):
+            self._check_windows = None  # all checked: nothing more to ask in this process
         tokens = self._tokens
         for i, w in enumerate(windows.tolist()):
             start = w * seq_len
