@@ -26,6 +26,7 @@ def test_a_clean_command_passes_and_leaves_nothing(tmp_path: Path) -> None:
         "assert tempfile.gettempdir() == os.environ['TMPDIR']\n"  # children get the folder
         "with tempfile.TemporaryDirectory() as d: open(os.path.join(d, 'x'), 'w').close()\n"
         "os.makedirs(os.path.join(os.environ['TMPDIR'], 'pytest-of-me', 'empty'))\n"
+        "os.makedirs(os.path.join(os.environ['TMPDIR'], 'torchinductor_me', 'empty'))\n"
     )
     assert tempguard.run(python(code), parent=str(tmp_path)) == 0
     assert list(tmp_path.iterdir()) == []
@@ -40,10 +41,11 @@ def test_a_leak_fails_with_its_name_and_is_removed(
         "tempfile.mkstemp(prefix='moto_server-', suffix='.log')\n"
         "os.makedirs(os.path.join(tempfile.gettempdir(), 'pytest-of-me', 'kept'))\n"
         "open(os.path.join(tempfile.gettempdir(), 'pytest-of-me', 'kept', 'x'), 'w').close()\n"
+        "os.makedirs(os.path.join(tempfile.gettempdir(), 'tmpabc'))\n"  # empty, other name
     )
     assert tempguard.run(python(code), parent=str(tmp_path)) == tempguard.LEAK_EXIT
     err = capfd.readouterr().err
-    assert "left 3 entries in their temp folder" in err
+    assert "left 4 entries in their temp folder" in err and "tmpabc  (folder, 0 bytes)" in err
     assert "moto_server-" in err and "(file, 0 bytes)" in err
     assert "(folder, 5 bytes)" in err and "pytest-of-me" in err
     assert list(tmp_path.iterdir()) == []

@@ -7,12 +7,14 @@ session with the names of what it left, instead of filling the system temp folde
     python tools/tempguard.py -- python -m pytest packages/parquetlm/tests
 
 The command (and every process it starts, which inherits ``TMPDIR``) gets a fresh folder
-``$TMPDIR/pyrecover-tmp-XXXX`` as its temp folder. Afterwards:
+``$TMPDIR/tg-XXXXXXXX`` as its temp folder. Afterwards:
 
 - the command failed: its exit code is returned and the folder is kept for inspection (pytest
   keeps the ``tmp_path`` of failed tests there);
-- it passed and left nothing (pytest's own ``pytest-of-USER`` folder counts as nothing once it is
-  empty: the root pyproject sets ``tmp_path_retention_policy = "failed"``): exit 0;
+- it passed and left nothing: exit 0. Two per-user folders with a fixed name count as nothing
+  while they hold no file: pytest's ``pytest-of-USER`` (the root pyproject sets
+  ``tmp_path_retention_policy = "failed"``, so a passing run empties it) and torch's
+  ``torchinductor_USER`` (created empty on import of parts of torch, reused by every run);
 - it passed but left something: one line per entry, the folder is removed, exit 1.
 
 Being private, the folder also keeps the check exact on a shared machine where other users'
@@ -29,7 +31,9 @@ import sys
 import tempfile
 from collections.abc import Sequence
 
-PREFIX = "pyrecover-tmp-"
+PREFIX = "tg-"  # short: sockets made under it must stay within 108 characters
+# Fixed-name folders that tools create once and reuse: fine while they hold no file.
+EMPTY_IS_NOTHING = ("pytest-of-", "torchinductor_")
 LEAK_EXIT = 1
 
 
@@ -51,11 +55,11 @@ def _holds_files(path: str) -> bool:
 
 
 def leftovers(folder: str) -> list[str]:
-    """What a run left in ``folder``: every entry except an empty ``pytest-of-*`` folder."""
+    """What a run left in ``folder``: every entry but the EMPTY_IS_NOTHING folders without files."""
     out = []
     for name in sorted(os.listdir(folder)):
         path = os.path.join(folder, name)
-        if name.startswith("pytest-of-") and os.path.isdir(path) and not _holds_files(path):
+        if name.startswith(EMPTY_IS_NOTHING) and os.path.isdir(path) and not _holds_files(path):
             continue
         out.append(name)
     return out

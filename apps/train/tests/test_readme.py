@@ -26,7 +26,10 @@ def test_readme_python_block_runs(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # the example's mkdtemp lands here
+    # The example's mkdtemp() lands in tmp_path. (Not all of tempfile: worker processes put
+    # sockets there, and a socket's path must stay short.)
+    mkdtemp = tempfile.mkdtemp
+    monkeypatch.setattr(tempfile, "mkdtemp", lambda *a, **k: mkdtemp(*a, **{**k, "dir": tmp_path}))
     code = python_blocks()[index]
     exec(compile(code, f"{README}:block{index}", "exec"), {"__name__": "__readme__"})
     out = capsys.readouterr().out

@@ -24,7 +24,10 @@ def test_readme_example_runs(
     i: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # the example's mkdtemp lands here
+    # The example's mkdtemp() lands in tmp_path. (Not all of tempfile: worker processes put
+    # sockets there, and a socket's path must stay short.)
+    mkdtemp = tempfile.mkdtemp
+    monkeypatch.setattr(tempfile, "mkdtemp", lambda *a, **k: mkdtemp(*a, **{**k, "dir": tmp_path}))
     exec(compile(python_blocks()[i], f"README.md block {i}", "exec"), {"__name__": "__readme__"})
     out = capsys.readouterr().out
     if i == 0:  # the usage example prints what its comments say

@@ -16,7 +16,10 @@ def test_readme_examples_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
     assert len(blocks) >= 4
     monkeypatch.delenv("PARQUETLM_CACHE", raising=False)
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # the example's mkdtemp lands here
+    # The example's mkdtemp() lands in tmp_path. (Not all of tempfile: worker processes put
+    # sockets there, and a socket's path must stay short.)
+    mkdtemp = tempfile.mkdtemp
+    monkeypatch.setattr(tempfile, "mkdtemp", lambda *a, **k: mkdtemp(*a, **{**k, "dir": tmp_path}))
     namespace: dict[str, object] = {"__name__": "readme"}
     for i, block in enumerate(blocks):
         exec(compile(block, f"README.md block {i}", "exec"), namespace)
