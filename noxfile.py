@@ -2,22 +2,36 @@
 
 Each package is tested in a virtualenv that holds only that package (and the test tools), so a
 dependency the package forgot to declare fails its own session. torch is pinned through
-constraints.txt so CI takes the local CPU wheel instead of the newest CUDA build.
+constraints.txt and installed ONCE, with its own dependencies, into a shared folder
+(``.nox/.cache/shared-torch-VERSION-cpXY``) that the sessions needing it see through a ``.pth``
+file: one ~1 GB torch instead of one per session. A session that exposes it must install
+something that declares torch (checked after the install), so isolation is kept for torch too.
 
     nox -l            # list sessions
     nox               # what CI runs (every session below except bench)
     nox -s ckptstore  # one package
+
+Every pytest run goes through tools/tempguard.py: a private temp folder that must be empty when
+the tests pass. On a machine without the local CPU wheel CI has, pip's own settings choose the
+torch build: ``PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu nox`` takes the CPU build
+(~190 MB; its ``2.13.0+cpu`` wins over PyPI's ``2.13.0``, the CUDA build on Linux).
 """
 
 from __future__ import annotations
 
+import json
 import os
+import re
+import shutil
 from pathlib import Path
 
 import nox
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.utils import canonicalize_name
 
 ROOT = Path(__file__).parent
-CONSTRAINTS = ("-c", str(ROOT / "constraints.txt"))
+CONSTRAINTS_FILE = ROOT / "constraints.txt"
+CONSTRAINTS = ("-c", str(CONSTRAINTS_FILE))
 TEST_TOOLS = ("pytest>=8", "pytest-timeout>=2.2", "hypothesis>=6.90")
 
 PACKAGES = {
@@ -54,14 +68,120 @@ def _install(session: nox.Session, *specs: str) -> None:
 
 
 def _pytest(session: nox.Session, *args: str) -> None:
-    # Exit code 5 is pytest's "no tests collected": not a failure for a package that has none yet.
-    session.run("python", "-m", "pytest", *args, *session.posargs, success_codes=[0, 5])
+    # Only exit 0 passes: pytest's exit 5 ("no tests collected") fails the session. tempguard gives
+    # the run a private temp folder and fails it when the tests leave anything there.
+    guard = str(ROOT / "tools" / "tempguard.py")
+    session.run("python", guard, "--", "python", "-m", "pytest", *args, *session.posargs)
+
+
+# -- one torch for every session -------------------------------------------------------------------
+
+
+def _torch_pin() -> str:
+    text = CONSTRAINTS_FILE.read_text()
+    found = re.search(r"^torch==(\S+)", text, flags=re.MULTILINE)
+    if found is None:
+        raise SystemExit(f"{CONSTRAINTS_FILE} pins no torch version: add a line torch==X.Y.Z")
+    return found.group(1)
+
+
+def _python_tag(session: nox.Session) -> str:
+    code = "import sys; print(f'cp{sys.version_info[0]}{sys.version_info[1]}')"
+    return str(session.run_install("python", "-c", code, silent=True)).strip()
+
+
+def _shared_torch(session: nox.Session) -> Path:
+    """The shared torch folder for this session's Python, installed on first use. Built under a
+    temporary name and renamed, so an interrupted install is never taken for a complete one."""
+    version = _torch_pin()
+    # Absolute: a relative line in a .pth file is taken relative to site-packages.
+    target = Path(session.cache_dir).resolve() / f"shared-torch-{version}-{_python_tag(session)}"
+    if target.is_dir():
+        return target
+    partial = target.with_name(f"{target.name}.partial-{os.getpid()}")
+    shutil.rmtree(partial, ignore_errors=True)
+    session.run_install(
+        "python", "-m", "pip", "install", "--quiet", "--target", str(partial),
+        *CONSTRAINTS, f"torch=={version}",
+    )  # fmt: skip
+    partial.rename(target)
+    return target
+
+
+def _site_packages(session: nox.Session) -> Path:
+    code = "import sysconfig; print(sysconfig.get_paths()['purelib'])"
+    return Path(str(session.run_install("python", "-c", code, silent=True)).strip())
+
+
+def _requested_extras(specs: tuple[str, ...]) -> dict[str, set[str]]:
+    """{distribution name: extras asked for} for the local ``./path[extra,...]`` specs."""
+    out: dict[str, set[str]] = {}
+    for spec in specs:
+        m = re.fullmatch(r"(\./[^\[]+)(?:\[([^\]]*)\])?", spec)
+        if m is None:
+            continue
+        pyproject = (ROOT / m.group(1) / "pyproject.toml").read_text()
+        name = re.search(r'^name\s*=\s*"([^"]+)"', pyproject, flags=re.MULTILINE)
+        if name is not None:
+            extras = {e.strip() for e in (m.group(2) or "").split(",") if e.strip()}
+            out[canonicalize_name(name.group(1))] = extras
+    return out
+
+
+_LIST_REQUIRES = (
+    "import json, importlib.metadata as m; "
+    "print(json.dumps({d.metadata['Name']: d.requires or [] for d in m.distributions()}))"
+)
+
+
+def _torch_users(session: nox.Session, specs: tuple[str, ...]) -> list[str]:
+    """The installed distributions that declare torch (with the extras this session asked for)."""
+    installed = json.loads(str(session.run_install("python", "-c", _LIST_REQUIRES, silent=True)))
+    wanted = _requested_extras(specs)
+    users = []
+    for name, requires in installed.items():
+        extras = wanted.get(canonicalize_name(name), set()) | {""}
+        for line in requires:
+            try:
+                req = Requirement(line)
+            except InvalidRequirement:
+                continue
+            if req.name == "torch" and (
+                req.marker is None or any(req.marker.evaluate({"extra": e}) for e in extras)
+            ):
+                users.append(name)
+    return sorted(set(users))
+
+
+def _install_with_torch(session: nox.Session, *specs: str) -> None:
+    """Install ``specs`` with torch taken from the shared folder (pip sees it as installed)."""
+    site = _site_packages(session)
+    if (site / "torch").is_dir():  # a venv made before torch was shared: drop its own copy
+        session.run_install("python", "-m", "pip", "uninstall", "--yes", "--quiet", "torch")
+    pth = site / "_pyrecover_shared_torch.pth"
+    pth.write_text(f"{_shared_torch(session)}\n")
+    _install(session, *specs)
+    if (site / "torch").is_dir():
+        session.error(
+            f"pip installed a torch of its own into {site} instead of using the shared one in "
+            f"{pth.read_text().strip()}: does constraints.txt still pin the torch it holds?"
+        )
+    if not _torch_users(session, specs):
+        pth.unlink()
+        session.error(
+            f"no package installed by session {session.name!r} declares torch, yet it was given "
+            "the shared torch: declare torch in the package that imports it, or install this "
+            "session with _install() instead of _install_with_torch()"
+        )
+
+
+# -- sessions --------------------------------------------------------------------------------------
 
 
 @nox.session
 def repo(session: nox.Session) -> None:
-    """House rules: layout of every package, no package importing a sibling."""
-    _install(session, "pytest>=8")
+    """House rules: package layout, no package importing a sibling, no import circles."""
+    _install(session, "pytest>=8", "pytest-timeout>=2.2")
     _pytest(session, "tests")
 
 
@@ -74,7 +194,7 @@ def lint(session: nox.Session) -> None:
 
 @nox.session
 def types(session: nox.Session) -> None:
-    _install(session, "mypy>=1.10", *ALL_LOCAL, "./apps/train[plot]", *TEST_TOOLS)
+    _install_with_torch(session, "mypy>=1.10", *ALL_LOCAL, "./apps/train[plot]", *TEST_TOOLS)
     session.run(
         "mypy",
         "packages/slurmclock/src",
@@ -85,10 +205,15 @@ def types(session: nox.Session) -> None:
     )
 
 
+# Packages whose install declares torch (directly or through an extra the session asks for).
+USES_TORCH = {"ddpkit", "ckptstore", "parquetlm"}
+
+
 def _package_session(name: str, spec: str, extra: tuple[str, ...]) -> None:
     @nox.session(name=name)
     def _run(session: nox.Session) -> None:
-        _install(session, spec, *TEST_TOOLS, *extra)
+        install = _install_with_torch if name in USES_TORCH else _install
+        install(session, spec, *TEST_TOOLS, *extra)
         _pytest(session, f"packages/{name}/tests")
 
     _run.__doc__ = f"Tests of {name}, installed alone."
@@ -101,21 +226,25 @@ for _name, (_spec, _extra) in PACKAGES.items():
 @nox.session
 def train(session: nox.Session) -> None:
     """Tests of pyrecover-train (the app), with the four packages it composes."""
-    _install(session, *ALL_LOCAL, "./apps/train[s3,plot]", *TEST_TOOLS, "moto[server]>=5")
+    _install_with_torch(
+        session, *ALL_LOCAL, "./apps/train[s3,plot]", *TEST_TOOLS, "moto[server]>=5"
+    )
     _pytest(session, "apps/train/tests")
 
 
 @nox.session
 def e2e(session: nox.Session) -> None:
     """Real SLURM + real S3 (moto_server) + fault injection against pyrecover-train."""
-    _install(session, *ALL_LOCAL, "./apps/train[s3,plot]", *TEST_TOOLS, "moto[server]>=5")
+    _install_with_torch(
+        session, *ALL_LOCAL, "./apps/train[s3,plot]", *TEST_TOOLS, "moto[server]>=5"
+    )
     _pytest(session, "e2e", "-p", "no:cacheprovider", "-s")
 
 
 @nox.session
 def bench(session: nox.Session) -> None:
     """Side-by-side benchmarks (not part of CI's default set). Results go to bench/results/."""
-    _install(
+    _install_with_torch(
         session,
         *ALL_LOCAL,
         "./apps/train[s3,plot]",

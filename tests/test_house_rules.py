@@ -114,3 +114,16 @@ def test_app_depends_on_the_four_packages() -> None:
     meta = tomllib.loads((ROOT / "apps/train/pyproject.toml").read_text())["project"]
     names = {d.split("[")[0].split(">")[0].split("=")[0].strip() for d in meta["dependencies"]}
     assert set(PACKAGES) <= names
+
+
+def test_ci_installs_every_tool_a_test_would_skip_without() -> None:
+    """A test that CI skips is not a test: .ci/run installs what the skip reasons ask for."""
+    ci = (ROOT / ".ci/run").read_text()
+    for command, package in (("slurmctld", "slurm-wlm"), ("shellcheck", "shellcheck")):
+        assert f"[{command}]={package}" in ci, f".ci/run must apt-get install {package}"
+
+
+def test_nox_counts_no_tests_collected_as_a_failure() -> None:
+    noxfile = (ROOT / "noxfile.py").read_text()
+    assert "success_codes" not in noxfile, "pytest's exit 5 (no tests collected) must fail"
+    assert "tempguard.py" in noxfile, "every pytest run goes through tools/tempguard.py"
