@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 from ckpt_helpers import corrupt
-from hypothesis import given
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ckptstore import CheckpointStore, RetentionPolicy
@@ -47,6 +47,7 @@ def test_bad_policies_say_how_to_fix(kw: dict[str, object]) -> None:
         RetentionPolicy(**kw)  # type: ignore[arg-type]
 
 
+@settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     st.sets(st.integers(0, 10**9), min_size=1, max_size=30),
     st.integers(1, 5),

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import given
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ddpkit import expand_hostlist, first_host, parse_tasks_per_node
@@ -67,6 +67,7 @@ def test_first_host_checks_the_whole_list_but_expands_only_the_first() -> None:
         first_host("")
 
 
+@settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     prefix=st.from_regex(r"[a-z][a-z0-9-]{0,6}", fullmatch=True),
     lo=st.integers(0, 500),
