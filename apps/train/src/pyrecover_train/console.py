@@ -192,7 +192,9 @@ class Console:
         losses_text = "" if loss is None else f", loss {loss:.4f}"
         if val is not None:
             losses_text += f", validation loss {val:.4f}"
-        if done:
+        if reason == "imported":
+            log.info("imported: step %d/%d into %s", step, cfg.training_steps, cfg.experiment_url)
+        elif done:
             log.info("finished: step %d/%d (%s)%s", step, cfg.training_steps, reason, losses_text)
         else:
             log.info(
