@@ -159,11 +159,11 @@ class Trainer:
                 model_cfg=self.model_cfg,
                 tokenizer=self.data.tokenizer.fingerprint(),
             ).run(parts.original)
+            self.budget = build.budget(cfg, self.state.model, self.stop_flag)
         except BaseException:
             self.store.close()
             raise
         self.start_step = self.state.step
-        self.budget = build.budget(cfg, self.state.model, self.stop_flag)
         self.schedule = SaveSchedule(
             cfg, self.budget, saved_step=self.state.step if self.resumed_from else None, clock=clock
         )
@@ -292,7 +292,7 @@ class Trainer:
 
     def _checkpoint(self) -> tuple[dict[str, Any], dict[str, Any]]:
         """(what a save writes, its JSON metadata). Every rank's RNG states go into one entry,
-        so every rank saves the same content."""
+        so every rank saves the same content (seam: ddpkit's RNG capture for every rank)."""
         s, cfg = self.state, self.cfg
         all_rng = self.dist.all_gather_object(rng.capture(self.device))
         meta: dict[str, Any] = {
