@@ -202,6 +202,22 @@ sys.exit(75 if run == 0 else 0)
 """
 
 
+def _probe_env(tmp_path: Path, mode: str, bin_dir: str) -> dict[str, str]:
+    """The job environment that runs SCRIPT_PROBE (written once) as the training command."""
+    probe = tmp_path / "probe"
+    if not probe.exists():
+        probe.write_text(SCRIPT_PROBE)
+        probe.chmod(0o755)
+    return {
+        "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
+        "TRAIN_CMD": str(probe),
+        "PROBE_OUT": str(tmp_path / mode),
+        "PROBE_MODE": mode,
+        "SLURMCLOCK_DIR": str(tmp_path / "timelines"),
+        "PYRECOVER_SIGNAL_LEAD": "",
+    }
+
+
 def test_the_script_exports_the_lead_marks_the_end_and_honours_slurmclock_stop(
     cluster: Any, tmp_path: Path
 ) -> None:
@@ -210,22 +226,12 @@ def test_the_script_exports_the_lead_marks_the_end_and_honours_slurmclock_stop(
     trainer still importing would die of it) and the trainer trains on; the lead comes from the
     script's own #SBATCH line; the end of the run is marked and the next run reads it; (2)
     `slurmclock stop JOBID` makes the trainer save and exit, and the job is not requeued."""
-    probe = tmp_path / "probe"
-    probe.write_text(SCRIPT_PROBE)
-    probe.chmod(0o755)
     bin_dir = str(Path(sys.executable).parent)  # slurmclock's CLI for the batch script
     jobs = {}
     for name in ("requeue", "stop"):
         out = tmp_path / name
         out.mkdir()
-        env = {
-            "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
-            "TRAIN_CMD": str(probe),
-            "PROBE_OUT": str(out),
-            "PROBE_MODE": name,
-            "SLURMCLOCK_DIR": str(tmp_path / "timelines"),
-            "PYRECOVER_SIGNAL_LEAD": "",
-        }
+        env = _probe_env(tmp_path, name, bin_dir)
         jobs[name] = cluster.sbatch(
             SCRIPT,
             "--time=3",
