@@ -178,18 +178,6 @@ SUITES: dict[str, Suite] = {
                     ">=",
                     0.95,
                 ),
-                Target(
-                    "trainer vs bare loop (in-run: 1 - loop share outside train_step)",
-                    lambda d: 1.0 - float(d["loop_overhead_share"]["train"]),
-                    ">=",
-                    0.97,
-                ),
-                Target(
-                    "trainer + async ckpt vs bare (in-run)",
-                    lambda d: 1.0 - float(d["loop_overhead_share"]["train+async"]),
-                    ">=",
-                    0.95,
-                ),
             ),
         ),
         Suite(

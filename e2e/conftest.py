@@ -10,7 +10,6 @@ unless PYRECOVER_REQUIRE_SLURM=1 / PYRECOVER_REQUIRE_S3=1 (CI sets both): then t
 from __future__ import annotations
 
 import os
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -19,9 +18,8 @@ from typing import Any
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # e2e_helpers
-
-from e2e_helpers import (  # noqa: E402
+# e2e_helpers and train_helpers are on sys.path via pytest's pythonpath (root pyproject).
+from e2e_helpers import (
     ALLOC_TRAIN_S,
     STOP_MARGIN,
     Background,
@@ -32,7 +30,7 @@ from e2e_helpers import (  # noqa: E402
     start_straight,
     trainer_flags,
 )
-from train_helpers import (  # noqa: E402
+from train_helpers import (
     child_env,
     environ_without_launchers,
     load_tool,

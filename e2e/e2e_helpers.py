@@ -22,12 +22,11 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from train_helpers import run_cli, tiny_flags  # on sys.path via pytest's pythonpath
+
+from pyrecover_train.metrics import read_events
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "apps" / "train" / "tests"))  # train_helpers: corpus, flags, runs
-
-from train_helpers import run_cli, tiny_flags  # noqa: E402
-
-from pyrecover_train.metrics import read_events  # noqa: E402
 
 SCRIPT = ROOT / "apps" / "train" / "slurm" / "submit-training-simple.sh"
 

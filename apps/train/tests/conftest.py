@@ -2,14 +2,10 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # for train_helpers
-
-from train_helpers import make_corpus  # noqa: E402
+from train_helpers import make_corpus  # on sys.path via pytest's pythonpath (root pyproject)
 
 
 @pytest.fixture(scope="session")

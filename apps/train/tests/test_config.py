@@ -9,9 +9,11 @@ import pytest
 
 from pyrecover_train.cli import main
 from pyrecover_train.config import (
+    FLAGS,
     PRESET_DEFAULTS,
     TrainConfig,
     UsageError,
+    _finite,
     build_parser,
     config_from_args,
     parse_duration,
@@ -213,3 +215,143 @@ def test_help_exits_0(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--help"]) == 0
     out = capsys.readouterr().out
     assert "--experiment_name" in out and "Exit status" in out
+
+
+# -- issue 14: every float refuses NaN/inf, ints fit int64, seeds fit numpy ----------------------
+
+FLOAT_FLAGS = sorted("--" + f.name.replace("_", "-") for f in FLAGS if f.type is _finite)
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf", "NaN"])
+@pytest.mark.parametrize("flag", FLOAT_FLAGS)
+def test_every_float_flag_refuses_nan_and_inf(
+    flag: str, value: str, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """`--grad-clip nan` used to turn clipping off silently (NaN is neither < 0 nor > 0)."""
+    assert main([f"{flag}={value}", "--checkpoint-dir", str(tmp_path / "ckpt")]) == 2
+    err = capsys.readouterr().err
+    assert f"{value!r} is not a finite number" in err and flag in err
+    assert len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "ckpt").exists()
+
+
+def test_the_float_flags_are_the_ones_users_hit() -> None:
+    assert {"--grad-clip", "--weight-decay", "--peak-tflops", "--stop-margin"} <= set(FLOAT_FLAGS)
+    assert "--learning-rate" in FLOAT_FLAGS and "--default-ckpt-time" in FLOAT_FLAGS
+
+
+def test_the_python_api_refuses_nan_too() -> None:
+    with pytest.raises(ValueError, match="--grad-clip must be a finite number, got nan"):
+        TrainConfig(grad_clip=float("nan"))
+    with pytest.raises(ValueError, match="--checkpoint-interval-seconds must be a finite"):
+        TrainConfig(checkpoint_interval_seconds=float("inf"))
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--seed", "-1"], "--seed must be between 0 and 4294967295, got -1"),
+        (["--seed", str(2**32)], "--seed must be between 0 and 4294967295"),
+        (["--seed", "99999999999999999999"], "is too large (at most 9223372036854775807)"),
+        (["--training-steps", "1e23", "--dry-run"], "'1e23' is too large"),
+        (["--training-steps", str(10**23), "--dry-run"], "is too large"),
+        (["--training-steps", "2.5"], "'2.5' is not a whole number"),
+        (["--batch-size", "many"], "'many' is not a whole number"),
+        (["--keep-every", "-1"], "--keep-every must be >= 0 (0 turns it off)"),
+        (["--profile-step-start", "5", "--profile-step-end", "4"], "is before --profile-step"),
+        (["--default-ckpt-time", "0"], "--default-ckpt-time must be positive seconds"),
+    ],
+    ids=lambda v: " ".join(v) if isinstance(v, list) else None,
+)
+def test_out_of_range_numbers_are_one_line_and_exit_2(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    assert main([*argv, "--checkpoint-dir", str(tmp_path / "ckpt")]) == 2
+    err = capsys.readouterr().err
+    assert message in err, err
+    assert len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "ckpt").exists()
+
+
+def test_whole_numbers_may_be_written_as_powers_of_ten() -> None:
+    assert config_from_args(["--training-steps", "1e3"]).training_steps == 1000
+    assert config_from_args(["--seed", "4294967295"]).seed == 2**32 - 1
+
+
+def test_home_in_a_flag_value_is_expanded(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """`--checkpoint-dir=~/ckpt`: the shell leaves `~` in place after `=`; metrics and train.log
+    must go where the checkpoints go ($HOME/ckpt), not to a folder literally named `~`."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    cfg = config_from_args(["--checkpoint-dir=~/ckpt", "--cache-dir=~/cache"])
+    assert cfg.checkpoint_dir == str(tmp_path / "ckpt")
+    assert cfg.exp_dir == tmp_path / "ckpt" / "default-exp"
+    assert cfg.metrics_path == tmp_path / "ckpt" / "default-exp" / "metrics.jsonl"
+    assert cfg.cache_dir == str(tmp_path / "cache")
+    assert config_from_args(["--metrics", "~/m.jsonl"]).metrics_path == tmp_path / "m.jsonl"
+
+
+# -- the original PyRecover's flags, with their meaning ------------------------------------------
+
+ORIGINAL_HELP_FLAGS = {
+    # The original's --help: flag -> (field here, a value, what it must become).
+    "--tokenizer-name-or-path": ("tokenizer", "tok/tokenizer.json", "tok/tokenizer.json"),
+    "--lr-warmup-steps": ("warmup_steps", "7", 7),
+    "--logging-frequency": ("log_every", "3", 3),
+    "--grad-max-norm": ("grad_clip", "0.5", 0.5),
+    "--max-kept-checkpoints": ("keep_last", "5", 5),
+    "--default-iter-time": ("default_iter_time", "2", 2.0),
+    "--default-ckpt-time": ("default_ckpt_time", "30", 30.0),
+    "--profile-step-start": ("profile_step_start", "3", 3),
+    "--profile-step-end": ("profile_step_end", "20", 20),
+}
+ORIGINAL_SWITCHES = {
+    "--timeaware-checkpointing": "timeaware_checkpointing",
+    "--verify-checkpoints": "verify_checkpoints",
+    "--use_flash_attention": "use_flash_attention",
+    "--log-loss-to-csv": "log_loss_to_csv",
+    "--profile": "profile",
+}
+
+
+@pytest.mark.parametrize("flag", sorted(ORIGINAL_HELP_FLAGS))
+def test_the_originals_other_flags_keep_their_meaning(flag: str) -> None:
+    name, value, want = ORIGINAL_HELP_FLAGS[flag]
+    for spelling in (flag, flag.replace("-", "_").replace("__", "--")):
+        assert getattr(config_from_args([spelling, value]), name) == want
+
+
+@pytest.mark.parametrize("flag", sorted(ORIGINAL_SWITCHES))
+def test_the_originals_switches_are_accepted(flag: str) -> None:
+    cfg = config_from_args([flag])
+    assert getattr(cfg, ORIGINAL_SWITCHES[flag]) is True
+    assert ORIGINAL_SWITCHES[flag] in cfg.explicit
+
+
+def test_the_originals_readme_command_parses() -> None:
+    line = (
+        "--sequence-length 4096 --batch-size 1 --learning-rate 5e-5 --lr-warmup-steps 100 "
+        "--training-steps 1000 --logging-frequency 10 --checkpoint-frequency 100 "
+        "--experiment_name my-exp --timeaware-checkpointing --default-iter-time 1.5 "
+        "--default-ckpt-time 20 --use_flash_attention --max-kept-checkpoints 2 "
+        "--verify-checkpoints --model-dtype bf16 --compile --fused-optimizer"
+    )
+    cfg = config_from_args(line.split(" "))
+    assert (cfg.warmup_steps, cfg.log_every, cfg.keep_last) == (100, 10, 2)
+    assert cfg.default_ckpt_time == 20.0 and cfg.timeaware_checkpointing
+
+
+def test_keep_every() -> None:
+    assert config_from_args(["--keep-every", "100"]).keep_every == 100
+    assert config_from_args(["--keep-every", "0"]).keep_every is None  # 0 = off
+
+
+def test_help_shows_one_spelling_and_says_what_preset_and_report_are(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["--help"]) == 0
+    out = capsys.readouterr().out
+    listed = [line.split()[0] for line in out.splitlines() if line.startswith("  --")]
+    assert len(listed) > 40 and not [f for f in listed if "_" in f], listed
+    assert "pyrecover-train report EXP_DIR" in out and "import-checkpoint" in out
+    assert "'default: preset' = the default depends on --model-size" in out
+    assert "(default: preset: tiny 128, 125m and up 2048)" in " ".join(out.split())

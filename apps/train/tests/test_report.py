@@ -12,87 +12,53 @@ from pyrecover_train.cli import main
 from pyrecover_train.report import summarize
 
 
+def _steps(
+    run: str, steps: range, time: Any, loss: Any, saves: tuple[int, ...]
+) -> list[dict[str, Any]]:
+    """Step events one per step, with a save (and its durable "saved") at ``saves``."""
+    ev: list[dict[str, Any]] = []
+    for s in steps:
+        t = time(s)
+        ev.append(
+            {"event": "step", "run": run, "time": t, "step": s, "loss": loss(s)}
+            | {"steps": 1, "step_time_s": 1.0}
+        )
+        if s in saves:
+            ev.append({"event": "save", "run": run, "time": t + 0.1, "step": s, "blocking_s": 0.5})
+            ev.append(
+                {"event": "saved", "run": run, "time": t + 0.5, "step": s}
+                | {"total_s": 0.8, "bytes": 1000}
+            )
+    return ev
+
+
+def _start(run: str, time: float, step: int) -> dict[str, Any]:
+    return {
+        "event": "start",
+        "run": run,
+        "time": time + 1.0,
+        "process_start": time,
+        "step": step,
+        "args": {"training_steps": 50},
+    }
+
+
 def two_runs() -> list[dict[str, Any]]:
     """Run 1 trains steps 0..30 (saves at 10, 20) and is killed; run 2 resumes at 20 and
     finishes at 50."""
-    ev: list[dict[str, Any]] = []
-    args = {"training_steps": 50}
-    ev.append(
-        {"event": "start", "run": "a", "time": 1.0, "process_start": 0.0, "step": 0, "args": args}
-    )
-    for s in range(1, 31):
-        ev.append(
-            {
-                "event": "step",
-                "run": "a",
-                "time": float(s),
-                "step": s,
-                "loss": 5.0 - s / 20,
-                "steps": 1,
-                "step_time_s": 1.0,
-            }
-        )
-        if s in (10, 20):
-            ev.append({"event": "save", "run": "a", "time": s + 0.1, "step": s, "blocking_s": 0.5})
-            ev.append(
-                {
-                    "event": "saved",
-                    "run": "a",
-                    "time": s + 0.5,
-                    "step": s,
-                    "total_s": 0.8,
-                    "bytes": 1000,
-                }
-            )
+    ev = [_start("a", 0.0, 0), *_steps("a", range(1, 31), float, lambda s: 5.0 - s / 20, (10, 20))]
     ev[-1]["time"] = 40.0  # the last line written before SIGKILL
-    ev.append(
-        {
-            "event": "start",
-            "run": "b",
-            "time": 51.0,
-            "process_start": 50.0,
-            "step": 20,
-            "args": args,
-        }
-    )
+    ev.append(_start("b", 50.0, 20))
     ev.append(
         {"event": "resume", "run": "b", "time": 51.0, "step": 20, "reason": "resumed from step 20"}
     )
-    for s in range(21, 51):
-        t = 50.0 + (s - 20)
-        ev.append(
-            {
-                "event": "step",
-                "run": "b",
-                "time": t,
-                "step": s,
-                "loss": 4.0 - s / 50,
-                "steps": 1,
-                "step_time_s": 1.0,
-            }
-        )
-        if s % 10 == 0:
-            ev.append({"event": "save", "run": "b", "time": t + 0.1, "step": s, "blocking_s": 0.5})
-            ev.append(
-                {
-                    "event": "saved",
-                    "run": "b",
-                    "time": t + 0.5,
-                    "step": s,
-                    "total_s": 0.8,
-                    "bytes": 1000,
-                }
-            )
+    ev += _steps(
+        "b", range(21, 51), lambda s: 50.0 + (s - 20), lambda s: 4.0 - s / 50, (30, 40, 50)
+    )
     ev.append({"event": "eval", "run": "b", "time": 85.0, "step": 50, "val_loss": 3.5})
     ev.append(
-        {
-            "event": "stop",
-            "run": "b",
-            "time": 90.0,
-            "step": 50,
-            "cause": "done",
-            "reason": "done: reached",
-        }
+        {"event": "stop", "run": "b", "time": 90.0, "step": 50}
+        | {"cause": "done", "reason": "done: reached"}
     )
     return ev
 
@@ -169,3 +135,26 @@ def test_report_usage_error_is_one_line(capsys: pytest.CaptureFixture[str]) -> N
     assert e.value.code == 2
     err = capsys.readouterr().err.strip()
     assert "the following arguments are required: exp_dir" in err and len(err.splitlines()) == 1
+
+
+def test_a_run_with_nothing_to_do_has_its_own_outcome_and_legend(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A requeued job that finds the training finished: a run of its own, "nothing to do"
+    (not "done"), with its own marker in the timeline's legend."""
+    from pyrecover_train import report
+
+    ev = two_runs()
+    ev.append(_start("c", 100.0, 50))
+    ev.append({"event": "resume", "run": "c", "time": 101.0, "step": 50, "reason": "resumed"})
+    ev.append(
+        {"event": "stop", "run": "c", "time": 102.0, "step": 50}
+        | {"cause": "done", "reason": "already finished"}
+    )
+    s = summarize(ev)
+    assert [r.outcome for r in s.runs] == ["killed", "done", "nothing to do"]
+    write(tmp_path / "exp" / "metrics.jsonl", ev)
+    assert main(["report", str(tmp_path / "exp")]) == 0
+    assert "run 3: steps 50->50" in capsys.readouterr().out
+    assert "nothing to do: already finished" in report.format_summary(s)
+    assert f"{report.MARKERS['nothing to do']} nothing to do" in report.LEGEND

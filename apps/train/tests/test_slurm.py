@@ -94,9 +94,35 @@ def test_array_and_afterany_chain_resume_without_requeue(
     --dependency=afterany). Each job trains one step (--time-limit 1 is spent by start-up), stops
     for time (exit 75), is not requeued, and the next one resumes; the 4th finds the training
     done (3 steps) and exits at once."""
-    common = ["--time-limit", "1", "--stop-margin", "0", "--training-steps", "3"]
-    env = {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     ckpt = tmp_path / "ckpt"
+    array_job, chain_jobs = _submit_array_and_chain(
+        cluster, [*tiny_flags(corpus, cache_dir, ckpt), *CHAINED], tmp_path
+    )
+    deadline = time.monotonic() + 420
+    while list(cluster.jobs()):
+        assert time.monotonic() < deadline, cluster.logs()
+        time.sleep(1)
+
+    logs = {
+        "arr": [(tmp_path / f"array-{array_job}_{i}.out").read_text() for i in range(1, 5)],
+        "chn": [(tmp_path / f"chain-{j}.out").read_text() for j in chain_jobs],
+    }
+    for exp, outs in logs.items():
+        _assert_resumed_without_requeue(outs, ckpt / exp / "metrics.jsonl")
+    for job in chain_jobs:
+        info = cluster.job(job)
+        assert info["JobState"] == "COMPLETED" and info["RestartCnt"] == "0", info
+        assert info.get("Requeue") == "0", info
+
+
+CHAINED = ["--time-limit", "1", "--stop-margin", "0", "--training-steps", "3"]
+
+
+def _submit_array_and_chain(
+    cluster: Any, flags: list[str], tmp_path: Path
+) -> tuple[str, list[str]]:
+    """A job array of 4 (experiment "arr") and a chain of 4 jobs ("chn"); their job ids."""
+    env = {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     array_job = cluster.sbatch(
         SCRIPT,
         "--array=1-4%1",
@@ -105,7 +131,7 @@ def test_array_and_afterany_chain_resume_without_requeue(
         f"--output={tmp_path}/array-%A_%a.out",
         cwd=tmp_path,
         env=env,
-        script_args=["--continue", "--exp_name=arr", *tiny_flags(corpus, cache_dir, ckpt), *common],
+        script_args=["--continue", "--exp_name=arr", *flags],
     )
     chain = cluster.run(
         [
@@ -117,40 +143,29 @@ def test_array_and_afterany_chain_resume_without_requeue(
             f"--output={tmp_path}/chain-%j.out",
             "--",
             "--exp_name=chn",
-            *tiny_flags(corpus, cache_dir, ckpt),
-            *common,
+            *flags,
         ],
         env=env,
         cwd=tmp_path,
     )
     chain_jobs = [line.split()[2] for line in chain.stdout.splitlines()]
     assert len(chain_jobs) == 4, chain.stdout
-    deadline = time.monotonic() + 420
-    while list(cluster.jobs()):
-        assert time.monotonic() < deadline, cluster.logs()
-        time.sleep(1)
+    return array_job, chain_jobs
 
-    logs = {
-        "arr": [(tmp_path / f"array-{array_job}_{i}.out").read_text() for i in range(1, 5)],
-        "chn": [(tmp_path / f"chain-{j}.out").read_text() for j in chain_jobs],
-    }
-    for exp, outs in logs.items():
-        joined = "\n".join(outs)
-        for out in outs[:2]:
-            assert "training step exited with status 75" in out, joined
-            assert "not requeueing (the next array task / chained job resumes)" in out, joined
-        assert "training finished" in outs[2] and "training finished" in outs[3], joined
-        assert "requeueing job" not in joined
-        events = list(read_events(ckpt / exp / "metrics.jsonl"))
-        stops = [(e["cause"], e["step"]) for e in events if e["event"] == "stop"]
-        assert stops == [("time", 1), ("time", 2), ("done", 3), ("done", 3)], joined
-        resumes = [e for e in events if e["event"] == "resume"]
-        assert [e["step"] for e in resumes] == [1, 2, 3]
-        assert all(e["restart_count"] == 0 for e in resumes)  # never requeued
-    for job in chain_jobs:
-        info = cluster.job(job)
-        assert info["JobState"] == "COMPLETED" and info["RestartCnt"] == "0", info
-        assert info.get("Requeue") == "0", info
+
+def _assert_resumed_without_requeue(outs: list[str], metrics: Path) -> None:
+    joined = "\n".join(outs)
+    for out in outs[:2]:
+        assert "training step exited with status 75" in out, joined
+        assert "not requeueing (the next array task / chained job resumes)" in out, joined
+    assert "training finished" in outs[2] and "training finished" in outs[3], joined
+    assert "requeueing job" not in joined
+    events = list(read_events(metrics))
+    stops = [(e["cause"], e["step"]) for e in events if e["event"] == "stop"]
+    assert stops == [("time", 1), ("time", 2), ("done", 3), ("done", 3)], joined
+    resumes = [e for e in events if e["event"] == "resume"]
+    assert [e["step"] for e in resumes] == [1, 2, 3]
+    assert all(e["restart_count"] == 0 for e in resumes)  # never requeued
 
 
 # A stand-in for pyrecover-train that uses slurmclock as the trainer will (TRAIN_CMD): it checks
@@ -187,6 +202,22 @@ sys.exit(75 if run == 0 else 0)
 """
 
 
+def _probe_env(tmp_path: Path, mode: str, bin_dir: str) -> dict[str, str]:
+    """The job environment that runs SCRIPT_PROBE (written once) as the training command."""
+    probe = tmp_path / "probe"
+    if not probe.exists():
+        probe.write_text(SCRIPT_PROBE)
+        probe.chmod(0o755)
+    return {
+        "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
+        "TRAIN_CMD": str(probe),
+        "PROBE_OUT": str(tmp_path / mode),
+        "PROBE_MODE": mode,
+        "SLURMCLOCK_DIR": str(tmp_path / "timelines"),
+        "PYRECOVER_SIGNAL_LEAD": "",
+    }
+
+
 def test_the_script_exports_the_lead_marks_the_end_and_honours_slurmclock_stop(
     cluster: Any, tmp_path: Path
 ) -> None:
@@ -195,22 +226,12 @@ def test_the_script_exports_the_lead_marks_the_end_and_honours_slurmclock_stop(
     trainer still importing would die of it) and the trainer trains on; the lead comes from the
     script's own #SBATCH line; the end of the run is marked and the next run reads it; (2)
     `slurmclock stop JOBID` makes the trainer save and exit, and the job is not requeued."""
-    probe = tmp_path / "probe"
-    probe.write_text(SCRIPT_PROBE)
-    probe.chmod(0o755)
     bin_dir = str(Path(sys.executable).parent)  # slurmclock's CLI for the batch script
     jobs = {}
     for name in ("requeue", "stop"):
         out = tmp_path / name
         out.mkdir()
-        env = {
-            "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
-            "TRAIN_CMD": str(probe),
-            "PROBE_OUT": str(out),
-            "PROBE_MODE": name,
-            "SLURMCLOCK_DIR": str(tmp_path / "timelines"),
-            "PYRECOVER_SIGNAL_LEAD": "",
-        }
+        env = _probe_env(tmp_path, name, bin_dir)
         jobs[name] = cluster.sbatch(
             SCRIPT,
             "--time=3",

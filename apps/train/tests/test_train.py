@@ -402,10 +402,10 @@ def test_auto_interval_is_young_daly_from_the_measured_save_cost(
     import math
     import statistics
 
-    from pyrecover_train import trainer
+    from pyrecover_train import schedule
 
     # A (tiny) assumed cost makes the first interval a few ms: the first step saves at once.
-    monkeypatch.setattr(trainer, "AUTO_ASSUMED_SAVE_COST", 1e-9)
+    monkeypatch.setattr(schedule, "AUTO_ASSUMED_SAVE_COST", 1e-9)
     ckpt = tmp_path / "ckpt"
     argv = tiny_flags(corpus, cache_dir, ckpt, "--training-steps", "6", "--keep-last", "0")
     argv += ["--checkpoint-interval-seconds", "auto", "--mtbf", "1:00:00"]
@@ -472,7 +472,7 @@ def test_compile_and_fused_optimizer_say_when_unsupported(
 ) -> None:
     import torch
 
-    from pyrecover_train import trainer
+    from pyrecover_train import build
 
     real_adamw = torch.optim.AdamW
 
@@ -481,8 +481,8 @@ def test_compile_and_fused_optimizer_say_when_unsupported(
             raise RuntimeError("`fused=True` requires all the params to be floating point CUDA")
         return real_adamw(*args, **kw)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(trainer.torch.optim, "AdamW", no_fused)
-    monkeypatch.setattr(trainer.shutil, "which", lambda name: None)  # no C++ compiler
+    monkeypatch.setattr(build.torch.optim, "AdamW", no_fused)
+    monkeypatch.setattr(build.shutil, "which", lambda name: None)  # no C++ compiler
     argv = tiny_flags(corpus, cache_dir, tmp_path / "a", "--training-steps", "2")
     assert main([*argv, "--compile", "--fused-optimizer"]) == 0
     out = capsys.readouterr().out
@@ -493,8 +493,8 @@ def test_compile_and_fused_optimizer_say_when_unsupported(
     def broken_compile(*args: object, **kw: object) -> object:
         raise RuntimeError("Dynamo is not supported on Python 3.99+")
 
-    monkeypatch.setattr(trainer.shutil, "which", lambda name: "/usr/bin/" + name)
-    monkeypatch.setattr(trainer.torch, "compile", broken_compile)
+    monkeypatch.setattr(build.shutil, "which", lambda name: "/usr/bin/" + name)
+    monkeypatch.setattr(build.torch, "compile", broken_compile)
     argv = tiny_flags(corpus, cache_dir, tmp_path / "b", "--training-steps", "2")
     assert main([*argv, "--compile"]) == 0
     out = capsys.readouterr().out

@@ -1,4 +1,5 @@
-"""``pyrecover-train [train] [FLAGS]`` and ``pyrecover-train report EXP_DIR``.
+"""``pyrecover-train [train] [FLAGS]``, ``pyrecover-train report EXP_DIR`` and
+``pyrecover-train import-checkpoint FILE.pt [FLAGS]``.
 
 Exit status of ``train``: 0 finished all --training-steps; 75 (EX_TEMPFAIL) stopped early for
 time or by a signal, a checkpoint was saved and a requeue is wanted; 1 error; 2 usage error
@@ -11,10 +12,15 @@ import logging
 import signal
 import sys
 
-from .config import UsageError, config_from_args
+from .config import TrainConfig, UsageError, config_from_args
 
 PROG = "pyrecover-train"
 log = logging.getLogger("pyrecover_train")
+IMPORT_USAGE = (
+    f"usage: {PROG} import-checkpoint FILE.pt [FLAGS]: an original PyRecover torch.save "
+    "checkpoint becomes the first checkpoint of --experiment_name (with the --model-size, "
+    "--tokenizer, ... it was trained with); then resume with --resume-from-checkpoint latest"
+)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -23,19 +29,20 @@ def main(argv: list[str] | None = None) -> int:
         from . import report
 
         return report.main(args[1:])
-    if args and args[0] == "train":
-        args = args[1:]
+    command = "train"
+    if args and args[0] in ("train", "import-checkpoint"):
+        command, args = args[0], args[1:]
+    if command == "import-checkpoint":
+        if not args or args[0].startswith("-"):
+            print(IMPORT_USAGE, file=sys.stderr if args[:1] != ["--help"] else sys.stdout)
+            return 0 if args[:1] == ["--help"] else 2
+        args = [*args[1:], "--resume-from-checkpoint", args[0]]
     try:
         cfg = config_from_args(args)
     except SystemExit as e:  # argparse: --help (0) or a usage error (2), already printed
         return int(e.code or 0)
     except UsageError as e:
         return _usage(e)
-    # torch is imported only for an actual run
-    from ckptstore import CheckpointError
-
-    from .trainer import TrainingDiverged, train
-
     # SLURM's warning signal and its SIGTERM come on their own schedule: one may arrive after the
     # run stopped by itself and saved (the trainer's handlers are gone by then). It must not turn
     # a clean exit 75 into "killed by a signal", which the sbatch script would not requeue.
@@ -43,11 +50,20 @@ def main(argv: list[str] | None = None) -> int:
     # the process's entry point (argv None): a caller in-process owns its own signals.
     if argv is None:
         _ignore_late_stop_signals()
+    return _run(cfg, command)
+
+
+def _run(cfg: TrainConfig, command: str) -> int:
+    # torch is imported only for an actual run
+    from ckptstore import CheckpointError
+
+    from .trainer import OutOfMemory, TrainingDiverged, import_checkpoint, train
+
     try:
-        return train(cfg).exit_code
+        return (import_checkpoint if command == "import-checkpoint" else train)(cfg).exit_code
     except UsageError as e:
         return _usage(e)
-    except (TrainingDiverged, CheckpointError) as e:
+    except (TrainingDiverged, CheckpointError, OutOfMemory) as e:
         # Their messages say what happened and what to do; the traceback is in train.log.
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return 1

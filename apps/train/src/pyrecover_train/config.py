@@ -1,10 +1,12 @@
-"""Command-line flags -> a validated :class:`TrainConfig`.
+"""A validated :class:`TrainConfig`, and the command line generated from one table of flags.
 
-Every flag of the original PyRecover is accepted verbatim with its default, in both the dash and
-the underscore spelling (``--sequence-length`` and ``--sequence_length``). Flags whose best value
-depends on the model size (sequence length, batch size, learning rate, steps, dtype, ...) default
-to the ``--model-size`` preset's value unless given; the presets of the original's model sizes
-(``125m`` and up) use the original's defaults (sequence 2048, batch 1, lr 1e-5, 1000 steps, bf16).
+Every flag of the original PyRecover is accepted verbatim with its meaning, in both the dash and
+the underscore spelling (``--sequence-length`` and ``--sequence_length``); help shows the dash
+spelling. Flags whose best value depends on the model size (sequence length, batch size, learning
+rate, steps, dtype, ...) default to the ``--model-size`` preset's value unless given; the presets
+of the original's model sizes (``125m`` and up) use the original's defaults (sequence 2048, batch
+1, lr 1e-5, 1000 steps, bf16). Defaults are written once: in :class:`TrainConfig` or, for the
+preset-dependent ones, in :data:`PRESET_DEFAULTS`.
 """
 
 from __future__ import annotations
@@ -14,7 +16,9 @@ import json
 import math
 import os
 import re
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable
+from dataclasses import MISSING, asdict, dataclass, field, fields, replace
+from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +26,8 @@ from .model import PRESETS
 
 DTYPES = ("fp16", "bf16", "fp32", "fp64")
 DEVICES = ("auto", "cpu", "cuda")
+MAX_INT = 2**63 - 1  # every count is stored as int64 (metrics, tensors, checkpoints)
+MAX_SEED = 2**32 - 1  # numpy's legacy generator takes 32-bit seeds
 
 # Defaults that depend on the model size. tiny/small are CPU-friendly (a no-argument run trains in
 # about a minute on 2 cores); the larger presets take the original PyRecover's defaults.
@@ -59,6 +65,7 @@ PRESET_DEFAULTS: dict[str, dict[str, Any]] = {
     **{name: dict(_ORIGINAL) for name in ("125m", "350m", "1b", "8b")},
 }
 assert set(PRESET_DEFAULTS) == set(PRESETS)
+_TINY = PRESET_DEFAULTS["tiny"]
 
 DEFAULT_MTBF = 6 * 3600.0
 DEFAULT_VAL_FRACTION = 0.02
@@ -69,7 +76,11 @@ class UsageError(ValueError):
 
 
 def parse_duration(text: str) -> float:
-    """Seconds from ``SECONDS`` (``90``, ``1.5``) or SLURM-style ``[D-][[H:]M:]S`` (``1:30:00``)."""
+    """Seconds from ``SECONDS`` (``90``, ``1.5``) or SLURM-style ``[D-][[H:]M:]S`` (``1:30:00``).
+
+    Seam: slurmclock's duration parser (with SLURM's ``D-HH:MM`` meaning and unit forms such as
+    ``15m``) replaces this function in one line once it exists.
+    """
     s = text.strip()
     m = re.fullmatch(r"(?:(\d+)-)?(\d+(?::\d+){0,2})(\.\d+)?", s)
     if m is None:
@@ -96,12 +107,12 @@ class TrainConfig:
 
     # The original PyRecover's flags.
     dataset: str | None = None
-    sequence_length: int = 128
-    batch_size: int = 8
-    learning_rate: float = 3e-3
-    training_steps: int = 400
+    sequence_length: int = _TINY["sequence_length"]
+    batch_size: int = _TINY["batch_size"]
+    learning_rate: float = _TINY["learning_rate"]
+    training_steps: int = _TINY["training_steps"]
     distributed: bool = False
-    model_dtype: str = "fp32"
+    model_dtype: str = _TINY["model_dtype"]
     checkpoint_dir: str = "checkpoints/"
     checkpoint_frequency: int = 10
     resume_from_checkpoint: str | None = None
@@ -109,11 +120,22 @@ class TrainConfig:
     use_torch_distributed_ckpt: bool = False
     compile: bool = False
     fused_optimizer: bool = False
+    # The original's other flags that have a meaning of their own here.
+    timeaware_checkpointing: bool = False  # always on here; accepted, and said so
+    verify_checkpoints: bool = False  # always on here (checksums in every manifest)
+    use_flash_attention: bool = False  # SDPA picks FlashAttention kernels by itself
+    default_iter_time: float | None = None
+    default_ckpt_time: float | None = None
+    log_loss_to_csv: bool = False
+    profile: bool = False
+    profile_step_start: int = 10
+    profile_step_end: int = 12
     # Checkpointing.
     checkpoint_url: str | None = None
     checkpoint_mirror: str | None = None
     async_checkpoint: bool = False
     keep_last: int | None = 3
+    keep_every: int | None = None
     keep_best: int | None = None
     checkpoint_interval_seconds: float | str | None = None  # seconds or "auto"
     storage_options: dict[str, Any] | None = None  # fsspec options for the checkpoint URLs
@@ -123,12 +145,12 @@ class TrainConfig:
     stop_margin: float | None = None
     # Model, data, optimisation.
     model_size: str = "tiny"
-    tokenizer: str = "bpe:4096"
+    tokenizer: str = _TINY["tokenizer"]
     text_column: str = "text"
     cache_dir: str | None = None
     seed: int = 42
     grad_accum: int = 1
-    warmup_steps: int = 40
+    warmup_steps: int = _TINY["warmup_steps"]
     min_lr: float | None = None
     weight_decay: float = 0.1
     grad_clip: float = 1.0
@@ -137,7 +159,7 @@ class TrainConfig:
     log_every: int = 10
     metrics: str | None = None
     wandb: bool = False
-    eval_every: int = 100
+    eval_every: int = _TINY["eval_every"]
     eval_batches: int = 8
     val_fraction: float = DEFAULT_VAL_FRACTION
     peak_tflops: float | None = None
@@ -146,11 +168,13 @@ class TrainConfig:
     explicit: tuple[str, ...] = field(default=())
 
     def __post_init__(self) -> None:
+        self._expand_home()
         if self.checkpoint_frequency == -1:
             self.checkpoint_frequency = 0  # the original PyRecover's spelling of "off"
+        _check_numbers(self)
         for name in ("sequence_length", "batch_size", "training_steps", "grad_accum"):
             _positive_int(name, getattr(self, name))
-        for name in ("log_every", "eval_batches"):
+        for name in ("log_every", "eval_batches", "profile_step_start", "profile_step_end"):
             _positive_int(name, getattr(self, name))
         for name in ("checkpoint_frequency", "eval_every", "warmup_steps"):
             if getattr(self, name) < 0:
@@ -158,39 +182,56 @@ class TrainConfig:
                 raise ValueError(
                     f"{_flag(name)} must be >= 0 ({off} turns it off), got {getattr(self, name)}"
                 )
-        if not (math.isfinite(self.learning_rate) and self.learning_rate > 0):
+        if not 0 <= self.seed <= MAX_SEED:
+            raise ValueError(f"--seed must be between 0 and {MAX_SEED}, got {self.seed}")
+        self._check_choices()
+        _check_experiment_name(self.experiment_name)
+        self._check_optimisation()
+        self._check_checkpointing()
+        self._check_time()
+        self._check_evaluation()
+
+    def _expand_home(self) -> None:
+        """``--checkpoint-dir=~/ckpt``: the shell expands ``~`` only at the start of a word, so
+        the flag's value keeps it; every local path means the same folder for every consumer."""
+        for name in ("checkpoint_dir", "checkpoint_mirror", "metrics", "cache_dir", "dataset"):
+            value = getattr(self, name)
+            if isinstance(value, str) and value.startswith("~") and "://" not in value:
+                setattr(self, name, os.path.expanduser(value))
+
+    def _check_choices(self) -> None:
+        for name, choices in (
+            ("model_dtype", DTYPES),
+            ("model_size", tuple(PRESETS)),
+            ("device", DEVICES),
+        ):
+            if getattr(self, name) not in choices:
+                raise ValueError(
+                    f"unknown {_flag(name)} {getattr(self, name)!r}: pick one of "
+                    + ", ".join(choices)
+                )
+
+    def _check_optimisation(self) -> None:
+        if not self.learning_rate > 0:
             raise ValueError(f"--learning-rate must be positive, got {self.learning_rate}")
         if self.min_lr is not None and not 0 <= self.min_lr <= self.learning_rate:
             raise ValueError(f"--min-lr must be between 0 and --learning-rate, got {self.min_lr}")
-        if self.model_dtype not in DTYPES:
-            raise ValueError(
-                f"unknown --model-dtype {self.model_dtype!r}: pick one of {', '.join(DTYPES)}"
-            )
-        if self.model_size not in PRESETS:
-            raise ValueError(
-                f"unknown --model-size {self.model_size!r}: pick one of {', '.join(PRESETS)}"
-            )
-        if self.device not in DEVICES:
-            raise ValueError(f"unknown --device {self.device!r}: pick one of {', '.join(DEVICES)}")
-        _check_experiment_name(self.experiment_name)
-        self._check_checkpointing()
-        self._check_time()
-        if not 0 <= self.val_fraction < 1:
-            raise ValueError(f"--val-fraction must be in [0, 1), got {self.val_fraction}")
-        if self.eval_every and not self.val_fraction:
-            raise ValueError("--eval-every needs a held-out split: pass --val-fraction > 0")
-        if self.keep_best and not self.eval_every:
-            raise ValueError("--keep-best ranks checkpoints by validation loss: set --eval-every N")
         if self.grad_clip < 0 or self.weight_decay < 0:
             raise ValueError("--grad-clip and --weight-decay must be >= 0 (0 turns them off)")
         if self.peak_tflops is not None and self.peak_tflops <= 0:
             raise ValueError(f"--peak-tflops must be positive, got {self.peak_tflops}")
+        if self.profile_step_end < self.profile_step_start:
+            raise ValueError(
+                f"--profile-step-end {self.profile_step_end} is before --profile-step-start "
+                f"{self.profile_step_start}: give an end >= the start"
+            )
 
     def _check_checkpointing(self) -> None:
-        for name in ("keep_last", "keep_best"):
+        for name in ("keep_last", "keep_every", "keep_best"):
             value = getattr(self, name)
             if value is not None and value < 0:
-                raise ValueError(f"{_flag(name)} must be >= 0 (0 keeps all), got {value}")
+                off = "0 turns it off" if name == "keep_every" else "0 keeps all"
+                raise ValueError(f"{_flag(name)} must be >= 0 ({off}), got {value}")
         interval = self.checkpoint_interval_seconds
         if isinstance(interval, str) and interval != "auto":
             raise ValueError(
@@ -203,12 +244,24 @@ class TrainConfig:
             raise ValueError(f"--mtbf must be positive seconds, got {self.mtbf}")
         if not self.checkpoint_url and not self.checkpoint_dir:
             raise ValueError("--checkpoint-dir is empty: give a directory (default checkpoints/)")
+        for name in ("default_iter_time", "default_ckpt_time"):
+            value = getattr(self, name)
+            if value is not None and not value > 0:
+                raise ValueError(f"{_flag(name)} must be positive seconds, got {value}")
 
     def _check_time(self) -> None:
         if self.time_limit is not None and not self.time_limit > 0:
             raise ValueError(f"--time-limit must be positive, got {self.time_limit}")
         if self.stop_margin is not None and self.stop_margin < 0:
             raise ValueError(f"--stop-margin must be >= 0 seconds, got {self.stop_margin}")
+
+    def _check_evaluation(self) -> None:
+        if not 0 <= self.val_fraction < 1:
+            raise ValueError(f"--val-fraction must be in [0, 1), got {self.val_fraction}")
+        if self.eval_every and not self.val_fraction:
+            raise ValueError("--eval-every needs a held-out split: pass --val-fraction > 0")
+        if self.keep_best and not self.eval_every:
+            raise ValueError("--keep-best ranks checkpoints by validation loss: set --eval-every N")
 
     @property
     def store_url(self) -> str:
@@ -220,12 +273,21 @@ class TrainConfig:
         return "://" not in self.store_url or self.store_url.startswith("file://")
 
     @property
+    def experiment_url(self) -> str:
+        """Where the experiment's checkpoints live, for messages (seam: ckptstore's layout)."""
+        return f"{self.store_url.rstrip('/')}/{self.experiment_name}"
+
+    @property
     def exp_dir(self) -> Path:
         """Local folder for metrics and logs: the experiment's checkpoint folder when that is
         local, else ``./runs/EXPERIMENT`` (metrics are appended line by line; object stores
-        cannot append)."""
+        cannot append).
+
+        Seam: ckptstore's experiment layout answers "where does this experiment live" once it
+        exists; this property then asks the store.
+        """
         if self.store_is_local:
-            root = self.store_url.removeprefix("file://")
+            root = os.path.expanduser(self.store_url.removeprefix("file://"))
             return Path(root) / self.experiment_name
         return Path("runs") / self.experiment_name
 
@@ -240,6 +302,11 @@ class TrainConfig:
     @property
     def format(self) -> str:
         return "dcp" if self.use_torch_distributed_ckpt else "torch"
+
+    @property
+    def tokens_per_step(self) -> int:
+        """Tokens one rank consumes per optimizer step."""
+        return self.batch_size * self.sequence_length * self.grad_accum
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -256,7 +323,19 @@ def _positive_int(name: str, value: int) -> None:
         raise ValueError(f"{_flag(name)} must be a positive integer, got {value}")
 
 
-# ckptstore's rule for an experiment folder (checked here so a bad name fails before any work).
+def _check_numbers(cfg: TrainConfig) -> None:
+    """No NaN/inf in any float (``--grad-clip nan`` would silently turn clipping off: NaN is
+    neither < 0 nor > 0), and every int fits the int64 it is stored as."""
+    for f in fields(cfg):
+        value = getattr(cfg, f.name)
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ValueError(f"{_flag(f.name)} must be a finite number, got {value}")
+        if isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_INT:
+            raise ValueError(f"{_flag(f.name)} must be at most {MAX_INT}, got {value}")
+
+
+# Seam: ckptstore's experiment-name rule (checked here so a bad name fails before any work)
+# replaces this copy in one line once ckptstore exports it.
 _EXPERIMENT_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
 
@@ -275,25 +354,38 @@ def _check_experiment_name(name: str) -> None:
         )
 
 
-# --- argparse -------------------------------------------------------------------------------------
+# --- value parsers (argparse turns ArgumentTypeError into one line and exit 2) -------------------
 
 
-def _both(*names: str) -> list[str]:
-    """Every spelling of a flag: --a-b and --a_b."""
-    out: list[str] = []
-    for n in names:
-        for variant in (n, "--" + n[2:].replace("_", "-"), "--" + n[2:].replace("-", "_")):
-            if variant not in out:
-                out.append(variant)
-    return out
+def _finite(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number")
+    return value
+
+
+def _whole(text: str) -> int:
+    """An integer, also written as ``1e6``; refused when it is not whole or does not fit int64."""
+    try:
+        value = Decimal(text.strip().replace("_", ""))
+    except InvalidOperation:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if not value.is_finite() or value != value.to_integral_value():
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number")
+    if abs(value) > MAX_INT:
+        raise argparse.ArgumentTypeError(f"{text!r} is too large (at most {MAX_INT})")
+    return int(value)
 
 
 def _interval(text: str) -> float | str:
     if text == "auto":
         return "auto"
     try:
-        return float(text)
-    except ValueError:
+        return _finite(text)
+    except argparse.ArgumentTypeError:
         raise argparse.ArgumentTypeError(f"{text!r} is neither seconds nor 'auto'") from None
 
 
@@ -314,261 +406,216 @@ def _duration(text: str) -> float:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
+# --- the table of flags ---------------------------------------------------------------------------
+
+_MEASURED = "measured (the first step is measured before any stop decision)"
+_GUESS = "1 s + state size / 200 MB/s"
+_STORAGE_HELP = (
+    "fsspec options for --checkpoint-url/--checkpoint-mirror (JSON object), e.g. "
+    '\'{"endpoint_url": "http://127.0.0.1:9000"}\''
+)
+_TIME_LIMIT_HELP = "stop after this long from process start: seconds or [D-][[H:]M:]S"
+_TOKENIZER_HELP = "byte | gpt2 | bpe[:N] | path/to/tokenizer.json (or its folder)"
+_CACHE_SHOWN = "$PYRECOVER_CACHE or ~/.cache/pyrecover"
+_VAL_SHOWN = f"{DEFAULT_VAL_FRACTION} when evaluating, else 0"
+
+
+@dataclass(frozen=True, slots=True)
+class Flag:
+    """One command-line flag: ``--NAME`` (dashes) sets the :class:`TrainConfig` field ``NAME``.
+
+    ``type`` None (:data:`SWITCH`) is an on/off switch. ``shown`` is how help describes a default
+    that is not a plain value of the field (derived, or "preset"); else help shows the field's
+    default. ``group`` is the help section, set by :func:`_group`.
+    """
+
+    name: str
+    type: Callable[[str], Any] | None
+    help: str
+    aliases: tuple[str, ...] = ()
+    choices: tuple[str, ...] | None = None
+    metavar: str | None = None
+    shown: str | None = None
+    group: str = ""
+
+
+SWITCH = None
+
+
+def _group(title: str, *flags: Flag) -> tuple[Flag, ...]:
+    return tuple(replace(f, group=title) for f in flags)
+
+
+FLAGS: tuple[Flag, ...] = (
+    *_group(
+        "original PyRecover flags",
+        Flag("dataset", str, "parquet file/dir/glob/URL", shown="the Shakespeare corpus"),
+        Flag("sequence_length", _whole, "tokens per sample"),
+        Flag("batch_size", _whole, "samples per rank per micro-step"),
+        Flag("learning_rate", _finite, "peak learning rate"),
+        Flag("training_steps", _whole, "optimizer steps in total"),
+        Flag("distributed", SWITCH, "torch.distributed under torchrun or srun"),
+        Flag("model_dtype", str, "bf16/fp16: autocast, fp32 weights", choices=DTYPES),
+        Flag("checkpoint_dir", str, "local checkpoint root"),
+        Flag("checkpoint_frequency", _whole, "save every N steps, 0 or -1 = off"),
+        Flag(
+            "resume_from_checkpoint",
+            str,
+            "'latest' (a fresh start when there is none yet), a step number, a checkpoint "
+            "folder, or an original PyRecover .pt file (imported)",
+            metavar="PATH|STEP|latest",
+            shown="off",
+        ),
+        Flag("experiment_name", str, "folder under the checkpoint root"),
+        Flag("use_torch_distributed_ckpt", SWITCH, "torch.distributed.checkpoint format (sharded)"),
+        Flag("compile", SWITCH, "torch.compile the model"),
+        Flag("fused_optimizer", SWITCH, "fused AdamW"),
+        Flag("timeaware_checkpointing", SWITCH, "always on here: a final save before the deadline"),
+        Flag("default_iter_time", _finite, "a step's seconds until measured", shown=_MEASURED),
+        Flag("default_ckpt_time", _finite, "a save's seconds before one is measured", shown=_GUESS),
+        Flag("verify_checkpoints", SWITCH, "always on here: every file is checksummed"),
+        Flag("use_flash_attention", SWITCH, "accepted: SDPA picks FlashAttention kernels itself"),
+        Flag("log_loss_to_csv", SWITCH, "also write EXP_DIR/EXPERIMENT_loss_log.csv"),
+        Flag("profile", SWITCH, "torch.profiler trace (and cudaProfilerStart/Stop) of the steps"),
+        Flag("profile_step_start", _whole, "first profiled step"),
+        Flag("profile_step_end", _whole, "last profiled step"),
+    ),
+    *_group(
+        "checkpointing",
+        Flag("checkpoint_url", str, "any fsspec URL (s3://bucket/run); overrides --checkpoint-dir"),
+        Flag("checkpoint_mirror", str, "second location every checkpoint is copied to"),
+        Flag("async_checkpoint", SWITCH, "persist in the background"),
+        Flag("keep_last", _whole, "keep the newest N, 0 = all", aliases=("max_kept_checkpoints",)),
+        Flag("keep_every", _whole, "also keep every checkpoint whose step is a multiple of N"),
+        Flag("keep_best", _whole, "also keep the K with the lowest validation loss"),
+        Flag(
+            "checkpoint_interval_seconds",
+            _interval,
+            "save every N seconds; auto = Young/Daly sqrt(2 * save cost * MTBF)",
+            metavar="N|auto",
+        ),
+        Flag("storage_options", _json_object, _STORAGE_HELP, metavar="JSON"),
+        Flag("mtbf", _duration, "mean time between failures for auto"),
+    ),
+    *_group(
+        "time",
+        Flag("time_limit", _duration, _TIME_LIMIT_HELP, shown="SLURM's deadline"),
+        Flag("stop_margin", _finite, "seconds kept free before the deadline", shown="slurmclock's"),
+    ),
+    *_group(
+        "model, data, optimisation",
+        Flag("model_size", str, "preset shape", choices=tuple(PRESETS)),
+        Flag("tokenizer", str, _TOKENIZER_HELP, aliases=("tokenizer_name_or_path",)),
+        Flag("text_column", str, "parquet column with the text"),
+        Flag("cache_dir", str, "corpus/tokenizer/token cache", shown=_CACHE_SHOWN),
+        Flag("seed", _whole, "weights, data order and RNG seed"),
+        Flag("grad_accum", _whole, "micro-batches per optimizer step"),
+        Flag("warmup_steps", _whole, "linear warmup, then cosine", aliases=("lr_warmup_steps",)),
+        Flag("min_lr", _finite, "learning rate at the end of the cosine", shown="lr/10"),
+        Flag("weight_decay", _finite, "AdamW weight decay"),
+        Flag("grad_clip", _finite, "clip the gradient norm, 0 = off", aliases=("grad_max_norm",)),
+        Flag("device", str, "auto = CUDA when available", choices=DEVICES),
+    ),
+    *_group(
+        "observability",
+        Flag("log_every", _whole, "steps between progress lines", aliases=("logging_frequency",)),
+        Flag("metrics", str, "JSONL metrics file", shown="EXP_DIR/metrics.jsonl"),
+        Flag("wandb", SWITCH, "log to Weights & Biases (extra [wandb])"),
+        Flag("eval_every", _whole, "validation every N steps, 0 = off"),
+        Flag("eval_batches", _whole, "validation batches per rank"),
+        Flag("val_fraction", _finite, "held-out share of the data", shown=_VAL_SHOWN),
+        Flag("peak_tflops", _finite, "per-GPU peak for MFU", shown="the table of GPUs"),
+        Flag("dry_run", SWITCH, "one step, one save, one verified load, exit 0"),
+    ),
+)
+_FIELDS = {f.name: f for f in fields(TrainConfig)}
+assert all(f.name in _FIELDS for f in FLAGS)
+
+
+def _default_text(flag: Flag) -> str | None:
+    if flag.type is SWITCH:
+        return None  # off unless given
+    if flag.shown is not None:
+        return flag.shown
+    if flag.name in _TINY:
+        return f"preset: tiny {_TINY[flag.name]}, 125m and up {_ORIGINAL[flag.name]}"
+    default = _FIELDS[flag.name].default
+    assert default is not MISSING
+    if default is None:
+        return "off"
+    return f"{default:g}" if isinstance(default, float) else str(default)
+
+
+_METAVARS: dict[Callable[[str], Any], str] = {_whole: "N", _finite: "X", _duration: "DURATION"}
+
+
+def spellings(name: str) -> list[str]:
+    """--a-b first (the one help shows), then --a_b."""
+    dashed = "--" + name.replace("_", "-")
+    under = "--" + name.replace("-", "_")
+    return [dashed] if under == dashed else [dashed, under]
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> Any:  # one line, exit 2 (argparse prints usage too)
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
+class _OneSpelling(argparse.HelpFormatter):
+    """Help lists each flag in its dash spelling only; the underscore ones stay accepted."""
+
+    def _format_action_invocation(self, action: argparse.Action) -> str:
+        shown = [s for s in action.option_strings if "_" not in s]
+        if not shown or not action.option_strings[0].startswith("--"):
+            return super()._format_action_invocation(action)
+        if action.nargs == 0:
+            return ", ".join(shown)
+        metavar = self._format_args(action, self._get_default_metavar_for_optional(action))
+        return ", ".join(f"{s} {metavar}" for s in shown)
+
+
+DESCRIPTION = (
+    "Time-aware GPT trainer: checkpoints before the SLURM deadline, resumes bit-exactly. "
+    "Exit status: 0 finished, 75 stopped early (time or signal; requeue wanted), 1 error, "
+    "2 usage error. Subcommands: `pyrecover-train report EXP_DIR` summarises and plots a run; "
+    "`pyrecover-train import-checkpoint FILE.pt [FLAGS]` imports an original PyRecover "
+    "checkpoint. Every flag is also accepted with underscores, as the original spelled them "
+    "(--experiment_name = --experiment-name). 'default: preset' = the default depends on "
+    "--model-size: tiny and small are sized for a CPU, 125m and up take the original "
+    "PyRecover's defaults; a flag you give always wins."
+)
+
+
 def build_parser(prog: str = "pyrecover-train") -> argparse.ArgumentParser:
+    """The parser of :data:`FLAGS`. Defaults are SUPPRESSed: a flag not given stays out of the
+    namespace, so presets fill it in and the config records what the user chose."""
     p = _Parser(
         prog=prog,
-        description="Time-aware GPT trainer: checkpoints before the SLURM deadline, resumes bit-"
-        "exactly. Exit status: 0 finished, 75 stopped early (time or signal; requeue wanted), "
-        "1 error, 2 usage error. `pyrecover-train report EXP_DIR` plots a run.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        usage=f"{prog} [train] [FLAGS] | {prog} report EXP_DIR | "
+        f"{prog} import-checkpoint FILE.pt [FLAGS]",
+        description=DESCRIPTION,
+        formatter_class=_OneSpelling,
         allow_abbrev=False,
     )
-    add = p.add_argument
-    S = argparse.SUPPRESS  # "not given": lets presets fill in, and records what the user chose
-    g = p.add_argument_group("original PyRecover flags")
-    g.add_argument(
-        *_both("--dataset"),
-        default=S,
-        help="parquet file/dir/glob/URL (default: the Shakespeare corpus)",
-    )
-    g.add_argument(
-        *_both("--sequence-length"),
-        type=int,
-        default=S,
-        help="tokens per sample (preset; original 2048)",
-    )
-    g.add_argument(
-        *_both("--batch-size"),
-        type=int,
-        default=S,
-        help="samples per rank per micro-step (preset; original 1)",
-    )
-    g.add_argument(
-        *_both("--learning-rate"),
-        type=float,
-        default=S,
-        help="peak learning rate (preset; original 1e-5)",
-    )
-    g.add_argument(
-        *_both("--training-steps"),
-        type=int,
-        default=S,
-        help="optimizer steps in total (preset; original 1000)",
-    )
-    g.add_argument(
-        *_both("--distributed"),
-        action="store_true",
-        default=S,
-        help="torch.distributed under torchrun or srun",
-    )
-    g.add_argument(
-        *_both("--model-dtype"),
-        choices=DTYPES,
-        default=S,
-        help="bf16/fp16 = autocast with fp32 master weights (preset; original bf16)",
-    )
-    g.add_argument(
-        *_both("--checkpoint-dir"), default=S, help="local checkpoint root (default checkpoints/)"
-    )
-    g.add_argument(
-        *_both("--checkpoint-frequency"),
-        type=int,
-        default=S,
-        help="save every N steps, 0 or -1 = off (default 10)",
-    )
-    g.add_argument(
-        *_both("--resume-from-checkpoint"),
-        metavar="PATH|latest",
-        default=S,
-        help="resume from a checkpoint; 'latest' starts fresh when there is none yet",
-    )
-    g.add_argument(
-        *_both("--experiment_name"),
-        default=S,
-        help="folder under the checkpoint root (default default-exp)",
-    )
-    g.add_argument(
-        *_both("--use-torch-distributed-ckpt"),
-        action="store_true",
-        default=S,
-        help="torch.distributed.checkpoint format (each rank writes its shard)",
-    )
-    g.add_argument(
-        *_both("--compile"), action="store_true", default=S, help="torch.compile the model"
-    )
-    g.add_argument(*_both("--fused-optimizer"), action="store_true", default=S, help="fused AdamW")
-
-    c = p.add_argument_group("checkpointing")
-    c.add_argument(
-        *_both("--checkpoint-url"),
-        default=S,
-        help="any fsspec URL (s3://bucket/run); overrides --checkpoint-dir",
-    )
-    c.add_argument(
-        *_both("--checkpoint-mirror"),
-        default=S,
-        help="second location every checkpoint is copied to",
-    )
-    c.add_argument(
-        *_both("--async-checkpoint"),
-        action="store_true",
-        default=S,
-        help="persist in the background",
-    )
-    c.add_argument(
-        *_both("--keep-last"),
-        type=int,
-        default=S,
-        help="keep the newest N checkpoints, 0 = all (default 3)",
-    )
-    c.add_argument(
-        *_both("--keep-best"),
-        type=int,
-        default=S,
-        help="also keep the K with the lowest validation loss",
-    )
-    c.add_argument(
-        *_both("--checkpoint-interval-seconds"),
-        type=_interval,
-        default=S,
-        metavar="N|auto",
-        help="save every N seconds; auto = Young/Daly sqrt(2 * save cost * MTBF)",
-    )
-    c.add_argument(
-        *_both("--storage-options"),
-        type=_json_object,
-        default=S,
-        metavar="JSON",
-        help="fsspec options for --checkpoint-url/--checkpoint-mirror (JSON object), e.g. "
-        '\'{"endpoint_url": "http://127.0.0.1:9000"}\'',
-    )
-    c.add_argument(
-        *_both("--mtbf"),
-        type=_duration,
-        default=S,
-        help=f"mean time between failures for auto (default {DEFAULT_MTBF:.0f} s)",
-    )
-
-    t = p.add_argument_group("time")
-    t.add_argument(
-        *_both("--time-limit"),
-        type=_duration,
-        default=S,
-        help="stop after this long, seconds or [[H:]M:]S from process start (overrides SLURM)",
-    )
-    t.add_argument(
-        *_both("--stop-margin"),
-        type=float,
-        default=S,
-        help="seconds kept free before the deadline (default: slurmclock's)",
-    )
-
-    m = p.add_argument_group("model, data, optimisation")
-    m.add_argument(
-        *_both("--model-size"),
-        choices=tuple(PRESETS),
-        default=S,
-        help="preset shape (default tiny)",
-    )
-    m.add_argument(
-        *_both("--tokenizer"),
-        default=S,
-        help="byte | gpt2 | bpe[:N] | path/to/tokenizer.json (preset)",
-    )
-    m.add_argument(
-        *_both("--text-column"), default=S, help="parquet column with the text (default text)"
-    )
-    m.add_argument(
-        *_both("--cache-dir"),
-        default=S,
-        help="corpus/tokenizer/token cache (default $PYRECOVER_CACHE or ~/.cache/pyrecover)",
-    )
-    m.add_argument(
-        *_both("--seed"), type=int, default=S, help="weights, data order and RNG seed (default 42)"
-    )
-    m.add_argument(
-        *_both("--grad-accum"),
-        type=int,
-        default=S,
-        help="micro-batches per optimizer step (default 1)",
-    )
-    m.add_argument(
-        *_both("--warmup-steps"),
-        type=int,
-        default=S,
-        help="linear warmup, then cosine decay (preset)",
-    )
-    m.add_argument(
-        *_both("--min-lr"),
-        type=float,
-        default=S,
-        help="learning rate at the end of the cosine (default lr/10)",
-    )
-    m.add_argument(
-        *_both("--weight-decay"), type=float, default=S, help="AdamW weight decay (default 0.1)"
-    )
-    m.add_argument(
-        *_both("--grad-clip"),
-        type=float,
-        default=S,
-        help="clip the gradient norm, 0 = off (default 1.0)",
-    )
-    m.add_argument(
-        *_both("--device"), choices=DEVICES, default=S, help="auto = CUDA when available"
-    )
-
-    o = p.add_argument_group("observability")
-    o.add_argument(
-        *_both("--log-every"),
-        type=int,
-        default=S,
-        help="steps between progress lines/metric samples (default 10)",
-    )
-    o.add_argument(
-        *_both("--metrics"), default=S, help="JSONL metrics file (default EXP_DIR/metrics.jsonl)"
-    )
-    o.add_argument(
-        *_both("--wandb"),
-        action="store_true",
-        default=S,
-        help="log to Weights & Biases (extra [wandb])",
-    )
-    o.add_argument(
-        *_both("--eval-every"),
-        type=int,
-        default=S,
-        help="validation every N steps, 0 = off (preset)",
-    )
-    o.add_argument(
-        *_both("--eval-batches"),
-        type=int,
-        default=S,
-        help="validation batches per rank (default 8)",
-    )
-    o.add_argument(
-        *_both("--val-fraction"),
-        type=float,
-        default=S,
-        help=f"held-out share of the data (default {DEFAULT_VAL_FRACTION} when evaluating, else 0)",
-    )
-    o.add_argument(
-        *_both("--peak-tflops"),
-        type=float,
-        default=S,
-        help="per-GPU peak for MFU when the GPU is not in the table",
-    )
-    o.add_argument(
-        *_both("--dry-run"),
-        action="store_true",
-        default=S,
-        help="one step, one save, one verified load, exit 0",
-    )
-    del add
+    groups: dict[str, argparse._ArgumentGroup] = {}
+    for flag in FLAGS:
+        group = groups.get(flag.group) or groups.setdefault(
+            flag.group, p.add_argument_group(flag.group)
+        )
+        names = [s for n in (flag.name, *flag.aliases) for s in spellings(n)]
+        shown = _default_text(flag)
+        text = flag.help if shown is None else f"{flag.help} (default: {shown})"
+        kwargs: dict[str, Any] = {
+            "dest": flag.name,
+            "default": argparse.SUPPRESS,
+            "help": text.replace("%", "%%"),
+        }
+        if flag.type is SWITCH:
+            kwargs["action"] = "store_true"
+        else:
+            metavar = flag.metavar or (None if flag.type is None else _METAVARS.get(flag.type))
+            kwargs.update(type=flag.type, choices=flag.choices, metavar=metavar)
+        group.add_argument(*names, **kwargs)
     return p
 
 
@@ -584,7 +631,7 @@ def config_from_args(argv: list[str] | None) -> TrainConfig:
     values.update(ns)
     if "checkpoint_interval_seconds" in ns and "checkpoint_frequency" not in ns:
         values["checkpoint_frequency"] = 0  # a time interval replaces the step frequency
-    for name in ("keep_last", "keep_best"):
+    for name in ("keep_last", "keep_every", "keep_best"):
         if values.get(name) == 0:
             values[name] = None  # 0 = no limit, as ckptstore expects None
     try:

@@ -64,16 +64,34 @@ def prepare(cfg: TrainConfig) -> tuple[ParquetSource, Tokenizer, TokenCache, str
 
 
 def _tokenizer(spec: str, source: ParquetSource, root: Path) -> Tokenizer:
+    """Seam: parquetlm's tokenizer spec parser replaces the ``bpe:N`` match in one line."""
     m = re.fullmatch(r"bpe(?::(\d+))?", spec)
     if m:
         # Trained tokenizers go to our cache dir, not next to a possibly read-only dataset.
         vocab = int(m.group(1)) if m.group(1) else 8192
         return train_tokenizer(source, vocab_size=vocab, cache_dir=root / "tokenizers")
-    if spec.endswith(".json") and not Path(spec).is_file():
+    return load_tokenizer(_tokenizer_file(spec), source)
+
+
+def _tokenizer_file(spec: str) -> str:
+    """A folder holding ``tokenizer.json`` (what the original's --tokenizer-name-or-path took, a
+    Hugging Face model folder) means that file; a missing file is one clear line."""
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        if not (path / "tokenizer.json").is_file():
+            raise UsageError(
+                f"--tokenizer {spec}: the folder has no tokenizer.json (give the file, or "
+                "byte|gpt2|bpe:N)"
+            )
+        return str(path / "tokenizer.json")
+    looks_like_path = spec.endswith(".json") or "/" in spec
+    if looks_like_path and not path.is_file():
         raise UsageError(
-            f"--tokenizer {spec}: no such file (give a tokenizer.json or byte|gpt2|bpe:N)"
+            f"--tokenizer {spec}: no such file or folder (pyrecover-train reads tokenizers from "
+            "disk: for a Hugging Face Hub model, download its tokenizer.json and give its path; "
+            "or use byte|gpt2|bpe:N)"
         )
-    return load_tokenizer(spec, source)
+    return str(path) if path.is_file() else spec
 
 
 def loaders(

@@ -20,7 +20,7 @@ _handlers = _Handlers()
 
 
 def setup(rank: int) -> None:
-    """Console logging for this process (idempotent)."""
+    """Console logging for this process (idempotent). Seam: ddpkit's rank-0 logging filter."""
     if _handlers.stream is not None:
         return
     handler = logging.StreamHandler(sys.stdout if rank == 0 else sys.stderr)

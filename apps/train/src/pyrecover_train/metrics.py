@@ -17,8 +17,6 @@ from typing import IO, Any
 
 import orjson
 
-EVENTS = ("start", "resume", "step", "eval", "save", "saved", "stop", "end", "warning")
-
 
 class MetricsLog:
     """Appends events to a JSONL file; a no-op writer on ranks other than 0 (``path=None``)."""

@@ -149,13 +149,26 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 
 
-def preset_config(name: str, *, vocab_size: int, max_seq_len: int) -> ModelConfig:
-    """The preset's shape, with the tokenizer's vocabulary where the preset has none of its own."""
+def preset_config(
+    name: str, *, vocab_size: int, max_seq_len: int, exact_vocab: int | None = None
+) -> ModelConfig:
+    """The preset's shape, with the tokenizer's vocabulary where the preset has none of its own.
+
+    ``exact_vocab``: the vocabulary of weights being imported (it wins over the preset's; the
+    tokenizer must fit in it).
+    """
     if name not in PRESETS:
         raise ValueError(f"unknown model size {name!r}: pick one of {', '.join(PRESETS)}")
     spec = dict(PRESETS[name])
     preset_vocab = spec.pop("vocab_size")
-    if preset_vocab is None:
+    if exact_vocab is not None:
+        if vocab_size > exact_vocab:
+            raise ValueError(
+                f"the tokenizer has {vocab_size} ids but the imported weights have a vocabulary "
+                f"of {exact_vocab}: pass the tokenizer the checkpoint was trained with"
+            )
+        vocab = exact_vocab
+    elif preset_vocab is None:
         vocab = -(-vocab_size // 64) * 64  # a multiple of 64 keeps the lm-head matmul efficient
     elif vocab_size > preset_vocab:
         raise ValueError(

@@ -24,6 +24,13 @@ from .config import _Parser
 from .metrics import fmt_duration, read_events
 
 PLOT_HINT = "pip install 'pyrecover-train[plot]' (matplotlib)"
+NOTHING_TO_DO = "nothing to do"
+# How each run's end is marked on the timeline, and the legend that says so.
+MARKERS = {"done": "*", NOTHING_TO_DO: "o", "time": "v", "signal": "x"}
+LEGEND = (
+    "timeline: | durable checkpoint, ^ resume, v stop (time), x signal, X killed/error, "
+    "* done, o nothing to do"
+)
 
 
 @dataclass(slots=True)
@@ -38,7 +45,9 @@ class RunSummary:
     saves: int = 0
     save_blocking_s: float = 0.0
     durable_s: list[float] = field(default_factory=list)
-    outcome: str = "killed"  # done | time | signal | error | killed (no stop event: SIGKILL)
+    # done | nothing to do (done at once: already finished) | time | signal | error | killed
+    # (no stop event: SIGKILL)
+    outcome: str = "killed"
     reason: str = "no stop event (killed or crashed)"
     resumed: bool = False
 
@@ -143,6 +152,8 @@ def _run_summary(rid: str, evs: list[dict[str, Any]]) -> RunSummary:
                 run.durable_s.append(float(e["total_s"]))
         elif e["event"] == "stop":
             run.outcome, run.reason = str(e.get("cause", "done")), str(e.get("reason", ""))
+    if run.outcome == "done" and not timed and run.end_step == run.start_step:
+        run.outcome = NOTHING_TO_DO  # e.g. a requeued job that found the training finished
     return run
 
 
@@ -211,15 +222,13 @@ def plot(events: list[dict[str, Any]], summary: Summary, out: Path) -> Path:
         saves = [((e["time"] - t0) / 60, e["step"]) for e in evs if e["event"] == "saved"]
         if saves:
             ax_time.plot(*zip(*saves, strict=True), "|", color="k", markersize=10)
-        marker = {"done": "*", "time": "v", "signal": "x"}.get(run.outcome, "X")
+        marker = MARKERS.get(run.outcome, "X")
         ax_time.plot((run.ended - t0) / 60, run.end_step, marker, color="C3", markersize=9)
         if run.resumed:
             ax_time.plot((run.started - t0) / 60, run.start_step, "^", color="C2", markersize=9)
     ax_time.set_xlabel("minutes since the first start")
     ax_time.set_ylabel("step")
-    ax_time.set_title(
-        "timeline: | durable checkpoint, ^ resume, v stop (time), x signal, X killed/error, * done"
-    )
+    ax_time.set_title(LEGEND, fontsize=9)
     if summary.runs:
         ax_time.legend(loc="upper left", fontsize=8)
     fig.tight_layout()

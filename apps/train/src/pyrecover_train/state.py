@@ -1,4 +1,5 @@
-"""What a checkpoint holds, and helpers to size and compare nested state dicts.
+"""What a checkpoint holds -- one definition, used by save, resume and the dry run -- and helpers
+to size and compare nested state dicts.
 
 Checkpoint layout (every rank passes identical content, so a sharded format deduplicates it)::
 
@@ -13,9 +14,56 @@ loading; "rng" and "step" come back as values.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch import nn
+
+from parquetlm import PackedLoader
+
+
+@dataclass(slots=True)
+class TrainState:
+    """The training state of one process: what is saved, resumed and compared."""
+
+    model: nn.Module  # the bare module (no DDP / torch.compile wrapper)
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LambdaLR
+    scaler: torch.amp.GradScaler | None
+    loader: PackedLoader
+    step: int = 0
+
+    def checkpoint(self, rng_by_rank: dict[str, Any]) -> dict[str, Any]:
+        """What a save writes. Objects go in as themselves: the store calls their
+        ``state_dict()``, so an optimizer needs no state before its first step."""
+        return {**self._objects(), "rng": rng_by_rank, "step": self.step}
+
+    def template(self, *, with_scaler: bool = True) -> dict[str, Any]:
+        """What a load fills: the objects in place; "rng" and "step" come back as values.
+        ``with_scaler=False`` for a checkpoint written without fp16 (it holds no scaler
+        state): the scaler then starts fresh."""
+        objects = self._objects()
+        if not with_scaler:
+            objects["scaler"] = {}
+        return {**objects, "rng": {}, "step": -1}
+
+    def live(self) -> dict[str, Any]:
+        """The comparable values now (the dry run checks a read-back against them)."""
+        return {
+            "model": self.model.state_dict(),
+            "optim": self.optimizer.state_dict(),
+            "data": self.loader.state_dict(),
+        }
+
+    def _objects(self) -> dict[str, Any]:
+        return {
+            "model": self.model,
+            "optim": self.optimizer,
+            "sched": self.scheduler,
+            "scaler": self.scaler if self.scaler is not None else {},
+            "data": self.loader,
+        }
 
 
 def count_bytes(obj: Any) -> int:

@@ -1,0 +1,293 @@
+"""Set-up, separated from the loop: from a config and a process group to the parts a run needs.
+
+Order matters for the bitwise guarantee (the RNGs are seeded first, then consumed in the same
+order by every run): seed -> precision -> data -> model -> optimizer -> schedule -> store ->
+(resume) -> time budget. Every problem found here is a :class:`UsageError`: one line, exit 2,
+nothing written yet.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shutil
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+import ckptstore
+import ddpkit
+import slurmclock
+
+from . import data as data_mod
+from . import state as state_mod
+from .config import TrainConfig, UsageError
+from .legacy import OriginalCheckpoint
+from .model import GPT, ModelConfig, build_model, preset_config
+from .perf import warmup_cosine
+from .precision import Precision, PrecisionError, resolve_precision
+
+log = logging.getLogger("pyrecover_train")
+
+ASSUMED_SAVE_BANDWIDTH = 200e6  # bytes/s, for the first save-time estimate (then measured)
+
+
+class AnyFlag:
+    """Several stop flags read as one (the budget takes one).
+
+    Seam: slurmclock's combined stop flag replaces this class in one line once it exists.
+    """
+
+    def __init__(self, *flags: slurmclock.StopSignals) -> None:
+        self.flags = flags
+
+    @property
+    def requested(self) -> bool:
+        return any(f.requested for f in self.flags)
+
+    @property
+    def received(self) -> str | None:
+        return next((f.received for f in self.flags if f.received), None)
+
+
+@dataclass(slots=True)
+class Parts:
+    """What set-up builds; the trainer composes them."""
+
+    precision: Precision
+    data: data_mod.Data
+    model_cfg: ModelConfig
+    state: state_mod.TrainState
+    train_model: nn.Module  # the model as trained: DDP and/or torch.compile around state.model
+    store: ckptstore.CheckpointStore
+    original: OriginalCheckpoint | None  # --resume-from-checkpoint FILE.pt of the original
+
+
+def check_launcher(cfg: TrainConfig) -> ddpkit.DistInfo:
+    try:
+        info = ddpkit.detect()
+    except ValueError as e:  # DistConfigError: inconsistent launcher variables
+        raise UsageError(str(e)) from None
+    if cfg.distributed and info.launcher == "single":
+        raise UsageError(
+            "--distributed needs a launcher: run under `torchrun --nproc-per-node N "
+            "pyrecover-train ...` or `srun` (no RANK/WORLD_SIZE or SLURM step variables found)"
+        )
+    if not cfg.distributed and info.world_size > 1:
+        raise UsageError(
+            f"launched as {info.world_size} processes by {info.launcher} but --distributed is "
+            "not set: add --distributed (each process would otherwise train alone)"
+        )
+    return info
+
+
+def join(cfg: TrainConfig) -> ddpkit.Dist:
+    device = None if cfg.device == "auto" else cfg.device
+    try:
+        return ddpkit.init(distributed=cfg.distributed, device=device)
+    except ddpkit.DistConfigError as e:  # raised before any network wait: a usage problem
+        raise UsageError(f"--device/--distributed: {e}") from None
+
+
+def parts(cfg: TrainConfig, dist: ddpkit.Dist) -> Parts:
+    """Everything but the resume, in the order the bitwise guarantee needs."""
+    check_output_dirs(cfg)
+    set_determinism(cfg, dist)
+    precision = _precision(cfg, dist.device)
+    data = _data(cfg, dist)
+    original = OriginalCheckpoint.read_if_file(cfg.resume_from_checkpoint)
+    model_cfg = _model_config(cfg, data, original)
+    model = build_model(model_cfg, seed=cfg.seed, device=dist.device)
+    model.to(precision.param_dtype)
+    train_model = _train_model(cfg, model, dist)
+    optimizer = _optimizer(cfg, model)
+    state = state_mod.TrainState(
+        model=model,
+        optimizer=optimizer,
+        scheduler=_scheduler(cfg, optimizer),
+        scaler=precision.scaler(dist.device),
+        loader=data.train,
+    )
+    return Parts(precision, data, model_cfg, state, train_model, _store(cfg), original)
+
+
+def check_output_dirs(cfg: TrainConfig) -> None:
+    """Local folders the run will write to: a file in the way, or a read-only parent, is a
+    usage error now (one line, before any work) rather than a traceback at the first write."""
+    if cfg.store_is_local:
+        flag = "--checkpoint-url" if cfg.checkpoint_url else "--checkpoint-dir"
+        _check_writable_dir(cfg.exp_dir, flag)
+    _check_writable_dir(cfg.metrics_path.parent, "--metrics")
+
+
+def set_determinism(cfg: TrainConfig, dist: ddpkit.Dist) -> None:
+    try:
+        ddpkit.seed_everything(cfg.seed, dist.rank)
+    except ValueError as e:  # seed + rank beyond numpy's 32 bits
+        raise UsageError(f"--seed: {e}") from None
+    if dist.device.type == "cpu":
+        # The bitwise-resume guarantee: same inputs, same kernels, same bits.
+        torch.use_deterministic_algorithms(True, warn_only=True)
+    else:
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+
+
+def _precision(cfg: TrainConfig, device: torch.device) -> Precision:
+    try:
+        return resolve_precision(cfg.model_dtype, device)
+    except PrecisionError as e:
+        raise UsageError(str(e)) from None
+
+
+def _data(cfg: TrainConfig, dist: ddpkit.Dist) -> data_mod.Data:
+    # One process per node builds the shared caches; the others then find them ready.
+    with _first(dist.info.local_rank == 0, dist):
+        source, tokenizer, cache, dataset = data_mod.prepare(cfg)
+    train_loader, val_loader = data_mod.loaders(
+        cfg, cache, rank=dist.rank, world_size=dist.world_size
+    )
+    return data_mod.Data(source, tokenizer, cache, train_loader, val_loader, dataset)
+
+
+def _model_config(
+    cfg: TrainConfig, data: data_mod.Data, original: OriginalCheckpoint | None
+) -> ModelConfig:
+    try:
+        return preset_config(
+            cfg.model_size,
+            vocab_size=data.tokenizer.vocab_size,
+            max_seq_len=cfg.sequence_length,
+            exact_vocab=None if original is None else original.vocab_size,
+        )
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+
+
+def _train_model(cfg: TrainConfig, model: GPT, dist: ddpkit.Dist) -> nn.Module:
+    train_model: nn.Module = ddpkit.wrap_ddp(model, dist)
+    return _compile(train_model, dist.device) if cfg.compile else train_model
+
+
+def _compile(module: nn.Module, device: torch.device) -> nn.Module:
+    if device.type == "cpu" and not any(shutil.which(c) for c in ("g++", "c++", "clang++")):
+        log.warning("--compile: no C++ compiler found for the CPU backend; running eagerly")
+        return module
+    try:
+        return torch.compile(module)  # type: ignore[return-value]
+    except RuntimeError as e:  # e.g. an unsupported Python version
+        log.warning("--compile: torch.compile is not available here (%s); running eagerly", e)
+        return module
+
+
+def _optimizer(cfg: TrainConfig, model: nn.Module) -> torch.optim.Optimizer:
+    groups = [
+        {"params": decay_params(model, True), "weight_decay": cfg.weight_decay},
+        {"params": decay_params(model, False), "weight_decay": 0.0},  # norms: decay only hurts
+    ]
+    kwargs: dict[str, Any] = {"lr": cfg.learning_rate, "betas": (0.9, 0.95), "eps": 1e-8}
+    if cfg.fused_optimizer:
+        try:
+            return torch.optim.AdamW(groups, fused=True, **kwargs)
+        except (RuntimeError, ValueError) as e:
+            log.warning("--fused-optimizer: fused AdamW unsupported here (%s); using foreach", e)
+    return torch.optim.AdamW(groups, **kwargs)
+
+
+def decay_params(model: nn.Module, decay: bool) -> list[nn.Parameter]:
+    """The parameters of the optimizer's first group (decayed: matrices) or second (norms),
+    in the model's order: the order of the optimizer's state indices."""
+    return [p for p in model.parameters() if (p.ndim >= 2) == decay]
+
+
+def _scheduler(
+    cfg: TrainConfig, optimizer: torch.optim.Optimizer
+) -> torch.optim.lr_scheduler.LambdaLR:
+    return torch.optim.lr_scheduler.LambdaLR(
+        optimizer,
+        warmup_cosine(
+            warmup=cfg.warmup_steps,
+            total=cfg.training_steps,
+            min_ratio=cfg.effective_min_lr / cfg.learning_rate,
+        ),
+    )
+
+
+def _store(cfg: TrainConfig) -> ckptstore.CheckpointStore:
+    try:
+        return ckptstore.CheckpointStore(
+            cfg.store_url,
+            format=cfg.format,
+            keep_last=cfg.keep_last,
+            keep_every=cfg.keep_every,
+            keep_best=cfg.keep_best,
+            best_metric="val_loss",
+            best_mode="min",
+            mirror=cfg.checkpoint_mirror,
+            storage_options=cfg.storage_options,
+            mirror_storage_options=cfg.storage_options,
+            experiment=cfg.experiment_name,
+        )
+    except (ValueError, ImportError) as e:
+        raise UsageError(f"--checkpoint-dir/--checkpoint-url: {e}") from None
+
+
+def budget(cfg: TrainConfig, model: nn.Module, stop_flag: AnyFlag) -> slurmclock.TimeBudget:
+    try:
+        watcher = slurmclock.DeadlineWatcher(time_limit=cfg.time_limit)
+    except ValueError as e:
+        raise UsageError(f"--time-limit: {e}") from None
+    kwargs: dict[str, Any] = {
+        "signals": stop_flag,
+        "initial_save_estimate": first_save_estimate(cfg, model),
+        "warmup_steps": 2 + (1 if cfg.compile else 0),
+    }
+    if cfg.stop_margin is not None:
+        kwargs["margin"] = cfg.stop_margin
+    try:
+        return slurmclock.TimeBudget(watcher, **kwargs)
+    except ValueError as e:
+        raise UsageError(f"--stop-margin/--default-ckpt-time: {e}") from None
+
+
+def first_save_estimate(cfg: TrainConfig, model: nn.Module) -> float:
+    """The budget's guess of a save until one is measured: the original's --default-ckpt-time
+    when given, else from the state size (weights + two Adam moments).
+
+    Seam: --default-iter-time joins here as the first step estimate once slurmclock's budget
+    takes one (this loop measures a step before its first stop decision, so it is not needed).
+    """
+    if cfg.default_ckpt_time is not None:
+        return cfg.default_ckpt_time
+    state_bytes = state_mod.count_bytes(model.state_dict()) * 3
+    return 1.0 + state_bytes / ASSUMED_SAVE_BANDWIDTH
+
+
+@contextlib.contextmanager
+def _first(leader: bool, dist: ddpkit.Dist) -> Iterator[None]:
+    """The leader runs the body first, then the others (e.g. building a shared cache once)."""
+    if not leader:
+        dist.barrier()
+    try:
+        yield
+    finally:
+        if leader:
+            dist.barrier()
+
+
+def _check_writable_dir(path: Path, flag: str) -> None:
+    """``path`` is, or can be created as, a folder this process can write into."""
+    existing = path
+    while not existing.exists():
+        if existing.parent == existing:
+            return
+        existing = existing.parent
+    if not existing.is_dir():
+        raise UsageError(f"{flag}: {existing} is a file, not a directory")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise UsageError(f"{flag}: {existing} is not writable by this user")

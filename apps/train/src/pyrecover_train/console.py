@@ -1,0 +1,293 @@
+"""Everything a run says, in one place: the banner, the progress line and the summary (log), the
+metrics events (JSONL), Weights & Biases, and the original's loss CSV. Files are rank 0's: the
+other ranks get a console whose writers are no-ops."""
+
+from __future__ import annotations
+
+import csv
+import logging
+import time
+import zlib
+from pathlib import Path
+from typing import IO, Any
+
+import torch
+
+import ddpkit
+import slurmclock
+
+from . import logs
+from .config import TrainConfig
+from .data import Data
+from .metrics import MetricsLog, fmt_duration, progress_line
+from .perf import mfu
+
+log = logging.getLogger("pyrecover_train")
+
+
+class Console:
+    """Output of one process. ``open()`` starts the files once the run is known to start, so a
+    refused start writes nothing."""
+
+    def __init__(self, cfg: TrainConfig, *, rank: int, world_size: int) -> None:
+        self.cfg, self.rank, self.world_size = cfg, rank, world_size
+        self.metrics = MetricsLog(None)
+        self.wandb: Any = None
+        self._csv: IO[str] | None = None
+        self._flops_per_token = 0.0
+        self._peak: float | None = None
+
+    def open(self, *, flops_per_token: float, peak: float | None) -> None:
+        cfg = self.cfg
+        self._flops_per_token, self._peak = flops_per_token, peak
+        if self.rank == 0:
+            self.metrics = MetricsLog(cfg.metrics_path)
+            logs.add_file(cfg.exp_dir / "train.log")
+            if cfg.log_loss_to_csv:
+                self._csv = _open_csv(cfg.exp_dir / f"{cfg.experiment_name}_loss_log.csv")
+
+    def event(self, name: str, **fields: Any) -> None:
+        self.metrics.log(name, **fields)
+
+    def start(
+        self,
+        *,
+        step: int,
+        budget: slurmclock.TimeBudget,
+        model_config: dict[str, Any],
+        params: int,
+        data: Data,
+        device: str,
+        resumed_from: str | None,
+        saves: str,
+    ) -> None:
+        """The start (and resume) events, the banner, W&B, and notes on the original's flags."""
+        cfg, d = self.cfg, budget.deadline()
+        common = {
+            "step": step,
+            "world_size": self.world_size,
+            "job_id": slurmclock.job_id(),
+            "restart_count": slurmclock.restart_count(),
+            "deadline": None if d is None else d.iso(),
+            "deadline_source": None if d is None else d.source,
+            "process_start": slurmclock.process_start_time(),
+        }
+        self.metrics.log(
+            "start",
+            **common,
+            args=cfg.to_dict(),
+            model=model_config,
+            params=params,
+            data=data.describe(),
+            device=device,
+            dtype=cfg.model_dtype,
+            tokens_per_step=cfg.tokens_per_step * self.world_size,
+        )
+        if resumed_from:
+            reason = f"resumed from {resumed_from}"
+            if common["restart_count"]:
+                reason += f", SLURM restart {common['restart_count']}"
+            self.metrics.log("resume", **common, reason=reason, data_state=data.train.state_dict())
+            log.info("%s", reason)
+        self._banner(params=params, device=device, data=data, saves=saves, budget=budget)
+        if cfg.wandb:
+            self.wandb = _wandb(cfg, self.rank, model_config)
+        _say_original_flags(cfg)
+
+    def _banner(
+        self, *, params: int, device: str, data: Data, saves: str, budget: slurmclock.TimeBudget
+    ) -> None:
+        cfg = self.cfg
+        log.info(
+            "pyrecover-train: %s model (%.2fM params, %s, %s) on %s x%d; data %s (%s tokens, "
+            "tokenizer %s)",
+            cfg.model_size,
+            params / 1e6,
+            cfg.model_dtype,
+            "compiled" if cfg.compile else "eager",
+            device,
+            self.world_size,
+            data.dataset,
+            f"{data.cache.num_tokens:,}",
+            cfg.tokenizer,
+        )
+        log.info(
+            "  checkpoints: %s (%s, %s%s)",
+            cfg.experiment_url,
+            cfg.format,
+            saves,
+            ", async" if cfg.async_checkpoint else "",
+        )
+        log.info("  metrics:     %s", cfg.metrics_path)
+        log.info("  log:         %s", cfg.exp_dir / "train.log")
+        left = budget.seconds_left()
+        if left is not None:
+            log.info("  time left:   %s (%s)", fmt_duration(left), budget.deadline())
+
+    def progress(
+        self, step: int, window: tuple[float, int, float, list[float]], **fields: Any
+    ) -> None:
+        """One progress line and ``step`` event for the steps since the last one; ``window`` is
+        :meth:`LossWindow.take`'s (mean loss, steps, seconds, each step's loss)."""
+        loss, steps, seconds, each = window
+        step_time = seconds / max(steps, 1)
+        per_rank = self.cfg.tokens_per_step / step_time
+        util = mfu(per_rank, self._flops_per_token, self._peak)
+        self.metrics.log(
+            "step",
+            step=step,
+            loss=loss,
+            lr=fields["lr"],
+            grad_norm=fields["grad_norm"],
+            steps=steps,
+            step_time_s=step_time,
+            tokens_per_s=per_rank * self.world_size,
+            tokens_per_s_per_rank=per_rank,
+            mfu=util,
+            seconds_left=fields["seconds_left"],
+            data_position=fields["data_position"],
+        )
+        if self.wandb is not None:
+            self.wandb.log({"loss": loss, "lr": fields["lr"], "tokens_per_s": per_rank}, step=step)
+        self.loss_rows(step, each)
+        log.info(
+            "%s",
+            progress_line(
+                step=step,
+                total=self.cfg.training_steps,
+                loss=loss,
+                lr=fields["lr"],
+                tokens_per_s=per_rank * self.world_size,
+                step_time=step_time,
+                seconds_left=fields["seconds_left"],
+                mfu=util,
+            ),
+        )
+
+    def loss_rows(self, step: int, each: list[float]) -> None:
+        """``--log-loss-to-csv``: one row per step, the last at ``step``."""
+        if self._csv is None or not each:
+            return
+        first = step - len(each) + 1
+        csv.writer(self._csv).writerows((first + i, x) for i, x in enumerate(each))
+        self._csv.flush()
+
+    def evaluation(self, step: int, val_loss: float, seconds: float) -> None:
+        self.metrics.log("eval", step=step, val_loss=val_loss, seconds=seconds)
+        log.info("step %d: validation loss %.4f", step, val_loss)
+        if self.wandb is not None:
+            self.wandb.log({"val_loss": val_loss}, step=step)
+
+    def summary(
+        self,
+        *,
+        done: bool,
+        step: int,
+        reason: str,
+        exit_code: int,
+        losses: tuple[float | None, float | None],
+    ) -> None:
+        """The last lines: how it ended, and where everything is."""
+        cfg, (loss, val) = self.cfg, losses
+        losses_text = "" if loss is None else f", loss {loss:.4f}"
+        if val is not None:
+            losses_text += f", validation loss {val:.4f}"
+        if reason == "imported":
+            log.info("imported: step %d/%d into %s", step, cfg.training_steps, cfg.experiment_url)
+        elif done:
+            log.info("finished: step %d/%d (%s)%s", step, cfg.training_steps, reason, losses_text)
+        else:
+            log.info(
+                "stopped at step %d/%d (%s); exit %d = requeue and resume",
+                step,
+                cfg.training_steps,
+                reason,
+                exit_code,
+            )
+        log.info("  checkpoints: %s", cfg.experiment_url)
+        log.info("  resume:      pyrecover-train --resume-from-checkpoint latest [same flags]")
+        log.info("  plot:        pyrecover-train report %s", cfg.exp_dir)
+
+    def close(self) -> None:
+        self.metrics.close()
+        if self._csv is not None:
+            self._csv.close()
+            self._csv = None
+        if self.wandb is not None:
+            try:
+                self.wandb.finish()
+            except Exception as e:  # optional logging must never fail a finished run
+                log.debug("--wandb: finish failed: %s", e)
+
+
+def _open_csv(path: Path) -> IO[str]:
+    """The original's ``--log-loss-to-csv`` file (``Step,Loss``), appended to on a resume."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    new = not path.exists() or path.stat().st_size == 0
+    f = open(path, "a", newline="", encoding="utf-8")  # noqa: SIM115 - held open for the run
+    if new:
+        csv.writer(f).writerow(["Step", "Loss"])
+        f.flush()
+    return f
+
+
+def _wandb(cfg: TrainConfig, rank: int, model_config: dict[str, Any]) -> Any:
+    """Rank 0's W&B run; the id is derived from the experiment so a requeued job continues it."""
+    try:
+        logger = ddpkit.WandbLogger(
+            project="pyrecover",
+            name=cfg.experiment_name,
+            config={"args": cfg.to_dict(), "model": model_config},
+            run_id=f"{cfg.experiment_name}-{zlib.crc32(cfg.store_url.encode()):08x}",
+            rank=rank,
+        )
+    except Exception as e:  # optional logging must never stop training
+        log.warning("--wandb: not logging to Weights & Biases (%s)", e)
+        return None
+    if not logger.active:
+        if rank == 0:
+            log.warning("--wandb: not logging to Weights & Biases: %s", logger.reason)
+        return None
+    return logger
+
+
+class LossWindow:
+    """Losses since the last progress line, kept on the device: reading a GPU loss every step
+    would synchronise, and stall the step queue. With ``each`` it also keeps every step's loss
+    (for the loss CSV), read in the same one synchronisation."""
+
+    def __init__(self, device: torch.device, *, each: bool = False) -> None:
+        self.total = torch.zeros((), device=device)
+        self.steps = 0
+        self.start = time.perf_counter()
+        self.each: list[torch.Tensor] | None = [] if each else None
+
+    def add(self, loss: torch.Tensor) -> None:
+        self.total += loss
+        self.steps += 1
+        if self.each is not None:
+            self.each.append(loss)
+
+    def take(self) -> tuple[float, int, float, list[float]]:
+        """(mean loss, steps, seconds, each step's loss) of the window; starts a new one."""
+        each = [] if not self.each else torch.stack(self.each).tolist()
+        out = (self.total.item() / max(self.steps, 1), self.steps, time.perf_counter() - self.start)
+        self.total.zero_()
+        self.steps, self.start = 0, time.perf_counter()
+        if self.each is not None:
+            self.each = []
+        return (*out, each)
+
+
+def _say_original_flags(cfg: TrainConfig) -> None:
+    """The original PyRecover's flags whose job is done here by design: said, never silent."""
+    notes = {
+        "timeaware_checkpointing": "always on here (stop with a final save before the deadline)",
+        "verify_checkpoints": "always on here (every checkpoint file is checksummed and verified)",
+        "use_flash_attention": "the attention is torch SDPA, which picks FlashAttention kernels "
+        "on CUDA (bf16/fp16) by itself",
+        "default_iter_time": "not needed here: the first step is measured before any stop decision",
+    }
+    for name, note in notes.items():
+        if getattr(cfg, name) not in (None, False):
+            log.info("--%s: %s", name.replace("_", "-"), note)

@@ -1,0 +1,267 @@
+"""Where a run starts: from step 0, from one of its checkpoints, or from an original PyRecover
+file. Everything that can go wrong is found before anything is written, and said in one line;
+what a resume with other flags than the checkpoint's does to the schedule is said too."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import ckptstore
+import ddpkit
+
+from . import rng
+from .config import TrainConfig, UsageError
+from .legacy import OriginalCheckpoint
+from .model import ModelConfig
+from .perf import warmup_cosine
+from .state import TrainState
+
+log = logging.getLogger("pyrecover_train")
+
+
+def first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
+
+
+class Resume:
+    """Restores ``state`` as ``--resume-from-checkpoint`` asks; ``run()`` says from where."""
+
+    def __init__(
+        self,
+        cfg: TrainConfig,
+        store: ckptstore.CheckpointStore,
+        state: TrainState,
+        dist: ddpkit.Dist,
+        *,
+        model_cfg: ModelConfig,
+        tokenizer: str,
+    ) -> None:
+        self.cfg, self.store, self.state, self.dist = cfg, store, state, dist
+        self.model_cfg, self.tokenizer = model_cfg, tokenizer
+
+    def run(self, original: OriginalCheckpoint | None) -> str | None:
+        """Resume (or refuse to clobber); returns what it resumed from, None for step 0."""
+        target = self.cfg.resume_from_checkpoint
+        if original is not None:
+            original.apply(self.state, self.cfg.model_size)
+            self._reseed("the original PyRecover saved no RNG states")
+            reapply_flags(self.state, self.cfg)
+            return f"step {self.state.step} (original PyRecover checkpoint {original.path})"
+        latest = self._latest_step()
+        if target is None:
+            if latest is not None:
+                raise UsageError(
+                    f"{self.cfg.experiment_url} already holds checkpoints (latest step {latest}): "
+                    "pass --resume-from-checkpoint latest to continue, or pick another "
+                    "--experiment_name / --checkpoint-dir (nothing was changed)"
+                )
+            return None
+        if target == "latest" and latest is None:
+            log.info("--resume-from-checkpoint latest: no checkpoint yet, starting at step 0")
+            return None
+        return self._load("latest" if target == "latest" else _resolve(target))
+
+    def _latest_step(self) -> int | None:
+        try:
+            return self.store.latest_step()
+        except Exception as e:  # no credentials, no bucket, no permission: fix and retry
+            raise UsageError(
+                f"cannot read the checkpoint location {self.cfg.experiment_url}: "
+                f"{type(e).__name__}: {first_line(e)}"
+            ) from None
+
+    def _load(self, which: int | str) -> str:
+        meta = self._peek(which)
+        self._check_compatible(meta)
+        args = meta.get("args")
+        old_args: dict[str, Any] = args if isinstance(args, dict) else {}
+        changes = schedule_changes(
+            old_args, self.cfg, meta.get("world_size"), self.dist.world_size, meta.get("step")
+        )
+        template = self.state.template(with_scaler=old_args.get("model_dtype", "fp16") == "fp16")
+        try:
+            # Restores model, optimizer, scheduler, scaler and loader in place; "rng" and
+            # "step" come back as values.
+            manifest = self.store.load(template, which)
+        except ckptstore.CheckpointError as e:
+            raise UsageError(f"--resume-from-checkpoint: {first_line(e)}") from None
+        self.state.step = int(template["step"])
+        self._restore_rng(template["rng"], manifest.world_size)
+        for line in changes:
+            log.info("%s", line)
+        reapply_flags(self.state, self.cfg)
+        return f"step {self.state.step} ({manifest.url or which})"
+
+    def _peek(self, which: int | str) -> dict[str, Any]:
+        """The checkpoint's metadata, read before anything is loaded."""
+        try:
+            return dict(self.store.manifest(which).metadata)
+        except ckptstore.CheckpointError as e:
+            raise UsageError(f"--resume-from-checkpoint: {first_line(e)}") from None
+        except FileNotFoundError:
+            raise UsageError(
+                f"--resume-from-checkpoint {which}: no manifest.json there (not a committed "
+                "checkpoint)"
+            ) from None
+
+    def _check_compatible(self, meta: dict[str, Any]) -> None:
+        saved = meta.get("model")
+        if isinstance(saved, dict):
+            diffs = self.model_cfg.differences(saved)
+            if diffs:
+                raise UsageError(
+                    "the checkpoint is of another model shape ("
+                    + "; ".join(diffs)
+                    + "): resume with the same --model-size/--tokenizer or start a new "
+                    "--experiment_name"
+                )
+        tokenizer = meta.get("tokenizer")
+        if tokenizer and tokenizer != self.tokenizer:
+            raise UsageError(
+                "the checkpoint was trained with another tokenizer: pass the same --tokenizer "
+                "and --dataset as the run that wrote it"
+            )
+
+    def _restore_rng(self, saved: dict[str, Any], saved_world: int) -> None:
+        key = rng.rank_key(self.dist.rank)
+        if saved_world == self.dist.world_size and key in saved:
+            rng.restore(saved[key], self.dist.device)
+            return
+        self._reseed(
+            f"world size changed ({saved_world} in the checkpoint, {self.dist.world_size} now)"
+        )
+
+    def _reseed(self, why: str) -> None:
+        """Seam: ddpkit's RNG capture/restore for every rank replaces rng.py in one line."""
+        cfg, step, rank = self.cfg, self.state.step, self.dist.rank
+        seed = rng.reseed(cfg.seed, step, rank, self.dist.device)
+        log.info(
+            "%s: RNGs re-seeded from (seed %d, step %d, rank %d) -> %d; data continues at "
+            "global position %d",
+            why,
+            cfg.seed,
+            step,
+            rank,
+            seed,
+            self.state.loader.position,
+        )
+
+
+def _resolve(target: str) -> int | str:
+    if target.isdigit():
+        return int(target)
+    if "://" not in target and not Path(target).expanduser().exists():
+        raise UsageError(
+            f"--resume-from-checkpoint {target}: no such checkpoint (give 'latest', a step "
+            "number, or an existing checkpoint directory)"
+        )
+    return target
+
+
+def reapply_flags(state: TrainState, cfg: TrainConfig) -> None:
+    """The optimizer and schedule come back with the checkpoint's learning rate and weight
+    decay; this run's flags win (e.g. a lower --learning-rate after a divergence). With the
+    same flags the values are the same floats, so a resume stays bitwise exact."""
+    sched = state.scheduler
+    old = list(sched.base_lrs)
+    sched.base_lrs = [cfg.learning_rate for _ in old]
+    factor = sched.lr_lambdas[0](sched.last_epoch)
+    for group, decay in zip(state.optimizer.param_groups, (cfg.weight_decay, 0.0), strict=True):
+        group["lr"] = cfg.learning_rate * factor  # what LambdaLR.step() computes
+        group["weight_decay"] = decay
+    sched._last_lr = [g["lr"] for g in state.optimizer.param_groups]
+    if old != sched.base_lrs:
+        log.info("--learning-rate %g replaces the checkpoint's %g", cfg.learning_rate, old[0])
+
+
+def schedule_changes(
+    old: dict[str, Any], cfg: TrainConfig, old_world: int | None, world: int, step: Any = None
+) -> list[str]:
+    """One line per flag that differs from the checkpoint's and changes the schedule: what
+    changed and what that does (tokens per step, the data position, the LR schedule, the
+    arithmetic). Refuses (UsageError) only what cannot work."""
+    if not old:
+        return []
+    for name in ("sequence_length", "seed"):
+        if name in old and old[name] != getattr(cfg, name):
+            raise UsageError(
+                f"--{name.replace('_', '-')} {getattr(cfg, name)} differs from the checkpoint's "
+                f"{old[name]}: its data position counts windows of that order; resume with "
+                f"--{name.replace('_', '-')} {old[name]} or start a new --experiment_name"
+            )
+    at = step if isinstance(step, int) else 0
+    lines = [*_tokens_change(old, cfg, old_world, world), *_lr_change(old, cfg, at)]
+    return lines + _dtype(old, cfg)
+
+
+def _differs(old: dict[str, Any], cfg: TrainConfig, *names: str) -> list[str]:
+    return [n for n in names if n in old and old[n] != getattr(cfg, n)]
+
+
+def _tokens_change(
+    old: dict[str, Any], cfg: TrainConfig, old_world: int | None, world: int
+) -> list[str]:
+    changed = _differs(old, cfg, "batch_size", "grad_accum")
+    if not changed and old_world in (None, world):
+        return []
+    before = old.get("batch_size", cfg.batch_size) * old.get("grad_accum", cfg.grad_accum)
+    before *= old.get("sequence_length", cfg.sequence_length) * (old_world or world)
+    after = cfg.tokens_per_step * world
+    what = ", ".join(f"--{n.replace('_', '-')} {old[n]} -> {getattr(cfg, n)}" for n in changed)
+    if old_world not in (None, world):
+        what = ", ".join(filter(None, [what, f"world size {old_world} -> {world}"]))
+    return [
+        f"resume with {what}: tokens per step {before:,} -> {after:,} (x{after / before:.3g}); "
+        "the data goes on from the checkpoint's global position, "
+        f"{cfg.batch_size * cfg.grad_accum * world} windows per step from now on"
+    ]
+
+
+def _lr_change(old: dict[str, Any], cfg: TrainConfig, step: int) -> list[str]:
+    changed = _differs(old, cfg, "training_steps", "warmup_steps", "min_lr")
+    if not changed:
+        return []
+    what = ", ".join(f"--{n.replace('_', '-')} {old[n]} -> {getattr(cfg, n)}" for n in changed)
+    lr = old.get("learning_rate", cfg.learning_rate)
+    old_min = old.get("min_lr")
+    before = warmup_cosine(
+        warmup=old.get("warmup_steps", cfg.warmup_steps),
+        total=old.get("training_steps", cfg.training_steps),
+        min_ratio=(lr * 0.1 if old_min is None else old_min) / lr,
+    )
+    after = warmup_cosine(
+        warmup=cfg.warmup_steps,
+        total=cfg.training_steps,
+        min_ratio=cfg.effective_min_lr / cfg.learning_rate,
+    )
+    return [
+        f"resume with {what}: the LR schedule now warms up for {cfg.warmup_steps} steps and "
+        f"decays to --min-lr {cfg.effective_min_lr:g} at step {cfg.training_steps} (was step "
+        f"{old.get('training_steps', '?')}); at the resumed step {step} the learning rate is "
+        f"{cfg.learning_rate * after(step):.3g} instead of {lr * before(step):.3g}, and "
+        f"{max(cfg.training_steps - step, 0)} steps are left"
+    ]
+
+
+def _dtype(old: dict[str, Any], cfg: TrainConfig) -> list[str]:
+    if not _differs(old, cfg, "model_dtype"):
+        return []
+    was, now = old["model_dtype"], cfg.model_dtype
+    effects = {
+        "fp64": "weights and optimizer state are converted to fp64",
+        "fp32": "plain fp32 arithmetic, no autocast",
+        "bf16": "weights and optimizer state stay fp32; the matmuls run under bf16 autocast",
+        "fp16": "weights and optimizer state stay fp32; the matmuls run under fp16 autocast",
+    }
+    scaler = ""
+    if now == "fp16":
+        scaler = "; a new GradScaler starts at its initial scale"
+    elif was == "fp16":
+        scaler = "; the checkpoint's GradScaler state is not needed and dropped"
+    return [
+        f"resume with --model-dtype {was} -> {now}: {effects[now]}{scaler} (the numbers are no "
+        "longer bitwise those of a run that kept one dtype)"
+    ]

@@ -1,0 +1,137 @@
+"""Bad input and changed input at run time (issue 14): out of memory, a file where a checkpoint
+goes, `~` in a flag's value, and a resume whose flags differ from the checkpoint's."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from train_helpers import child_env, events, final_state, run_cli, tiny_flags
+
+from pyrecover_train.cli import main
+
+
+def test_out_of_memory_is_one_line_saying_what_to_lower(
+    corpus: Path, cache_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ckpt = tmp_path / "ckpt"
+    argv = tiny_flags(corpus, cache_dir, ckpt, "--training-steps", "1")
+    assert main([*argv, "--batch-size", str(10**12)]) == 1
+    err = capsys.readouterr().err.strip()
+    assert "out of memory in step 1 (--batch-size 1000000000000 x --sequence-length 32" in err
+    assert "lower --batch-size (--grad-accum N keeps the tokens per step)" in err
+    assert len(err.splitlines()) == 1, err
+    log = (ckpt / "default-exp" / "train.log").read_text()
+    assert "Traceback" in log and "MemoryError" in log  # the details are kept, off the console
+    stop = events(ckpt)[-1]
+    assert stop["event"] == "stop" and stop["cause"] == "error" and stop["exit_code"] == 1
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (b"step = 4\n", "a file, but not a torch.save checkpoint"),
+        ("tensors", "not an original PyRecover checkpoint (expected a dict with 'model'"),
+        ("object", "not loadable with weights_only=True"),
+    ],
+)
+def test_a_file_given_as_the_checkpoint_is_one_line(
+    content: bytes | str,
+    message: str,
+    corpus: Path,
+    cache_dir: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    target = tmp_path / "ckpt_4.pt"
+    if content == "tensors":
+        torch.save({"weights": torch.zeros(2)}, target)
+    elif content == "object":
+        torch.save({"model": {}, "step": 4, "extra": Path("x")}, target)  # not weights-only
+    else:
+        assert isinstance(content, bytes)
+        target.write_bytes(content)
+    ckpt = tmp_path / "ckpt"
+    argv = [*tiny_flags(corpus, cache_dir, ckpt), "--resume-from-checkpoint", str(target)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and str(target) in err, err
+    assert len(err.splitlines()) == 1
+    assert not ckpt.exists()
+
+
+def test_home_in_the_checkpoint_dir_puts_everything_under_home(
+    corpus: Path, cache_dir: Path, tmp_path: Path
+) -> None:
+    """`--checkpoint-dir=~/ckpt` used to put the checkpoints in $HOME/ckpt but metrics.jsonl and
+    train.log in a folder literally named `./~/ckpt`."""
+    home, work = tmp_path / "home", tmp_path / "work"
+    home.mkdir()
+    work.mkdir()
+    argv = tiny_flags(corpus, cache_dir, Path("unused"), "--training-steps", "2")
+    argv = [a for a in argv if a not in ("--checkpoint-dir", "unused")]
+    r = run_cli([*argv, "--checkpoint-dir=~/ckpt"], env=child_env(HOME=str(home)), cwd=work)
+    assert r.returncode == 0, r.stdout + r.stderr
+    exp = home / "ckpt" / "default-exp"
+    assert {"metrics.jsonl", "train.log", "step-00000002", "latest"} <= set(os.listdir(exp))
+    assert os.listdir(work) == []  # no ./~ folder
+    assert f"metrics:     {exp / 'metrics.jsonl'}" in r.stdout
+
+
+def test_a_resume_with_other_schedule_flags_says_what_changes(
+    corpus: Path, cache_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    said = (
+        "resume with --batch-size 4 -> 8: tokens per step 128 -> 256 (x2);",
+        "the data goes on from the checkpoint's global position, 8 windows per step",
+        "resume with --training-steps 4 -> 6: the LR schedule now",
+        "decays to --min-lr 0.0003 at step 6 (was step 4); at the resumed step 4",
+        "resume with --model-dtype fp32 -> bf16: weights and optimizer state stay fp32",
+    )
+    ckpt = tmp_path / "ckpt"
+    argv = tiny_flags(corpus, cache_dir, ckpt, "--checkpoint-frequency", "2")
+    assert main([*argv, "--training-steps", "4"]) == 0
+    capsys.readouterr()
+    changed = ["--batch-size", "8", "--training-steps", "6", "--model-dtype", "bf16"]
+    assert main([*argv, *changed, "--resume-from-checkpoint", "latest"]) == 0
+    out = capsys.readouterr().out
+    assert [line for line in said if line not in out] == []
+    positions = [e["data_position"] for e in events(ckpt) if e["event"] == "step"]
+    assert positions == [4, 8, 12, 16, 24, 32]  # 4 windows per step, then 8
+    manifest, _ = final_state(ckpt)
+    assert manifest.step == 6
+
+
+def test_an_fp32_checkpoint_resumes_under_fp16(
+    corpus: Path, cache_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The fp32 checkpoint holds no GradScaler state: fp16 starts a fresh scaler (it used to
+    fail loading an empty scaler state)."""
+    from pyrecover_train.precision import _cpu_autocast_works
+
+    if not _cpu_autocast_works(torch.float16):
+        pytest.skip("this CPU/torch build cannot run fp16 autocast (refusal tested elsewhere)")
+    ckpt = tmp_path / "ckpt"
+    argv = tiny_flags(corpus, cache_dir, ckpt, "--checkpoint-frequency", "2")
+    assert main([*argv, "--training-steps", "2"]) == 0
+    resume = [*argv, "--training-steps", "4", "--model-dtype", "fp16"]
+    assert main([*resume, "--resume-from-checkpoint", "latest"]) == 0
+    assert "a new GradScaler starts at its initial scale" in capsys.readouterr().out
+    _, state = final_state(ckpt)
+    assert state["scaler"]["scale"] > 0
+
+
+def test_a_resume_with_another_sequence_length_is_refused_in_one_line(
+    corpus: Path, cache_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ckpt = tmp_path / "ckpt"
+    argv = tiny_flags(corpus, cache_dir, ckpt, "--training-steps", "2")
+    assert main(argv) == 0
+    capsys.readouterr()
+    resume = [*argv, "--sequence-length", "16", "--resume-from-checkpoint", "latest"]
+    assert main(resume) == 2
+    err = capsys.readouterr().err.strip()
+    assert "--sequence-length 16 differs from the checkpoint's 32" in err
+    assert len(err.splitlines()) == 1
