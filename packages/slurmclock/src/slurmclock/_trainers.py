@@ -1,0 +1,109 @@
+"""What the Lightning and Hugging Face callbacks share: budget, signals, step timing, exit code.
+
+Not public: use :mod:`slurmclock.lightning` or :mod:`slurmclock.hf`. Stdlib only, like the rest of
+slurmclock; the trainer-specific modules import their library.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable
+
+from slurmclock.budget import Decision, TimeBudget
+from slurmclock.deadline import Deadline, DeadlineWatcher
+from slurmclock.signals import StopSignals, signal_number
+
+log = logging.getLogger("slurmclock")
+
+EXIT_STOPPED = 75  # EX_TEMPFAIL, as pyrecover-train: stopped early with a checkpoint; requeue
+EXIT_FINISHED = 0
+
+
+class StopPolicy:
+    """A :class:`TimeBudget` fed by step boundaries, with stop signals that only raise a flag.
+
+    ``begin()`` at the start of training (installs the signal handlers), ``after_step()`` at each
+    optimizer-step boundary (records the step, returns the decision), ``paused()`` after work that
+    is not a step (a save) so it is not counted as one, ``end()`` puts the handlers back.
+    """
+
+    def __init__(
+        self,
+        *,
+        budget: TimeBudget | None,
+        deadline: DeadlineWatcher | Deadline | None,
+        margin: float,
+        initial_save_estimate: float,
+        warmup_steps: int,
+        signals: Iterable[str | int],
+        timer: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.signals = StopSignals(tuple(signals) or ("USR2", "TERM"), chain=False)
+        if budget is None:
+            budget = TimeBudget(
+                DeadlineWatcher() if deadline is None else deadline,
+                margin=margin,
+                initial_save_estimate=initial_save_estimate,
+                warmup_steps=warmup_steps,
+                signals=self.signals,
+            )
+        elif budget.signals is None:
+            budget.signals = self.signals
+        self.budget = budget
+        self._timer = timer
+        self._last: float | None = None
+        self.decision: Decision | None = None
+
+    def add_signal(self, sig: str | int) -> None:
+        """Also stop on ``sig`` (e.g. Lightning's requeue signal, taken over); before ``begin``."""
+        number = signal_number(sig)
+        if number not in self.signals.signals:
+            self.signals.signals = (*self.signals.signals, number)
+
+    def begin(self) -> None:
+        self.signals.install()
+        self._last = self._timer()
+
+    def now(self) -> float:
+        return self._timer()
+
+    def after_step(self) -> Decision:
+        now = self._timer()
+        if self._last is not None:
+            self.budget.record_step(now - self._last)
+        self._last = now
+        self.decision = self.budget.should_stop()
+        return self.decision
+
+    def paused(self) -> None:
+        """The time since the last step boundary was not training (a save, an evaluation)."""
+        self._last = self._timer()
+
+    def time_save(self, seconds: float) -> None:
+        self.budget.record_save(seconds)
+
+    def end(self) -> None:
+        self.signals.restore()
+
+
+class TimeAware:
+    """The part of both callbacks a user reads: ``budget``, ``stopped_early``, ``exit_code``."""
+
+    policy: StopPolicy
+    stopped_early: bool = False
+
+    @property
+    def budget(self) -> TimeBudget:
+        return self.policy.budget
+
+    @property
+    def exit_code(self) -> int:
+        """75 (EX_TEMPFAIL) after an early stop with steps left, 0 otherwise."""
+        return EXIT_STOPPED if self.stopped_early else EXIT_FINISHED
+
+
+def stop_message(step: int, total: int | None, decision: Decision | None, why: str) -> str:
+    of = f"/{total}" if total else ""
+    reason = decision.reason if decision is not None else why
+    return f"slurmclock: stopping at step {step}{of} ({reason}); exit {EXIT_STOPPED} = resume later"

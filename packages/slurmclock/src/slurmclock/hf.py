@@ -1,0 +1,170 @@
+"""A Hugging Face ``transformers.Trainer`` callback: stop and save before the SLURM deadline.
+
+``TimeAwareCallback`` (extra ``[hf]``)::
+
+    from slurmclock.hf import TimeAwareCallback, last_checkpoint
+
+    timer = TimeAwareCallback()
+    trainer = Trainer(model, args, train_dataset=ds, callbacks=[timer])
+    trainer.train(resume_from_checkpoint=last_checkpoint(args.output_dir))  # None at first
+    sys.exit(timer.exit_code)  # 75: stopped early with a checkpoint (requeue); 0: finished
+
+After every optimizer step it measures the step, asks :class:`slurmclock.TimeBudget` whether the
+next step plus a save plus the margin still fit before the job's end, makes every rank agree (an
+all-reduce when ``torch.distributed`` is initialized: any rank that must stop stops them all), and
+if not, sets ``control.should_save`` and ``control.should_training_stop``: the Trainer writes its
+regular ``checkpoint-N`` (model, optimizer, scheduler, RNG states, ``trainer_state.json``) and
+returns. Stop signals (default SIGUSR2 and SIGTERM) only raise a flag read at the next step. The
+save is timed (``on_save``) and feeds the budget, like periodic ``save_steps`` saves.
+
+Resume is the Trainer's own, from :func:`last_checkpoint`: ``train(resume_from_checkpoint=...)``
+restores weights, optimizer, scheduler and RNG, and skips the batches of the current epoch already
+seen (the sampler is re-seeded from ``args.seed``/``data_seed`` and the epoch, so the order is the
+same). What is exact and what is not: the README, section "Hugging Face Trainer".
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from collections.abc import Iterable
+from typing import Any
+
+from slurmclock._trainers import (
+    EXIT_FINISHED,
+    EXIT_STOPPED,
+    StopPolicy,
+    TimeAware,
+    stop_message,
+)
+from slurmclock.budget import TimeBudget
+from slurmclock.deadline import Deadline, DeadlineWatcher
+
+try:
+    from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
+except ImportError as e:  # pragma: no cover - depends on the environment
+    raise ImportError(
+        "slurmclock.hf needs transformers >= 4.40: pip install 'slurmclock[hf]'"
+    ) from e
+
+__all__ = ["EXIT_FINISHED", "EXIT_STOPPED", "TimeAwareCallback", "last_checkpoint"]
+
+log = logging.getLogger("slurmclock")
+_CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
+# The Trainer writes trainer_state.json last: a checkpoint-N without it was cut short.
+_WRITTEN_LAST = "trainer_state.json"
+
+
+def last_checkpoint(output_dir: str | os.PathLike[str]) -> str | None:
+    """The newest *complete* ``checkpoint-N`` under ``output_dir`` (None if there is none).
+
+    Unlike ``transformers.trainer_utils.get_last_checkpoint``, a folder whose save was killed
+    before ``trainer_state.json`` (the Trainer writes it last) is skipped with a warning
+    instead of being resumed from (which fails or, worse, loads half a checkpoint).
+    """
+    try:
+        names = os.listdir(output_dir)
+    except FileNotFoundError:
+        return None
+    steps = sorted(
+        ((int(m.group(1)), name) for name in names if (m := _CHECKPOINT_RE.match(name))),
+        reverse=True,
+    )
+    for _, name in steps:
+        path = os.path.join(output_dir, name)
+        if os.path.isfile(os.path.join(path, _WRITTEN_LAST)):
+            return path
+        if os.path.isdir(path):
+            log.warning(
+                "slurmclock: skipping %s: no %s (the save was cut short)", path, _WRITTEN_LAST
+            )
+    return None
+
+
+class TimeAwareCallback(TimeAware, TrainerCallback):
+    """Stop in time with a saved checkpoint; ``exit_code`` 75 when steps are left, else 0.
+
+    ``deadline``: a :class:`DeadlineWatcher` or :class:`Deadline` (default ``DeadlineWatcher()``:
+    override, then ``PYRECOVER_END_TIME``, then SLURM). ``margin``, ``initial_save_estimate``,
+    ``warmup_steps``: as in :class:`TimeBudget`, or pass a ready ``budget``. ``signals``: stop
+    signals. ``save_on_train_end``: also save at the last step, so that running the job again
+    finds it finished instead of redoing the steps after the last checkpoint.
+    """
+
+    def __init__(
+        self,
+        *,
+        deadline: DeadlineWatcher | Deadline | None = None,
+        margin: float = 60.0,
+        initial_save_estimate: float = 60.0,
+        warmup_steps: int = 2,
+        signals: Iterable[str | int] = ("USR2", "TERM"),
+        save_on_train_end: bool = True,
+        budget: TimeBudget | None = None,
+    ) -> None:
+        self.policy = StopPolicy(
+            budget=budget,
+            deadline=deadline,
+            margin=margin,
+            initial_save_estimate=initial_save_estimate,
+            warmup_steps=warmup_steps,
+            signals=signals,
+        )
+        self.save_on_train_end = save_on_train_end
+        self.stopped_early = False
+        self._save_started: float | None = None
+
+    def on_train_begin(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
+    ) -> None:
+        self.stopped_early = False
+        self.policy.begin()
+
+    def on_step_end(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
+    ) -> None:
+        decision = self.policy.after_step()
+        stop = _any_rank(bool(decision), args)
+        finished = state.max_steps > 0 and state.global_step >= state.max_steps
+        if stop and not finished:
+            if state.is_world_process_zero:
+                print(stop_message(state.global_step, state.max_steps, decision or None, "a peer"))
+            self.stopped_early = True
+            control.should_save = True
+            control.should_training_stop = True
+        elif finished and self.save_on_train_end:
+            control.should_save = True
+        if control.should_save:
+            self._save_started = self.policy.now()
+
+    def on_save(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
+    ) -> None:
+        if self._save_started is not None:
+            # The Trainer writes synchronously: the save is done when on_save fires.
+            self.policy.time_save(self.policy.now() - self._save_started)
+            self._save_started = None
+        self.policy.paused()
+
+    def on_evaluate(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
+    ) -> None:
+        self.policy.paused()  # an evaluation is not a training step
+
+    def on_train_end(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
+    ) -> None:
+        self.policy.end()
+
+
+def _any_rank(flag: bool, args: TrainingArguments) -> bool:
+    """True on every rank when it is true on any (MAX all-reduce on the training device)."""
+    import torch
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return flag
+    t = torch.tensor([1 if flag else 0], device=args.device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return bool(t.item())

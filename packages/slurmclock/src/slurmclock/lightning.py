@@ -1,0 +1,283 @@
+"""A Lightning callback: stop before the SLURM deadline with a saved checkpoint, exit 75, resume.
+
+``TimeAwareCallback`` (extra ``[lightning]``) brings slurmclock's time budget to any
+``lightning.Trainer``::
+
+    from slurmclock.lightning import TimeAwareCallback
+
+    timer = TimeAwareCallback(dirpath="ckpts")
+    trainer = L.Trainer(max_steps=10_000, callbacks=[timer])
+    trainer.fit(model, datamodule, ckpt_path=timer.resume_path())  # None on the first run
+    sys.exit(timer.exit_code)  # 75: stopped early with a checkpoint (requeue); 0: finished
+
+At every optimizer step it measures the step, asks :class:`slurmclock.TimeBudget` whether the next
+step plus a final save plus the margin still fit before the job's end (``PYRECOVER_END_TIME``,
+SLURM's end time via squeue, ...), and makes every rank agree through the strategy
+(``reduce_boolean_decision``: any rank that must stop stops them all). Then it saves one checkpoint
+from ``on_train_batch_end`` -- Lightning's own resumable point, with the loop counters and the
+state of a resumable dataloader -- waits until it is durable and ends ``fit``. Stop signals
+(default SIGUSR2 and SIGTERM) only raise a flag that the next step boundary reads.
+
+What it adds to Lightning's checkpoint so that a resume is bitwise equal to a run that never
+stopped (on CPU, same world size): every rank's RNG states (torch, CUDA, numpy, Python), restored
+when training restarts. For exactness the dataloader must be resumable (``state_dict`` /
+``load_state_dict``, e.g. ``torchdata``'s ``StatefulDataLoader``); Lightning warns otherwise.
+
+With ``SLURMEnvironment(auto_requeue=True)`` (Lightning's default under SLURM) the callback takes
+over: Lightning's handler would save from inside the signal handler, mid-step, and requeue at once;
+here the requeue signal (SIGUSR1) becomes one more stop flag, the save happens at the next step
+boundary, and the requeue follows the exit status (75), like ``pyrecover-train`` -- or, with
+``requeue=True``, from the callback itself once the checkpoint is durable.
+
+Saves go through the trainer's ``CheckpointIO``; with ckptstore's ``CkptStoreIO`` they are verified,
+atomic and asynchronous, and their durable times (``saves_completed()``) feed the budget.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterable
+from typing import Any
+
+from slurmclock._trainers import (
+    EXIT_FINISHED,
+    EXIT_STOPPED,
+    StopPolicy,
+    TimeAware,
+    stop_message,
+)
+from slurmclock.budget import TimeBudget
+from slurmclock.deadline import Deadline, DeadlineWatcher
+from slurmclock.job import in_slurm
+from slurmclock.requeue import RequeueResult, requeue
+
+try:
+    import lightning.pytorch as pl
+    from lightning.fabric.plugins.environments import SLURMEnvironment
+    from lightning.fabric.utilities.seed import _collect_rng_states, _set_rng_states
+    from lightning.pytorch.callbacks import Callback
+    from lightning.pytorch.utilities.rank_zero import rank_zero_info
+except ImportError as e:  # pragma: no cover - depends on the environment
+    raise ImportError(
+        "slurmclock.lightning needs Lightning >= 2.2: pip install 'slurmclock[lightning]'"
+    ) from e
+
+__all__ = ["EXIT_FINISHED", "EXIT_STOPPED", "TimeAwareCallback"]
+
+
+class TimeAwareCallback(TimeAware, Callback):
+    """Stop in time with a durable checkpoint; ``exit_code`` 75 when steps are left, else 0.
+
+    ``dirpath``/``filename``: where the stop checkpoint goes (default: the trainer's
+    ``default_root_dir``); ``resume_path()`` finds it again. ``deadline``: a
+    :class:`DeadlineWatcher` or :class:`Deadline` (default ``DeadlineWatcher()``: override, then
+    ``PYRECOVER_END_TIME``, then SLURM). ``margin``, ``initial_save_estimate``, ``warmup_steps``:
+    as in :class:`TimeBudget`; or pass a ready ``budget``. ``signals``: stop signals.
+    ``every_n_steps``: also save periodically (when ``can_save()``), so a crash or a kill without
+    warning loses at most that many steps. ``save_on_train_end``: save when training finishes,
+    so that running the job again finds it finished. ``requeue``: after an early stop, rank 0
+    runs ``scontrol requeue`` itself (instead of the batch script acting on exit 75).
+    """
+
+    def __init__(
+        self,
+        dirpath: str | os.PathLike[str] | None = None,
+        filename: str = "timeaware.ckpt",
+        *,
+        deadline: DeadlineWatcher | Deadline | None = None,
+        margin: float = 60.0,
+        initial_save_estimate: float = 60.0,
+        warmup_steps: int = 2,
+        signals: Iterable[str | int] = ("USR2", "TERM"),
+        every_n_steps: int | None = None,
+        save_on_train_end: bool = True,
+        requeue: bool = False,
+        budget: TimeBudget | None = None,
+    ) -> None:
+        if every_n_steps is not None and (not isinstance(every_n_steps, int) or every_n_steps < 1):
+            raise ValueError(
+                f"every_n_steps must be an integer >= 1 or None, got {every_n_steps!r}"
+            )
+        if not filename or "/" in filename:
+            raise ValueError(
+                f"filename must be a plain file name like 'timeaware.ckpt': {filename!r}"
+            )
+        self.dirpath = None if dirpath is None else os.fspath(dirpath)
+        self.filename = filename
+        self.every_n_steps = every_n_steps
+        self.save_on_train_end = save_on_train_end
+        self.requeue = requeue
+        self.policy = StopPolicy(
+            budget=budget,
+            deadline=deadline,
+            margin=margin,
+            initial_save_estimate=initial_save_estimate,
+            warmup_steps=warmup_steps,
+            signals=signals,
+        )
+        self.stopped_early = False
+        self.requeue_result: RequeueResult | None = None
+        self._saved_step: int | None = None
+        self._seen_step: int | None = None
+        self._rng_to_restore: list[dict[str, Any]] | None = None
+        self._path: str | None = None
+
+    # -- public -----------------------------------------------------------------------------
+
+    def checkpoint_path(self, trainer: pl.Trainer | None = None) -> str:
+        """Where the stop checkpoint is written."""
+        if self.dirpath is not None:
+            return os.path.join(self.dirpath, self.filename)
+        if trainer is None:
+            raise ValueError("pass the trainer (no dirpath given: it uses default_root_dir)")
+        return os.path.join(str(trainer.default_root_dir), self.filename)
+
+    def resume_path(self, trainer: pl.Trainer | None = None) -> str | None:
+        """The checkpoint to pass as ``trainer.fit(..., ckpt_path=)``; None when there is none
+        yet (a first run). Works with any ``CheckpointIO`` (a file, or ckptstore's directory)."""
+        from lightning.fabric.utilities.cloud_io import get_filesystem
+
+        path = self.checkpoint_path(trainer)
+        return path if get_filesystem(path).exists(path) else None
+
+    @property
+    def state_key(self) -> str:
+        return "slurmclock.TimeAwareCallback"
+
+    # -- checkpoint content: every rank's RNG ------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        # dump_checkpoint runs on every rank; only rank 0's copy is written, so gather here.
+        return {"rng": _gather(_rng_states()), "stopped_early": self.stopped_early}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        rng = state_dict.get("rng")
+        self._rng_to_restore = list(rng) if rng else None
+
+    # -- hooks ------------------------------------------------------------------------------
+
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if stage != "fit":
+            return
+        self._path = self.checkpoint_path(trainer)
+        env = getattr(getattr(trainer, "_accelerator_connector", None), "cluster_environment", None)
+        if isinstance(env, SLURMEnvironment) and env.auto_requeue:
+            # Runs before Lightning registers its handlers: it then leaves the signal to us.
+            env.auto_requeue = False
+            if env.requeue_signal is not None:
+                self.policy.add_signal(env.requeue_signal)
+            rank_zero_info(
+                "slurmclock: took over SLURM auto-requeue; the requeue signal now stops training "
+                "at the next step boundary with a checkpoint (exit 75)"
+            )
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        # After Lightning's own SIGTERM handler went in: ours replaces it while training runs.
+        self.policy.begin()
+        self._seen_step = trainer.global_step
+        if self._rng_to_restore:
+            rank = trainer.global_rank
+            _set_rng_states(self._rng_to_restore[rank % len(self._rng_to_restore)])
+            self._rng_to_restore = None
+
+    def on_train_batch_end(
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+    ) -> None:
+        step = trainer.global_step
+        if step == self._seen_step:
+            return  # accumulating gradients: not a step boundary
+        self._seen_step = step
+        self._collect_saves(trainer)
+        decision = self.policy.after_step()
+        stop = trainer.strategy.reduce_boolean_decision(bool(decision), all=False)
+        if stop:
+            finished = _finished(trainer)
+            if not finished:
+                total = trainer.max_steps if trainer.max_steps > 0 else None
+                rank_zero_info(stop_message(step, total, decision if decision else None, "a peer"))
+                self.stopped_early = True
+            self._save(trainer, durable=True)
+            trainer.should_stop = True
+        elif self.every_n_steps and step % self.every_n_steps == 0 and self.budget.can_save():
+            self._save(trainer, durable=False)
+        self.policy.paused()
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self.save_on_train_end and not self.stopped_early:
+            self._save(trainer, durable=True)
+        _wait(trainer)
+        if self.requeue and self.stopped_early and trainer.is_global_zero and in_slurm():
+            # The handlers are still ours: the SIGTERM SLURM sends on requeue only raises a flag.
+            self.requeue_result = requeue()
+            rank_zero_info(f"slurmclock: {self.requeue_result.message}")
+        self.policy.end()
+
+    def on_exception(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
+    ) -> None:
+        self.policy.end()
+
+    # -- saving -----------------------------------------------------------------------------
+
+    def _save(self, trainer: pl.Trainer, *, durable: bool) -> None:
+        step = trainer.global_step
+        if self._saved_step == step and not durable:
+            return
+        assert self._path is not None
+        if self._saved_step != step:
+            start = time.monotonic()
+            trainer.save_checkpoint(self._path)
+            self._saved_step = step
+            if not hasattr(trainer.strategy.checkpoint_io, "saves_completed"):
+                # A plain CheckpointIO writes synchronously: this was the whole save.
+                self.policy.time_save(time.monotonic() - start)
+        if durable:
+            _wait(trainer)
+            self._collect_saves(trainer)
+
+    def _collect_saves(self, trainer: pl.Trainer) -> None:
+        completed = getattr(trainer.strategy.checkpoint_io, "saves_completed", None)
+        if completed is not None and trainer.is_global_zero:
+            for stats in completed():
+                self.policy.time_save(float(stats.total_s))
+
+
+def _finished(trainer: pl.Trainer) -> bool:
+    if trainer.max_steps > 0 and trainer.global_step >= trainer.max_steps:
+        return True
+    epochs = trainer.max_epochs  # None or -1: no limit
+    last_epoch = epochs is not None and epochs > 0 and trainer.current_epoch + 1 >= epochs
+    return bool(last_epoch and trainer.is_last_batch)
+
+
+def _wait(trainer: pl.Trainer) -> None:
+    """Durability barrier of the CheckpointIO, when it has one (ckptstore's does)."""
+    wait = getattr(trainer.strategy.checkpoint_io, "wait", None)
+    if wait is not None and trainer.is_global_zero:
+        wait()
+    trainer.strategy.barrier("slurmclock-save")
+
+
+def _rng_states() -> dict[str, Any]:
+    """Lightning's RNG capture with numpy's key as a list: plain data loads with weights_only."""
+    states = _collect_rng_states(include_cuda=True)
+    if "numpy" in states:
+        name, key, pos, has_gauss, gauss = states["numpy"]
+        states["numpy"] = (name, [int(k) for k in key], int(pos), int(has_gauss), float(gauss))
+    return states
+
+
+def _gather(value: dict[str, Any]) -> list[dict[str, Any]]:
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return [value]
+    out: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(out, value)
+    return out

@@ -1,0 +1,146 @@
+"""slurmclock.hf.TimeAwareCallback against the real transformers Trainer (extra [hf]).
+
+A run stopped at step k (real signal or deadline) and resumed from its checkpoint ends with weights
+bitwise equal to a run that never stopped (CPU: dropout, shuffled data across epochs, AdamW, a
+warm-up + linear LR schedule).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import warnings
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("transformers", reason="needs the [hf] extra")
+pytest.importorskip("accelerate", reason="the Trainer needs accelerate")
+
+import torch  # noqa: E402
+from torch import nn  # noqa: E402
+from transformers import Trainer, TrainerCallback, TrainingArguments  # noqa: E402
+
+from slurmclock import Deadline, TimeBudget  # noqa: E402
+from slurmclock.hf import EXIT_STOPPED, TimeAwareCallback, last_checkpoint  # noqa: E402
+
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::FutureWarning")
+MAX_STEPS = 13  # 5 batches per epoch
+
+
+class Net(nn.Module):
+    def __init__(self, clock: list[float] | None = None) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(8, 32), nn.Dropout(0.3), nn.Linear(32, 1))
+        self.clock = clock
+
+    def forward(self, x: torch.Tensor, labels: torch.Tensor) -> dict[str, torch.Tensor]:
+        if self.clock is not None:
+            self.clock[0] += 1.0
+        out = self.net(x)
+        return {"loss": nn.functional.mse_loss(out, labels), "logits": out}
+
+
+def dataset() -> list[dict[str, torch.Tensor]]:
+    x = torch.randn(40, 8, generator=torch.Generator().manual_seed(1))
+    y = x.sum(1, keepdim=True)
+    return [{"x": x[i], "labels": y[i]} for i in range(len(x))]
+
+
+class At(TrainerCallback):
+    def __init__(self, step: int, action: Any) -> None:
+        self.step, self.action = step, action
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+        if state.global_step == self.step:
+            self.action()
+
+
+def train(
+    out: Path,
+    *callbacks: TrainerCallback,
+    timer: TimeAwareCallback | None = None,
+    clock: Any = None,
+) -> tuple[Net, TimeAwareCallback, Trainer]:
+    torch.manual_seed(0)
+    timer = timer or TimeAwareCallback(deadline=Deadline(None, "none"))
+    args = TrainingArguments(
+        output_dir=str(out),
+        max_steps=MAX_STEPS,
+        per_device_train_batch_size=8,
+        learning_rate=1e-2,
+        lr_scheduler_type="linear",
+        warmup_steps=2,
+        save_strategy="steps",
+        save_steps=1000,
+        logging_strategy="no",
+        report_to=[],
+        use_cpu=True,
+        seed=0,
+        disable_tqdm=True,
+        remove_unused_columns=False,
+    )
+    model = Net(clock)
+    trainer = Trainer(
+        model=model, args=args, train_dataset=dataset(), callbacks=[*callbacks, timer]
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer.train(resume_from_checkpoint=last_checkpoint(out))
+    return model, timer, trainer
+
+
+def same_weights(a: nn.Module, b: nn.Module) -> bool:
+    sa, sb = a.state_dict(), b.state_dict()
+    return sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
+
+
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory: pytest.TempPathFactory) -> Net:
+    model, timer, trainer = train(tmp_path_factory.mktemp("straight"))
+    assert timer.exit_code == 0 and trainer.state.global_step == MAX_STEPS
+    return model
+
+
+def test_real_signal_stops_saves_and_resumes_bitwise(straight: Net, tmp_path: Path) -> None:
+    usr2 = At(7, lambda: os.kill(os.getpid(), signal.SIGUSR2))
+    first, timer, trainer = train(tmp_path, usr2)
+    assert timer.exit_code == EXIT_STOPPED and trainer.state.global_step == 7
+    assert last_checkpoint(tmp_path) == str(tmp_path / "checkpoint-7")
+    assert timer.budget.saves_measured == 1
+    assert signal.getsignal(signal.SIGUSR2) is signal.SIG_DFL
+
+    resumed, timer2, trainer2 = train(tmp_path)
+    assert timer2.exit_code == 0 and trainer2.state.global_step == MAX_STEPS
+    assert same_weights(resumed, straight)
+    assert last_checkpoint(tmp_path) == str(tmp_path / f"checkpoint-{MAX_STEPS}")  # saved at end
+
+
+def test_deadline_stop(straight: Net, tmp_path: Path) -> None:
+    clock = [91.0]  # left = 100 - t; needed = step + 2 + 5.5: stops when t reaches 93 (step 2)
+    budget = TimeBudget(
+        Deadline(100.0, "override"),
+        margin=5.5,
+        initial_save_estimate=2.0,
+        warmup_steps=0,
+        clock=lambda: clock[0],
+    )
+    _, timer, trainer = train(tmp_path, timer=TimeAwareCallback(budget=budget), clock=clock)
+    assert timer.exit_code == EXIT_STOPPED and trainer.state.global_step == 2
+    resumed, timer2, _ = train(tmp_path)
+    assert timer2.exit_code == 0 and same_weights(resumed, straight)
+
+
+def test_last_checkpoint_skips_a_save_cut_short(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    assert last_checkpoint(tmp_path / "missing") is None
+    (tmp_path / "checkpoint-5").mkdir()
+    (tmp_path / "checkpoint-5" / "trainer_state.json").write_text("{}")
+    (tmp_path / "checkpoint-10").mkdir()  # killed before trainer_state.json
+    (tmp_path / "checkpoint-x").mkdir()
+    with caplog.at_level(logging.WARNING, logger="slurmclock"):
+        assert last_checkpoint(tmp_path) == str(tmp_path / "checkpoint-5")
+    assert "checkpoint-10: no trainer_state.json" in caplog.text

@@ -1,0 +1,191 @@
+"""slurmclock.lightning.TimeAwareCallback against the real Lightning (extra [lightning]).
+
+A run stopped at step k (by a real signal, a stop flag or the deadline) and resumed must end with
+weights bitwise equal to a run that never stopped: dropout (global RNG), a shuffled resumable
+dataloader crossing epochs, AdamW and a per-step LR schedule all take part.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import warnings
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("lightning", reason="needs the [lightning] extra")
+pytest.importorskip("torchdata", reason="needs torchdata (StatefulDataLoader)")
+
+import lightning as L  # noqa: E402
+import torch  # noqa: E402
+from lightning.fabric.plugins.environments import SLURMEnvironment  # noqa: E402
+from torch import nn  # noqa: E402
+from torchdata.stateful_dataloader import StatefulDataLoader  # noqa: E402
+
+from slurmclock import Deadline, TimeBudget  # noqa: E402
+from slurmclock.lightning import EXIT_STOPPED, TimeAwareCallback  # noqa: E402
+
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::DeprecationWarning")
+NO_DEADLINE = Deadline(None, "none")
+MAX_STEPS = 13  # 5 batches per epoch: the runs cross two epoch boundaries
+
+
+class Net(L.LightningModule):
+    def __init__(self, clock: list[float] | None = None) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(8, 32), nn.Dropout(0.3), nn.Linear(32, 1))
+        self.clock = clock
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        if self.clock is not None:
+            self.clock[0] += 1.0  # one fake second per step
+        x, y = batch
+        return nn.functional.mse_loss(self.net(x), y)
+
+    def configure_optimizers(self) -> Any:
+        opt = torch.optim.AdamW(self.parameters(), lr=1e-2)
+        sched = torch.optim.lr_scheduler.StepLR(opt, 4, gamma=0.5)
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+
+def loader() -> StatefulDataLoader:
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(40, 8, generator=g)
+    # No generator=: torchdata's state misses a loader generator's draw at each epoch start; the
+    # global RNG, which the callback restores, is exact.
+    return StatefulDataLoader(torch.utils.data.TensorDataset(x, x.sum(1, keepdim=True)), 8, True)
+
+
+class At(L.Callback):
+    """Does ``action`` once, at the end of optimizer step ``step``."""
+
+    def __init__(self, step: int, action: Any) -> None:
+        self.step, self.action = step, action
+
+    def on_train_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
+        if trainer.global_step == self.step:
+            self.action()
+
+
+def fit(
+    root: Path,
+    *callbacks: L.Callback,
+    timer: TimeAwareCallback | None = None,
+    clock: list[float] | None = None,
+    **kw: Any,
+) -> tuple[Net, TimeAwareCallback, L.Trainer]:
+    L.seed_everything(0, verbose=False)
+    timer = timer or TimeAwareCallback(root, deadline=NO_DEADLINE)
+    trainer = L.Trainer(
+        max_steps=MAX_STEPS,
+        callbacks=[*callbacks, timer],
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+        default_root_dir=root,
+        **kw,
+    )
+    model = Net(clock)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer.fit(model, loader(), ckpt_path=timer.resume_path())
+    return model, timer, trainer
+
+
+def same_weights(a: nn.Module, b: nn.Module) -> bool:
+    sa, sb = a.state_dict(), b.state_dict()
+    return sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
+
+
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory: pytest.TempPathFactory) -> Net:
+    model, timer, trainer = fit(tmp_path_factory.mktemp("straight"))
+    assert timer.exit_code == 0 and trainer.global_step == MAX_STEPS
+    return model
+
+
+def test_real_signal_stops_saves_and_resumes_bitwise(straight: Net, tmp_path: Path) -> None:
+    usr2 = At(7, lambda: os.kill(os.getpid(), signal.SIGUSR2))
+    first, timer, trainer = fit(tmp_path, usr2)
+    assert timer.exit_code == EXIT_STOPPED and timer.stopped_early
+    assert trainer.global_step == 7
+    assert timer.policy.decision is not None and "SIGUSR2" in timer.policy.decision.reason
+    assert not same_weights(first, straight)
+    assert signal.getsignal(signal.SIGUSR2) is signal.SIG_DFL  # handlers put back
+
+    resumed, timer2, trainer2 = fit(tmp_path)
+    assert timer2.exit_code == 0 and trainer2.global_step == MAX_STEPS
+    assert same_weights(resumed, straight)
+
+    # Finished runs save at the end: a third run is a no-op, not a redo of steps 8..13.
+    again, timer3, trainer3 = fit(tmp_path)
+    assert timer3.exit_code == 0 and same_weights(again, straight)
+
+
+def test_deadline_stop_keeps_the_margin(straight: Net, tmp_path: Path) -> None:
+    clock = [0.0]
+    budget = TimeBudget(
+        Deadline(100.0, "override"),
+        margin=5.5,
+        initial_save_estimate=2.0,
+        warmup_steps=0,
+        clock=lambda: clock[0],
+    )
+    # left = 100 - k after step k; needed = step (real, < 0.5 s) + 2 + 5.5: first stop at k = 93,
+    # so start the fake clock at 87: stop after step 6.
+    clock[0] = 87.0
+    timer = TimeAwareCallback(tmp_path, budget=budget)
+    _, timer, trainer = fit(tmp_path, timer=timer, clock=clock)
+    assert timer.exit_code == EXIT_STOPPED and trainer.global_step == 6
+    assert "s left <" in timer.policy.decision.reason  # type: ignore[union-attr]
+    assert budget.saves_measured == 1  # the final save fed the budget
+
+    resumed, timer2, _ = fit(tmp_path)
+    assert timer2.exit_code == 0 and same_weights(resumed, straight)
+
+
+def test_takes_over_lightning_slurm_auto_requeue(
+    straight: Net, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under SLURM Lightning would save inside its SIGUSR1 handler and run scontrol requeue; the
+    callback turns SIGUSR1 into a stop at the next step boundary and leaves the requeue to 75."""
+    for key, value in {
+        "SLURM_NTASKS": "1",
+        "SLURM_JOB_NAME": "train",
+        "SLURM_JOB_ID": "4242",
+        "SLURM_PROCID": "0",
+        "SLURM_LOCALID": "0",
+        "SLURM_NODEID": "0",
+        "SLURM_NODELIST": "localhost",
+    }.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setenv("PATH", str(tmp_path / "no-scontrol"))  # a requeue attempt would fail
+    usr1 = At(5, lambda: os.kill(os.getpid(), signal.SIGUSR1))
+    _, timer, trainer = fit(tmp_path, usr1)
+    env = trainer._accelerator_connector.cluster_environment
+    assert isinstance(env, SLURMEnvironment) and env.auto_requeue is False
+    assert timer.exit_code == EXIT_STOPPED and trainer.global_step == 5
+    assert not list(tmp_path.glob("hpc_ckpt_*"))  # Lightning's own handler did not run
+    monkeypatch.delenv("SLURM_JOB_ID")
+    monkeypatch.delenv("SLURM_NTASKS")
+    resumed, _, _ = fit(tmp_path)
+    assert same_weights(resumed, straight)
+
+
+def test_periodic_saves_and_bad_arguments(tmp_path: Path) -> None:
+    saves: list[int] = []
+
+    class Count(L.Callback):
+        def on_save_checkpoint(self, trainer: L.Trainer, *args: Any) -> None:
+            saves.append(trainer.global_step)
+
+    _, timer, _ = fit(tmp_path, Count(), timer=TimeAwareCallback(tmp_path, every_n_steps=5))
+    assert saves == [5, 10, 13]  # periodic, then the save at the end
+    assert timer.budget.saves_measured == 3
+    with pytest.raises(ValueError, match="every_n_steps must be an integer >= 1"):
+        TimeAwareCallback(every_n_steps=0)
+    with pytest.raises(ValueError, match="plain file name"):
+        TimeAwareCallback(filename="a/b.ckpt")
