@@ -59,6 +59,7 @@ nox.options.sessions = [
     "types",
     *PACKAGES,
     "train",
+    "integrations",
     "e2e",
 ]
 
@@ -230,6 +231,28 @@ def train(session: nox.Session) -> None:
         session, *ALL_LOCAL, "./apps/train[s3,plot]", *TEST_TOOLS, "moto[server]>=5"
     )
     _pytest(session, "apps/train/tests")
+
+
+@nox.session
+def integrations(session: nox.Session) -> None:
+    """Lightning / Hugging Face integrations and examples/, against the real (pinned) libraries."""
+    _install(
+        session,
+        "./packages/slurmclock[lightning,hf]",
+        "./packages/ddpkit",
+        "./packages/ckptstore[lightning,s3]",
+        "./packages/parquetlm",
+        "torchdata>=0.10",
+        *TEST_TOOLS,
+        "moto[server]>=5",
+    )
+    _pytest(
+        session,
+        "packages/slurmclock/tests/test_lightning.py",
+        "packages/slurmclock/tests/test_hf.py",
+        "packages/ckptstore/tests/test_lightning.py",
+        "examples/tests",
+    )
 
 
 @nox.session

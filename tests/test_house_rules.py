@@ -2,7 +2,7 @@
 
 - no package under packages/ imports a sibling package (only apps/ may compose them);
 - every package has the standard layout (src/, py.typed, tests/, README.md, pyproject.toml);
-- slurmclock stays stdlib-only;
+- slurmclock stays stdlib-only (its trainer integrations are optional extras);
 - .ci/run runs the README's test command.
 """
 
@@ -94,12 +94,33 @@ def test_package_layout(package: str) -> None:
         assert other not in deps, f"{package} declares a dependency on its sibling {other}"
 
 
+# Trainer integrations: optional extras of slurmclock, importable only with their library; the
+# core never imports them (module file -> the extra that must declare its libraries).
+SLURMCLOCK_INTEGRATIONS = {"lightning.py": "lightning", "hf.py": "hf"}
+
+
 def test_slurmclock_is_stdlib_only() -> None:
     meta = tomllib.loads((ROOT / "packages/slurmclock/pyproject.toml").read_text())["project"]
     assert meta.get("dependencies", []) == []
+    extras = meta.get("optional-dependencies", {})
     stdlib = set(sys.stdlib_module_names) | {"slurmclock", "__future__"}
     for path in (ROOT / "packages/slurmclock/src").rglob("*.py"):
-        third_party = imported_top_levels(path.read_text(), str(path)) - stdlib
+        if path.name in SLURMCLOCK_INTEGRATIONS:
+            assert extras.get(SLURMCLOCK_INTEGRATIONS[path.name]), f"no extra for {path.name}"
+            continue
+        source = path.read_text()
+        modules = {
+            alias.name if isinstance(node, ast.Import) else (node.module or "")
+            for node in ast.walk(ast.parse(source))
+            if isinstance(node, (ast.Import, ast.ImportFrom))
+            for alias in node.names
+        }
+        for module in SLURMCLOCK_INTEGRATIONS:
+            name = module.removesuffix(".py")
+            assert not modules & {f"slurmclock.{name}", name}, (
+                f"{path.relative_to(ROOT)} imports the optional integration {name}"
+            )
+        third_party = imported_top_levels(source, str(path)) - stdlib
         assert not third_party, f"{path.relative_to(ROOT)} imports non-stdlib {third_party}"
 
 

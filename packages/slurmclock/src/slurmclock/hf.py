@@ -25,6 +25,7 @@ same). What is exact and what is not: the README, section "Hugging Face Trainer"
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
@@ -48,7 +49,13 @@ except ImportError as e:  # pragma: no cover - depends on the environment
         "slurmclock.hf needs transformers >= 4.40: pip install 'slurmclock[hf]'"
     ) from e
 
-__all__ = ["EXIT_FINISHED", "EXIT_STOPPED", "TimeAwareCallback", "last_checkpoint"]
+__all__ = [
+    "EXIT_FINISHED",
+    "EXIT_STOPPED",
+    "TimeAwareCallback",
+    "checkpoint_step",
+    "last_checkpoint",
+]
 
 log = logging.getLogger("slurmclock")
 _CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
@@ -80,6 +87,16 @@ def last_checkpoint(output_dir: str | os.PathLike[str]) -> str | None:
                 "slurmclock: skipping %s: no %s (the save was cut short)", path, _WRITTEN_LAST
             )
     return None
+
+
+def checkpoint_step(checkpoint: str | os.PathLike[str]) -> int:
+    """The optimizer step a ``checkpoint-N`` folder holds (its ``trainer_state.json``).
+
+    Resuming a run that already reached ``max_steps`` makes the Trainer take one more step
+    (transformers 5.x); compare this with ``max_steps`` first and skip ``train()``.
+    """
+    with open(os.path.join(checkpoint, _WRITTEN_LAST), encoding="utf-8") as f:
+        return int(json.load(f)["global_step"])
 
 
 class TimeAwareCallback(TimeAware, TrainerCallback):

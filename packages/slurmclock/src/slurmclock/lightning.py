@@ -21,7 +21,9 @@ state of a resumable dataloader -- waits until it is durable and ends ``fit``. S
 What it adds to Lightning's checkpoint so that a resume is bitwise equal to a run that never
 stopped (on CPU, same world size): every rank's RNG states (torch, CUDA, numpy, Python), restored
 when training restarts. For exactness the dataloader must be resumable (``state_dict`` /
-``load_state_dict``, e.g. ``torchdata``'s ``StatefulDataLoader``); Lightning warns otherwise.
+``load_state_dict``, e.g. ``torchdata``'s ``StatefulDataLoader``; Lightning warns otherwise) and
+sized (``__len__``: from an unsized loader Lightning prefetches a batch and saves the state after
+it, so a resume would skip that batch; the callback warns).
 
 With ``SLURMEnvironment(auto_requeue=True)`` (Lightning's default under SLURM) the callback takes
 over: Lightning's handler would save from inside the signal handler, mid-step, and requeue at once;
@@ -57,7 +59,7 @@ try:
     from lightning.fabric.plugins.environments import SLURMEnvironment
     from lightning.fabric.utilities.seed import _collect_rng_states, _set_rng_states
     from lightning.pytorch.callbacks import Callback
-    from lightning.pytorch.utilities.rank_zero import rank_zero_info
+    from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 except ImportError as e:  # pragma: no cover - depends on the environment
     raise ImportError(
         "slurmclock.lightning needs Lightning >= 2.2: pip install 'slurmclock[lightning]'"
@@ -176,6 +178,7 @@ class TimeAwareCallback(TimeAware, Callback):
         # After Lightning's own SIGTERM handler went in: ours replaces it while training runs.
         self.policy.begin()
         self._seen_step = trainer.global_step
+        _warn_if_prefetched(trainer.train_dataloader)
         if self._rng_to_restore:
             rank = trainer.global_rank
             _set_rng_states(self._rng_to_restore[rank % len(self._rng_to_restore)])
@@ -246,6 +249,21 @@ class TimeAwareCallback(TimeAware, Callback):
         if completed is not None and trainer.is_global_zero:
             for stats in completed():
                 self.policy.time_save(float(stats.total_s))
+
+
+def _warn_if_prefetched(loaders: Any) -> None:
+    """Lightning prefetches a batch from a loader without ``__len__`` and saves the loader's state
+    after it: a resume would skip that batch. Say so once, with the fix."""
+    if isinstance(loaders, dict):
+        loaders = list(loaders.values())
+    for loader in loaders if isinstance(loaders, (list, tuple)) else [loaders]:
+        stateful = hasattr(loader, "state_dict") and hasattr(loader, "load_state_dict")
+        if stateful and not hasattr(type(loader), "__len__"):
+            rank_zero_warn(
+                f"slurmclock: {type(loader).__name__} is resumable but has no __len__: Lightning "
+                "prefetches one batch from it and saves its state after that batch, so a resume "
+                "skips one batch; give it a __len__ (batches per epoch) for an exact resume"
+            )
 
 
 def _finished(trainer: pl.Trainer) -> bool:

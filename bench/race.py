@@ -1,0 +1,318 @@
+"""The race: the same training job under SLURM time limits, three ways, side by side.
+
+    python bench/race.py                     # --times 3,5 (minutes), --steps 1000; ~30 min
+    python bench/race.py --times 2 --steps 400 --out /tmp/race   # a quicker look
+
+Contestants (same model, data, steps and ``--time``; pyrecover-train's tiny GPT on byte tokens of
+its Shakespeare corpus, one CPU thread each, run at the same time on a private SLURM cluster from
+tools/localslurm.py):
+
+- ``lightning-builtin``: Lightning's own SLURM support as documented -- ``srun python train.py``
+  under ``#SBATCH --signal=SIGUSR1@90``; ``SLURMEnvironment(auto_requeue=True)`` saves
+  ``hpc_ckpt_N.ckpt`` inside the SIGUSR1 handler and requeues; the job resumes from it.
+- ``lightning+ours``: the same Trainer with ``slurmclock.lightning.TimeAwareCallback`` and
+  ``ckptstore.lightning.CkptStoreIO``, under examples/slurm/requeue-on-75.sh (no warning signal:
+  the callback reads the end time from SLURM).
+- ``pyrecover-train``: the app, under the same wrapper.
+
+Measured from outside: the harness polls ``scontrol show job`` (allocation start/end), and reads
+the job logs (the step each allocation resumed from and every step it trained, with timestamps).
+Per contestant and allocation length: allocations needed, share of the allocations' time that
+went into persisted steps (persisted steps x the straight run's step time / allocated time), lost
+steps (trained, then not saved), and whether the final weights equal the straight run's bitwise.
+Results: bench/results/race.json and a table on stdout (copied into bench/README.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import importlib.util
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import RESULTS, print_table, write_results  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+WORKER = ROOT / "bench" / "race_worker.py"
+WRAPPER = ROOT / "examples" / "slurm" / "requeue-on-75.sh"
+CONTESTANTS = ("lightning-builtin", "lightning+ours", "pyrecover-train")
+MARGIN_S = 10  # ours and pyrecover-train: seconds kept free before the end
+MAX_ALLOCATIONS = 12
+
+
+def _load_localslurm() -> Any:
+    spec = importlib.util.spec_from_file_location("localslurm", ROOT / "tools" / "localslurm.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@dataclass
+class Allocation:
+    start: float
+    end: float | None = None
+    resumed_from: int | None = None
+    trained_to: int | None = None
+
+
+@dataclass
+class Series:
+    contestant: str
+    minutes: int
+    job_id: str = ""
+    state: str = ""
+    allocations: list[Allocation] = field(default_factory=list)
+    digest: str | None = None
+
+
+# -- the commands ------------------------------------------------------------------------------
+
+
+def worker_cmd(mode: str, root: Path, steps: int, cache: Path) -> list[str]:
+    return [sys.executable, str(WORKER), "--mode", mode, "--root", str(root), "--steps",
+            str(steps), "--cache-dir", str(cache), "--margin", str(MARGIN_S)]  # fmt: skip
+
+
+def pyrecover_cmd(root: Path, steps: int, cache: Path, *, resume: bool) -> list[str]:
+    train = shutil.which("pyrecover-train") or "pyrecover-train"
+    cmd = [train, "--tokenizer", "byte", "--model-size", "tiny", "--eval-every", "0",
+           "--training-steps", str(steps), "--log-every", "1", "--cache-dir", str(cache),
+           "--checkpoint-dir", str(root), "--experiment_name", "race", "--stop-margin",
+           str(MARGIN_S), "--async-checkpoint", "--checkpoint-frequency", "100"]  # fmt: skip
+    return [*cmd, "--resume-from-checkpoint", "latest"] if resume else cmd
+
+
+def job_env() -> dict[str, str]:
+    return {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "PYRECOVER_END_TIME": ""}
+
+
+# -- reading what happened ---------------------------------------------------------------------
+
+_STEP = re.compile(r"^RACE (start|step) (\d+) ([\d.]+)$", re.MULTILINE)
+
+
+def lightning_events(log: str) -> list[tuple[str, int, float]]:
+    return [(m.group(1), int(m.group(2)), float(m.group(3))) for m in _STEP.finditer(log)]
+
+
+def pyrecover_events(metrics: Path) -> list[tuple[str, int, float]]:
+    out = []
+    if metrics.exists():
+        for line in metrics.read_text().splitlines():
+            try:
+                e = json.loads(line)
+            except ValueError:
+                continue
+            if e.get("event") in ("start", "step"):
+                out.append((e["event"], int(e["step"]), float(e["time"])))
+    return out
+
+
+def step_time(events: list[tuple[str, int, float]]) -> float:
+    """Mean seconds per step of an uninterrupted run, after its first 5 steps (warm-up)."""
+    steps = [(s, t) for kind, s, t in events if kind == "step" and s > 5]
+    (s0, t0), (s1, t1) = steps[0], steps[-1]
+    return (t1 - t0) / (s1 - s0)
+
+
+def weights_digest(tensors: dict[str, torch.Tensor]) -> str:
+    h = hashlib.sha256()
+    for name, value in sorted(tensors.items()):
+        h.update(name.encode() + value.detach().cpu().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def pyrecover_digest(root: Path) -> str | None:
+    from ckptstore import CheckpointStore
+
+    try:
+        with CheckpointStore(str(root / "race"), distributed=False) as store:
+            _, values = store.read(keys=["model"])
+    except Exception:
+        return None
+    return weights_digest(values["model"])
+
+
+def fill_steps(series: Series, events: list[tuple[str, int, float]]) -> None:
+    """Assign log events to allocations by time: where each resumed, how far each trained."""
+    for alloc in series.allocations:
+        end = alloc.end if alloc.end is not None else float("inf")
+        mine = [(k, s) for k, s, t in events if alloc.start - 1 <= t <= end + 1]
+        starts = [s for k, s in mine if k == "start"]
+        steps = [s for k, s in mine if k == "step"]
+        alloc.resumed_from = starts[0] if starts else None
+        alloc.trained_to = max(steps) if steps else alloc.resumed_from
+
+
+# -- running -----------------------------------------------------------------------------------
+
+
+def straight_runs(work: Path, steps: int, cache: Path) -> dict[str, Any]:
+    """Both programs once without any limit, side by side (as the race runs them)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "PYRECOVER_"))}
+    env.update(job_env())
+    lroot, proot = work / "straight-lightning", work / "straight-pyrecover"
+    light = subprocess.Popen(worker_cmd("ours", lroot, steps, cache), env=env, text=True,
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # fmt: skip
+    pyr = subprocess.run(pyrecover_cmd(proot, steps, cache, resume=False), env=env,
+                         capture_output=True, text=True)  # fmt: skip
+    out, _ = light.communicate()
+    if light.returncode != 0 or pyr.returncode != 0:
+        raise SystemExit(f"straight runs failed:\n{out[-3000:]}\n{pyr.stdout[-3000:]}")
+    m = re.search(r"^RACE weights (\w+)$", out, re.MULTILINE)
+    return {
+        "lightning": {"step_s": step_time(lightning_events(out)), "digest": m and m.group(1)},
+        "pyrecover": {
+            "step_s": step_time(pyrecover_events(proot / "race" / "metrics.jsonl")),
+            "digest": pyrecover_digest(proot),
+        },
+    }
+
+
+def submit(cluster: Any, name: str, minutes: int, work: Path, steps: int, cache: Path) -> str:
+    d = work / f"{name}-{minutes}m"
+    d.mkdir(parents=True)
+    common = ["--cpus-per-task=1", f"--time={minutes}", f"--output={d}/job.out", "--requeue",
+              "--open-mode=append", f"--job-name=race-{name}"]  # fmt: skip
+    if name == "lightning-builtin":
+        cmd = " ".join(worker_cmd("builtin", d / "root", steps, cache))
+        script = f"#!/bin/bash\n#SBATCH --signal=SIGUSR1@90\nsrun {cmd}\n"
+        return str(cluster.sbatch(script, *common, env=job_env(), cwd=d))
+    if name == "lightning+ours":
+        cmd = worker_cmd("ours", d / "root", steps, cache)
+    else:
+        cmd = pyrecover_cmd(d / "root", steps, cache, resume=True)
+    env = {**job_env(), "MAX_RESTARTS": str(MAX_ALLOCATIONS)}
+    return str(cluster.sbatch(WRAPPER, *common, env=env, cwd=d, script_args=cmd))
+
+
+def watch(cluster: Any, series: list[Series], timeout: float) -> None:
+    """Poll the jobs; record when each allocation starts and ends (seen from outside)."""
+    end = time.monotonic() + timeout
+    open_jobs = {s.job_id: s for s in series}
+    while open_jobs and time.monotonic() < end:
+        now = time.time()
+        for job_id, s in list(open_jobs.items()):
+            try:
+                state = cluster.job(job_id).get("JobState", "")
+            except Exception:
+                continue
+            running = state == "RUNNING"
+            current = s.allocations[-1] if s.allocations else None
+            if running and (current is None or current.end is not None):
+                s.allocations.append(Allocation(start=now))
+            elif not running and current is not None and current.end is None:
+                current.end = now
+            s.state = state
+            if state in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL"):
+                del open_jobs[job_id]
+            elif len(s.allocations) > MAX_ALLOCATIONS:
+                cluster.run(["scancel", job_id], check=False)
+                s.state = f"gave up after {MAX_ALLOCATIONS} allocations"
+                del open_jobs[job_id]
+        time.sleep(1.0)
+    for job_id, s in open_jobs.items():
+        cluster.run(["scancel", job_id], check=False)
+        s.state = f"timed out after {timeout:.0f} s"
+
+
+def race(cluster: Any, minutes: int, work: Path, steps: int, cache: Path) -> list[Series]:
+    series = [Series(name, minutes) for name in CONTESTANTS]
+    for s in series:
+        s.job_id = submit(cluster, s.contestant, minutes, work, steps, cache)
+    watch(cluster, series, timeout=60 * (minutes + 1) * MAX_ALLOCATIONS)
+    for s in series:
+        d = work / f"{s.contestant}-{minutes}m"
+        if s.contestant == "pyrecover-train":
+            fill_steps(s, pyrecover_events(d / "root" / "race" / "metrics.jsonl"))
+            s.digest = pyrecover_digest(d / "root") if s.state == "COMPLETED" else None
+        else:
+            log = (d / "job.out").read_text(errors="replace")
+            fill_steps(s, lightning_events(log))
+            m = re.findall(r"^RACE weights (\w+)$", log, re.MULTILINE)
+            s.digest = m[-1] if m else None
+    return series
+
+
+def figures(s: Series, steps: int, step_s: float, digest: str | None) -> dict[str, Any]:
+    allocs = s.allocations
+    resumed = [a.resumed_from if a.resumed_from is not None else 0 for a in allocs]
+    finished = s.state == "COMPLETED" and s.digest is not None
+    persisted = [*resumed[1:], steps if finished else resumed[-1] if resumed else 0]
+    lost = [max(0, (a.trained_to or 0) - p) for a, p in zip(allocs, persisted, strict=True)]
+    gained = [p - r for p, r in zip(persisted, resumed, strict=True)]
+    allocated = 60.0 * s.minutes * len(allocs)
+    return {
+        "contestant": s.contestant,
+        "minutes": s.minutes,
+        "state": s.state,
+        "allocations": len(allocs),
+        "finished": finished,
+        "persisted_steps": gained,
+        "lost_steps": sum(lost),
+        "lost_per_allocation": lost,
+        "use_share": round(sum(gained) * step_s / allocated, 3) if allocs else 0.0,
+        "wall_s": [round((a.end or a.start) - a.start, 1) for a in allocs],
+        "bitwise_equal_straight": bool(finished and digest and s.digest == digest),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--times", default="3,5", help="allocation lengths in minutes (sbatch --time)")
+    p.add_argument("--steps", type=int, default=1000, help="optimizer steps of the job")
+    p.add_argument("--out", type=Path, default=RESULTS, help="where race.json goes")
+    p.add_argument("--keep", type=Path, default=None, help="keep logs and checkpoints here")
+    args = p.parse_args(argv)
+    minutes = [int(x) for x in args.times.split(",")]
+    localslurm = _load_localslurm()
+    if (why := localslurm.unavailable_reason()) is not None:
+        print(f"race: no SLURM here: {why}", file=sys.stderr)
+        return 2
+    work = args.keep or Path(tempfile.mkdtemp(prefix="race-"))
+    work.mkdir(parents=True, exist_ok=True)
+    cache = work / "cache"
+    print(f"race: {args.steps} steps, allocations of {minutes} min; work dir {work}", flush=True)
+    ref = straight_runs(work, args.steps, cache)
+    print(f"race: straight runs {json.dumps(ref)}", flush=True)
+    rows, results = [], []
+    with localslurm.LocalCluster(work / "slurm", cpus=4) as cluster:
+        for m in minutes:
+            for s in race(cluster, m, work, args.steps, cache):
+                r = ref["pyrecover" if s.contestant == "pyrecover-train" else "lightning"]
+                f = figures(s, args.steps, r["step_s"], r["digest"])
+                results.append({**f, "series": asdict(s)})
+                rows.append([f"{m} min", f["contestant"], f["allocations"], f["use_share"],
+                             f["lost_steps"], f["bitwise_equal_straight"], f["state"]])  # fmt: skip
+                print(json.dumps(f), flush=True)
+    print_table(
+        f"race: {args.steps} steps, one CPU thread each",
+        ["--time", "contestant", "allocations", "use share", "lost steps", "bitwise", "state"],
+        rows,
+    )
+    write_results(
+        "race",
+        {"steps": args.steps, "margin_s": MARGIN_S, "straight": ref, "results": results},
+        args.out,
+    )
+    if args.keep is None:
+        shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,93 @@
+"""The examples, run as a user runs them, against the real libraries (CPU).
+
+Each one: a straight run finishes with exit 0; a run given a deadline (``PYRECOVER_END_TIME`` a few
+seconds out) stops with a committed checkpoint and exit 75; run again it resumes, finishes with
+exit 0 and ends with the very weights of the straight run; a fourth run finds it finished.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+EXAMPLES = Path(__file__).resolve().parents[1]
+REQUIRES = {
+    "own_loop": ("ddpkit", "ckptstore", "parquetlm", "slurmclock"),
+    "lightning_time_aware": ("lightning", "torchdata", "ckptstore", "slurmclock"),
+    "hf_trainer_time_aware": ("transformers", "accelerate", "slurmclock"),
+}
+# A deadline this close is reached during start-up or the first seconds of training, however
+# fast or loaded the machine: the run always stops early (at the latest after its first step).
+DEADLINE_S = 5
+
+
+def run(name: str, cwd: Path, deadline: float | None = None) -> subprocess.Popen[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "PYRECOVER_"))}
+    env["PYTHONUNBUFFERED"] = "1"
+    if deadline is not None:
+        env["PYRECOVER_END_TIME"] = f"{deadline:.3f}"
+    return subprocess.Popen(
+        [sys.executable, str(EXAMPLES / f"{name}.py")],
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def finish(proc: subprocess.Popen[str], timeout: float = 240) -> tuple[int, str]:
+    out, _ = proc.communicate(timeout=timeout)
+    return proc.returncode, out
+
+
+def digest(out: str) -> str:
+    m = re.search(r"^weights ([0-9a-f]{16})$", out, re.MULTILINE)
+    assert m, f"no weights line in:\n{out[-2000:]}"
+    return m.group(1)
+
+
+@pytest.mark.parametrize("name", list(REQUIRES))
+def test_example_stops_in_time_and_resumes_exactly(name: str, tmp_path: Path) -> None:
+    for module in REQUIRES[name]:
+        pytest.importorskip(module)
+    straight_dir, stopped_dir = tmp_path / "straight", tmp_path / "stopped"
+    straight_dir.mkdir()
+    stopped_dir.mkdir()
+    straight = run(name, straight_dir)  # side by side with the interrupted run
+    rc, out = finish(run(name, stopped_dir, deadline=time.time() + DEADLINE_S))
+    assert rc == 75, out[-3000:]
+    assert re.search(r"^stopped at step \d+/\d+", out, re.MULTILINE), out[-3000:]
+    assert_committed(name, stopped_dir)
+
+    rc_straight, out_straight = finish(straight)
+    assert rc_straight == 0, out_straight[-3000:]
+    rc, out = finish(run(name, stopped_dir))
+    assert rc == 0, out[-3000:]
+    assert digest(out) == digest(out_straight)  # bitwise the weights of the straight run
+
+    rc, out = finish(run(name, stopped_dir))
+    assert rc == 0 and "finished step" in out, out[-3000:]
+
+
+def assert_committed(name: str, cwd: Path) -> None:
+    """The stop left a checkpoint that verifies (ckptstore) or is complete (HF)."""
+    if name == "hf_trainer_time_aware":
+        from slurmclock.hf import last_checkpoint
+
+        ckpt = last_checkpoint(cwd / "example-runs" / "hf")
+        assert ckpt is not None and (Path(ckpt) / "optimizer.pt").is_file()
+        return
+    from ckptstore import CheckpointStore
+
+    root = {"own_loop": "own_loop", "lightning_time_aware": "lightning/timeaware.ckpt"}[name]
+    with CheckpointStore(str(cwd / "example-runs" / root), distributed=False) as store:
+        assert store.latest_step() is not None
+        report = store.verify()
+        assert report.ok, report.problems
