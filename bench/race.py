@@ -1,6 +1,6 @@
 """The race: the same training job under SLURM time limits, three ways, side by side.
 
-    python bench/race.py                     # --times 3,5 (minutes), --steps 1000; ~30 min
+    python bench/race.py                     # --times 3,5 (minutes), --steps 800; ~20 min
     python bench/race.py --times 2 --steps 400 --out /tmp/race   # a quicker look
 
 Contestants (same model, data, steps and ``--time``; pyrecover-train's tiny GPT on byte tokens of
@@ -17,9 +17,11 @@ tools/localslurm.py):
 
 Measured from outside: the harness polls ``scontrol show job`` (allocation start/end), and reads
 the job logs (the step each allocation resumed from and every step it trained, with timestamps).
-Per contestant and allocation length: allocations needed, share of the allocations' time that
-went into persisted steps (persisted steps x the straight run's step time / allocated time), lost
-steps (trained, then not saved), and whether the final weights equal the straight run's bitwise.
+Per contestant and allocation length: allocations needed; ``use_share``, the share of the allocated
+time that went into persisted steps (persisted steps x the straight run's step time / the
+allocations' ``--time``, the last one counted only until the job finished); ``held_share``, the
+same over the time the job actually held the node; lost steps (trained, then not saved); and
+whether the final weights equal the straight run's bitwise.
 Results: bench/results/race.json and a table on stdout (copied into bench/README.md).
 """
 
@@ -255,7 +257,12 @@ def figures(s: Series, steps: int, step_s: float, digest: str | None) -> dict[st
     persisted = [*resumed[1:], steps if finished else resumed[-1] if resumed else 0]
     lost = [max(0, (a.trained_to or 0) - p) for a, p in zip(allocs, persisted, strict=True)]
     gained = [p - r for p, r in zip(persisted, resumed, strict=True)]
-    allocated = 60.0 * s.minutes * len(allocs)
+    walls = [(a.end or a.start) - a.start for a in allocs]
+    # Allocated time: every allocation's full --time (what stopping early, start-up and unsaved
+    # steps throw away), except that the last one counts until the job finished.
+    allocated = 60.0 * s.minutes * (len(allocs) - 1) + (
+        walls[-1] if finished and allocs else 60.0 * s.minutes
+    )
     return {
         "contestant": s.contestant,
         "minutes": s.minutes,
@@ -266,7 +273,8 @@ def figures(s: Series, steps: int, step_s: float, digest: str | None) -> dict[st
         "lost_steps": sum(lost),
         "lost_per_allocation": lost,
         "use_share": round(sum(gained) * step_s / allocated, 3) if allocs else 0.0,
-        "wall_s": [round((a.end or a.start) - a.start, 1) for a in allocs],
+        "held_share": round(sum(gained) * step_s / sum(walls), 3) if allocs else 0.0,
+        "wall_s": [round(w, 1) for w in walls],
         "bitwise_equal_straight": bool(finished and digest and s.digest == digest),
     }
 
@@ -274,7 +282,7 @@ def figures(s: Series, steps: int, step_s: float, digest: str | None) -> dict[st
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--times", default="3,5", help="allocation lengths in minutes (sbatch --time)")
-    p.add_argument("--steps", type=int, default=1000, help="optimizer steps of the job")
+    p.add_argument("--steps", type=int, default=800, help="optimizer steps of the job")
     p.add_argument("--out", type=Path, default=RESULTS, help="where race.json goes")
     p.add_argument("--keep", type=Path, default=None, help="keep logs and checkpoints here")
     args = p.parse_args(argv)
@@ -297,11 +305,12 @@ def main(argv: list[str] | None = None) -> int:
                 f = figures(s, args.steps, r["step_s"], r["digest"])
                 results.append({**f, "series": asdict(s)})
                 rows.append([f"{m} min", f["contestant"], f["allocations"], f["use_share"],
-                             f["lost_steps"], f["bitwise_equal_straight"], f["state"]])  # fmt: skip
+                             f["held_share"], f["lost_steps"], f["bitwise_equal_straight"],
+                             f["state"]])  # fmt: skip
                 print(json.dumps(f), flush=True)
     print_table(
         f"race: {args.steps} steps, one CPU thread each",
-        ["--time", "contestant", "allocations", "use share", "lost steps", "bitwise", "state"],
+        ["--time", "contestant", "allocations", "use", "held use", "lost", "bitwise", "state"],
         rows,
     )
     write_results(

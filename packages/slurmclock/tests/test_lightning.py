@@ -189,3 +189,32 @@ def test_periodic_saves_and_bad_arguments(tmp_path: Path) -> None:
         TimeAwareCallback(every_n_steps=0)
     with pytest.raises(ValueError, match="plain file name"):
         TimeAwareCallback(filename="a/b.ckpt")
+
+
+def torchrun(root: Path, *args: str) -> list[dict[str, str]]:
+    """Two gloo ranks of lightning_ddp_worker.py; each rank's RESULT line, parsed."""
+    import re
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "PYRECOVER_"))}
+    worker = Path(__file__).with_name("lightning_ddp_worker.py")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
+    out = subprocess.run(
+        [*cmd, str(worker), str(root), *args], env=env, capture_output=True, text=True, timeout=300
+    )
+    found = [m.groupdict() for m in re.finditer(
+        r"RESULT rank=(?P<rank>\d) step=(?P<step>\d+) exit=(?P<exit>\d+) digest=(?P<digest>\w+)",
+        out.stdout,
+    )]  # fmt: skip
+    assert len(found) == 2, out.stdout[-3000:] + out.stderr[-3000:]
+    return sorted(found, key=lambda r: r["rank"])
+
+
+def test_ddp_one_rank_stopping_stops_all_and_resumes_bitwise(tmp_path: Path) -> None:
+    straight = torchrun(tmp_path / "straight")
+    stopped = torchrun(tmp_path / "run", "5")  # only rank 1 raises its flag after step 5
+    assert [(r["step"], r["exit"]) for r in stopped] == [("5", "75"), ("5", "75")]
+    resumed = torchrun(tmp_path / "run")
+    assert [(r["step"], r["exit"]) for r in resumed] == [("12", "0"), ("12", "0")]
+    assert {r["digest"] for r in resumed} == {straight[0]["digest"]}
