@@ -68,12 +68,20 @@ class StopPolicy:
     def now(self) -> float:
         return self._timer()
 
-    def after_step(self) -> Decision:
+    def after_step(self, *, watch_clock: bool = True) -> Decision:
+        """Record the step; decide. ``watch_clock=False`` (ranks other than 0) answers from the
+        stop signals alone: rank 0 owns the deadline and the measured save times, so SLURM is
+        polled once per job, not once per rank, and the ranks' agreement spreads its decision."""
         now = self._timer()
         if self._last is not None:
             self.budget.record_step(now - self._last)
         self._last = now
-        self.decision = self.budget.should_stop()
+        if watch_clock:
+            self.decision = self.budget.should_stop()
+        elif self.signals.requested:
+            self.decision = Decision(True, f"stop: received {self.signals.received}", None)
+        else:
+            self.decision = Decision(False, "continue: rank 0 watches the clock", None)
         return self.decision
 
     def paused(self) -> None:

@@ -141,7 +141,7 @@ class TimeAwareCallback(TimeAware, TrainerCallback):
     def on_step_end(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
     ) -> None:
-        decision = self.policy.after_step()
+        decision = self.policy.after_step(watch_clock=state.is_world_process_zero)
         stop = _any_rank(bool(decision), args)
         finished = state.max_steps > 0 and state.global_step >= state.max_steps
         if stop and not finished:

@@ -197,7 +197,7 @@ class TimeAwareCallback(TimeAware, Callback):
             return  # accumulating gradients: not a step boundary
         self._seen_step = step
         self._collect_saves(trainer)
-        decision = self.policy.after_step()
+        decision = self.policy.after_step(watch_clock=trainer.is_global_zero)
         stop = trainer.strategy.reduce_boolean_decision(bool(decision), all=False)
         if stop:
             finished = _finished(trainer)
@@ -207,8 +207,11 @@ class TimeAwareCallback(TimeAware, Callback):
                 self.stopped_early = True
             self._save(trainer, durable=True)
             trainer.should_stop = True
-        elif self.every_n_steps and step % self.every_n_steps == 0 and self.budget.can_save():
-            self._save(trainer, durable=False)
+        elif self.every_n_steps and step % self.every_n_steps == 0:
+            # Every rank must call save_checkpoint, or none: rank 0's clock decides for all.
+            fits = bool(self.budget.can_save()) if trainer.is_global_zero else False
+            if trainer.strategy.broadcast(fits, src=0):
+                self._save(trainer, durable=False)
         self.policy.paused()
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
