@@ -32,7 +32,7 @@ from ckptstore import CheckpointStore
 from parquetlm import PackedLoader
 from slurmclock import DeadlineWatcher, StopSignals, TimeBudget
 
-STEPS = 600
+STEPS = int(os.environ.get("EXAMPLE_STEPS", 600))  # more: a longer run, e.g. under SLURM
 SAVE_EVERY = 100  # periodic async saves: a crash without warning loses at most this many steps
 CKPT_URL = os.environ.get("EXAMPLE_CKPT_URL", "example-runs/own_loop")  # or s3://bucket/run
 EXIT_STOPPED = 75  # as pyrecover-train: stopped early with a checkpoint, requeue and resume

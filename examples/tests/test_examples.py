@@ -91,3 +91,44 @@ def assert_committed(name: str, cwd: Path) -> None:
         assert store.latest_step() is not None
         report = store.verify()
         assert report.ok, report.problems
+
+
+@pytest.mark.slurm
+def test_own_loop_under_a_real_slurm_deadline(tmp_path: Path) -> None:
+    """In a real SLURM job the end time comes from squeue: the loop stops before the kill with a
+    committed checkpoint, exits 75, and requeue-on-75.sh puts the job back in the queue."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "localslurm", EXAMPLES.parent / "tools" / "localslurm.py"
+    )
+    assert spec and spec.loader
+    localslurm = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(localslurm)
+    if (why := localslurm.unavailable_reason()) is not None:
+        if os.environ.get("PYRECOVER_REQUIRE_SLURM") == "1":
+            pytest.fail(why)
+        pytest.skip(why)
+    pytest.importorskip("parquetlm")
+    env = {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "PYRECOVER_END_TIME": ""}
+    env["EXAMPLE_STEPS"] = "1000000"  # far more than one minute of training
+    with localslurm.LocalCluster(tmp_path / "slurm", cpus=2) as cluster:
+        job = cluster.sbatch(
+            EXAMPLES / "slurm" / "requeue-on-75.sh",
+            "--time=1",
+            f"--output={tmp_path}/job.out",
+            cwd=tmp_path,
+            env=env,
+            script_args=[sys.executable, str(EXAMPLES / "own_loop.py")],
+        )
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline:
+            info = cluster.job(job)
+            if int(info.get("Restarts", info.get("RestartCnt", "0")) or 0) >= 1:
+                break
+            time.sleep(1)
+        cluster.run(["scancel", job], check=False)
+        log = (tmp_path / "job.out").read_text(errors="replace")
+        assert "exited with status 75" in log and "requeueing job" in log, log[-3000:]
+        assert re.search(r"stopped at step \d+/1000000 \(stop: [\d.]+ s left <", log), log[-3000:]
+        assert_committed("own_loop", tmp_path)
