@@ -203,10 +203,11 @@ def torchrun(root: Path, *args: str) -> list[dict[str, str]]:
     out = subprocess.run(
         [*cmd, str(worker), str(root), *args], env=env, capture_output=True, text=True, timeout=300
     )
-    found = [m.groupdict() for m in re.finditer(
-        r"RESULT rank=(?P<rank>\d) step=(?P<step>\d+) exit=(?P<exit>\d+) digest=(?P<digest>\w+)",
-        out.stdout,
-    )]  # fmt: skip
+    # The two ranks share one pipe: lines may run into each other, so match exact widths.
+    pattern = (
+        r"RESULT rank=(?P<rank>\d) step=(?P<step>\d+) exit=(?P<exit>\d+) digest=(?P<d>[0-9a-f]{16})"
+    )
+    found = [m.groupdict() for m in re.finditer(pattern, out.stdout)]
     assert len(found) == 2, out.stdout[-3000:] + out.stderr[-3000:]
     return sorted(found, key=lambda r: r["rank"])
 
@@ -217,4 +218,4 @@ def test_ddp_one_rank_stopping_stops_all_and_resumes_bitwise(tmp_path: Path) -> 
     assert [(r["step"], r["exit"]) for r in stopped] == [("5", "75"), ("5", "75")]
     resumed = torchrun(tmp_path / "run")
     assert [(r["step"], r["exit"]) for r in resumed] == [("12", "0"), ("12", "0")]
-    assert {r["digest"] for r in resumed} == {straight[0]["digest"]}
+    assert {r["d"] for r in resumed} == {straight[0]["d"]}
