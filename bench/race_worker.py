@@ -112,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--root", type=Path, required=True)
     p.add_argument("--steps", type=int, required=True)
     p.add_argument("--cache-dir", type=Path, default=None)
-    p.add_argument("--margin", type=float, default=10.0)
+    p.add_argument("--margin", type=float, default=None, help="default: slurmclock's measured")
     args = p.parse_args(argv)
     torch.set_num_threads(1)
     warnings.filterwarnings("ignore")

@@ -33,7 +33,7 @@ class StopPolicy:
         *,
         budget: TimeBudget | None,
         deadline: DeadlineWatcher | Deadline | None,
-        margin: float,
+        margin: float | None,
         initial_save_estimate: float,
         warmup_steps: int,
         signals: Iterable[str | int],

@@ -103,7 +103,8 @@ class TimeAwareCallback(TimeAware, TrainerCallback):
     """Stop in time with a saved checkpoint; ``exit_code`` 75 when steps are left, else 0.
 
     ``deadline``: a :class:`DeadlineWatcher` or :class:`Deadline` (default ``DeadlineWatcher()``:
-    override, then ``PYRECOVER_END_TIME``, then SLURM). ``margin``, ``initial_save_estimate``,
+    override, then ``PYRECOVER_END_TIME``, then SLURM). ``margin`` (None: slurmclock's measured
+    exit + slack), ``initial_save_estimate``,
     ``warmup_steps``: as in :class:`TimeBudget`, or pass a ready ``budget``. ``signals``: stop
     signals. ``save_on_train_end``: also save at the last step, so that running the job again
     finds it finished instead of redoing the steps after the last checkpoint.
@@ -113,7 +114,7 @@ class TimeAwareCallback(TimeAware, TrainerCallback):
         self,
         *,
         deadline: DeadlineWatcher | Deadline | None = None,
-        margin: float = 60.0,
+        margin: float | None = None,
         initial_save_estimate: float = 60.0,
         warmup_steps: int = 2,
         signals: Iterable[str | int] = ("USR2", "TERM"),

@@ -74,8 +74,10 @@ class TimeAwareCallback(TimeAware, Callback):
     ``dirpath``/``filename``: where the stop checkpoint goes (default: the trainer's
     ``default_root_dir``); ``resume_path()`` finds it again. ``deadline``: a
     :class:`DeadlineWatcher` or :class:`Deadline` (default ``DeadlineWatcher()``: override, then
-    ``PYRECOVER_END_TIME``, then SLURM). ``margin``, ``initial_save_estimate``, ``warmup_steps``:
-    as in :class:`TimeBudget`; or pass a ready ``budget``. ``signals``: stop signals.
+    ``PYRECOVER_END_TIME``, then SLURM). ``margin`` (None: slurmclock's measured exit + slack),
+    ``initial_save_estimate``, ``warmup_steps``: as in :class:`TimeBudget`; or pass a ready
+    ``budget``. The budget's measured figures travel in the checkpoint, so the next allocation
+    starts from them. ``signals``: stop signals.
     ``every_n_steps``: also save periodically (when ``can_save()``), so a crash or a kill without
     warning loses at most that many steps. ``save_on_train_end``: save when training finishes,
     so that running the job again finds it finished. ``requeue``: after an early stop, rank 0
@@ -88,7 +90,7 @@ class TimeAwareCallback(TimeAware, Callback):
         filename: str = "timeaware.ckpt",
         *,
         deadline: DeadlineWatcher | Deadline | None = None,
-        margin: float = 60.0,
+        margin: float | None = None,
         initial_save_estimate: float = 60.0,
         warmup_steps: int = 2,
         signals: Iterable[str | int] = ("USR2", "TERM"),
@@ -151,11 +153,16 @@ class TimeAwareCallback(TimeAware, Callback):
 
     def state_dict(self) -> dict[str, Any]:
         # dump_checkpoint runs on every rank; only rank 0's copy is written, so gather here.
-        return {"rng": _gather(_rng_states()), "stopped_early": self.stopped_early}
+        return {
+            "rng": _gather(_rng_states()),
+            "stopped_early": self.stopped_early,
+            "budget": self.budget.state_dict(),  # rank 0's: it owns the clock
+        }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         rng = state_dict.get("rng")
         self._rng_to_restore = list(rng) if rng else None
+        self.budget.load_state_dict(state_dict.get("budget") or {})
 
     # -- hooks ------------------------------------------------------------------------------
 
