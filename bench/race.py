@@ -18,7 +18,8 @@ tools/localslurm.py):
 Measured from outside: the harness polls ``scontrol show job`` (allocation start/end), and reads
 the job logs (the step each allocation resumed from and every step it trained, with timestamps).
 Per contestant and allocation length: allocations needed; ``use_share``, the share of the allocated
-time that went into persisted steps (persisted steps x the straight run's step time / the
+time that went into persisted steps (persisted steps x the step time of a straight run of the
+same program, run side by side with the series, under the same load / the
 allocations' ``--time``, the last one counted only until the job finished); ``held_share``, the
 same over the time the job actually held the node; lost steps (trained, then not saved); and
 whether the final weights equal the straight run's bitwise.
@@ -162,26 +163,44 @@ def fill_steps(series: Series, events: list[tuple[str, int, float]]) -> None:
 # -- running -----------------------------------------------------------------------------------
 
 
-def straight_runs(work: Path, steps: int, cache: Path) -> dict[str, Any]:
-    """Both programs once without any limit, side by side (as the race runs them)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "PYRECOVER_"))}
-    env.update(job_env())
-    lroot, proot = work / "straight-lightning", work / "straight-pyrecover"
-    light = subprocess.Popen(worker_cmd("ours", lroot, steps, cache), env=env, text=True,
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # fmt: skip
-    pyr = subprocess.run(pyrecover_cmd(proot, steps, cache, resume=False), env=env,
-                         capture_output=True, text=True)  # fmt: skip
-    out, _ = light.communicate()
-    if light.returncode != 0 or pyr.returncode != 0:
-        raise SystemExit(f"straight runs failed:\n{out[-3000:]}\n{pyr.stdout[-3000:]}")
-    m = re.search(r"^RACE weights (\w+)$", out, re.MULTILINE)
-    return {
-        "lightning": {"step_s": step_time(lightning_events(out)), "digest": m and m.group(1)},
-        "pyrecover": {
-            "step_s": step_time(pyrecover_events(proot / "race" / "metrics.jsonl")),
-            "digest": pyrecover_digest(proot),
-        },
-    }
+class Straight:
+    """Both programs once without any limit, started side by side with a series' jobs, so the
+    reference step time is measured under the same load as the race itself."""
+
+    def __init__(self, work: Path, tag: str, steps: int, cache: Path) -> None:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "PYRECOVER_"))}
+        env.update(job_env())
+        self.lroot, self.proot = work / f"straight-lightning-{tag}", work / f"straight-pyr-{tag}"
+        self.procs = [
+            subprocess.Popen(
+                cmd, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+            )  # fmt: skip
+            for cmd in (
+                worker_cmd("ours", self.lroot, steps, cache),
+                pyrecover_cmd(self.proot, steps, cache, resume=False),
+            )
+        ]
+
+    def result(self) -> dict[str, Any]:
+        (light, lout), (pyr, pout) = ((p, p.communicate()[0]) for p in self.procs)
+        if light.returncode != 0 or pyr.returncode != 0:
+            raise SystemExit(f"straight runs failed:\n{lout[-3000:]}\n{pout[-3000:]}")
+        m = re.search(r"^RACE weights (\w+)$", lout, re.MULTILINE)
+        return {
+            "lightning": {"step_s": step_time(lightning_events(lout)), "digest": m and m.group(1)},
+            "pyrecover": {
+                "step_s": step_time(pyrecover_events(self.proot / "race" / "metrics.jsonl")),
+                "digest": pyrecover_digest(self.proot),
+            },
+        }
+
+
+def warm_caches(work: Path, cache: Path) -> None:
+    """Build the corpus and token caches once, before anything is timed."""
+    for proc in Straight(work, "warmup", 2, cache).procs:
+        out = proc.communicate()[0]
+        if proc.returncode != 0:
+            raise SystemExit(f"race: warm-up run failed:\n{out[-3000:]}")
 
 
 def submit(cluster: Any, name: str, minutes: int, work: Path, steps: int, cache: Path) -> str:
@@ -190,8 +209,8 @@ def submit(cluster: Any, name: str, minutes: int, work: Path, steps: int, cache:
     common = ["--cpus-per-task=1", f"--time={minutes}", f"--output={d}/job.out", "--requeue",
               "--open-mode=append", f"--job-name=race-{name}"]  # fmt: skip
     if name == "lightning-builtin":
-        cmd = " ".join(worker_cmd("builtin", d / "root", steps, cache))
-        script = f"#!/bin/bash\n#SBATCH --signal=SIGUSR1@90\nsrun {cmd}\n"
+        line = " ".join(worker_cmd("builtin", d / "root", steps, cache))
+        script = f"#!/bin/bash\n#SBATCH --signal=SIGUSR1@90\nsrun {line}\n"
         return str(cluster.sbatch(script, *common, env=job_env(), cwd=d))
     if name == "lightning+ours":
         cmd = worker_cmd("ours", d / "root", steps, cache)
@@ -231,11 +250,16 @@ def watch(cluster: Any, series: list[Series], timeout: float) -> None:
         s.state = f"timed out after {timeout:.0f} s"
 
 
-def race(cluster: Any, minutes: int, work: Path, steps: int, cache: Path) -> list[Series]:
+def race(
+    cluster: Any, minutes: int, work: Path, steps: int, cache: Path
+) -> tuple[list[Series], dict[str, Any]]:
     series = [Series(name, minutes) for name in CONTESTANTS]
+    straight = Straight(work, f"{minutes}m", steps, cache)
     for s in series:
         s.job_id = submit(cluster, s.contestant, minutes, work, steps, cache)
     watch(cluster, series, timeout=60 * (minutes + 1) * MAX_ALLOCATIONS)
+    ref = straight.result()
+    print(f"race: {minutes} min: straight runs {json.dumps(ref)}", flush=True)
     for s in series:
         d = work / f"{s.contestant}-{minutes}m"
         if s.contestant == "pyrecover-train":
@@ -246,7 +270,7 @@ def race(cluster: Any, minutes: int, work: Path, steps: int, cache: Path) -> lis
             fill_steps(s, lightning_events(log))
             m = re.findall(r"^RACE weights (\w+)$", log, re.MULTILINE)
             s.digest = m[-1] if m else None
-    return series
+    return series, ref
 
 
 def figures(s: Series, steps: int, step_s: float, digest: str | None) -> dict[str, Any]:
@@ -294,12 +318,13 @@ def main(argv: list[str] | None = None) -> int:
     work.mkdir(parents=True, exist_ok=True)
     cache = work / "cache"
     print(f"race: {args.steps} steps, allocations of {minutes} min; work dir {work}", flush=True)
-    ref = straight_runs(work, args.steps, cache)
-    print(f"race: straight runs {json.dumps(ref)}", flush=True)
-    rows, results = [], []
+    warm_caches(work, cache)
+    rows, results, refs = [], [], {}
     with localslurm.LocalCluster(work / "slurm", cpus=4) as cluster:
         for m in minutes:
-            for s in race(cluster, m, work, args.steps, cache):
+            series, ref = race(cluster, m, work, args.steps, cache)
+            refs[f"{m}min"] = ref
+            for s in series:
                 r = ref["pyrecover" if s.contestant == "pyrecover-train" else "lightning"]
                 f = figures(s, args.steps, r["step_s"], r["digest"])
                 results.append({**f, "series": asdict(s)})
@@ -314,7 +339,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     write_results(
         "race",
-        {"steps": args.steps, "margin": "slurmclock default", "straight": ref, "results": results},
+        {"steps": args.steps, "margin": "slurmclock default", "straight": refs, "results": results},
         args.out,
     )
     if args.keep is None:
