@@ -165,26 +165,34 @@ def fill_steps(series: Series, events: list[tuple[str, int, float]]) -> None:
 
 class Straight:
     """Both programs once without any limit, started side by side with a series' jobs, so the
-    reference step time is measured under the same load as the race itself."""
+    reference step time is measured under the same load as the race itself. Output goes to
+    files: a pipe nobody reads until the end would stall a program once it is full."""
 
     def __init__(self, work: Path, tag: str, steps: int, cache: Path) -> None:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "PYRECOVER_"))}
         env.update(job_env())
         self.lroot, self.proot = work / f"straight-lightning-{tag}", work / f"straight-pyr-{tag}"
-        self.procs = [
-            subprocess.Popen(
-                cmd, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
-            )  # fmt: skip
-            for cmd in (
-                worker_cmd("ours", self.lroot, steps, cache),
-                pyrecover_cmd(self.proot, steps, cache, resume=False),
-            )
-        ]
+        self.logs = [work / f"straight-lightning-{tag}.log", work / f"straight-pyr-{tag}.log"]
+        cmds = (
+            worker_cmd("ours", self.lroot, steps, cache),
+            pyrecover_cmd(self.proot, steps, cache, resume=False),
+        )
+        self.procs = []
+        for cmd, log in zip(cmds, self.logs, strict=True):
+            with open(log, "w") as out:
+                self.procs.append(
+                    subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT)
+                )
+
+    def wait(self) -> list[str]:
+        for proc, log in zip(self.procs, self.logs, strict=True):
+            if proc.wait() != 0:
+                tail = log.read_text(errors="replace")[-3000:]
+                raise SystemExit(f"race: straight run {proc.args!r} failed:\n{tail}")
+        return [log.read_text(errors="replace") for log in self.logs]
 
     def result(self) -> dict[str, Any]:
-        (light, lout), (pyr, pout) = ((p, p.communicate()[0]) for p in self.procs)
-        if light.returncode != 0 or pyr.returncode != 0:
-            raise SystemExit(f"straight runs failed:\n{lout[-3000:]}\n{pout[-3000:]}")
+        lout, _ = self.wait()
         m = re.search(r"^RACE weights (\w+)$", lout, re.MULTILINE)
         return {
             "lightning": {"step_s": step_time(lightning_events(lout)), "digest": m and m.group(1)},
@@ -197,10 +205,7 @@ class Straight:
 
 def warm_caches(work: Path, cache: Path) -> None:
     """Build the corpus and token caches once, before anything is timed."""
-    for proc in Straight(work, "warmup", 2, cache).procs:
-        out = proc.communicate()[0]
-        if proc.returncode != 0:
-            raise SystemExit(f"race: warm-up run failed:\n{out[-3000:]}")
+    Straight(work, "warmup", 2, cache).wait()
 
 
 def submit(cluster: Any, name: str, minutes: int, work: Path, steps: int, cache: Path) -> str:
