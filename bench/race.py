@@ -69,6 +69,7 @@ class Allocation:
     end: float | None = None
     resumed_from: int | None = None
     trained_to: int | None = None
+    useful_s: float = 0.0  # from this allocation's resume to its last persisted step (job log)
 
 
 @dataclass
@@ -150,14 +151,23 @@ def pyrecover_digest(root: Path) -> str | None:
 
 
 def fill_steps(series: Series, events: list[tuple[str, int, float]]) -> None:
-    """Assign log events to allocations by time: where each resumed, how far each trained."""
+    """Assign log events to allocations by time: where each resumed, how far each trained, and
+    how long it spent on steps that were persisted (resume -> last step the next one resumed
+    from, or the last step of the job). Start-up, lost steps and an early stop are not in it."""
+    windows = []
     for alloc in series.allocations:
         end = alloc.end if alloc.end is not None else float("inf")
-        mine = [(k, s) for k, s, t in events if alloc.start - 1 <= t <= end + 1]
-        starts = [s for k, s in mine if k == "start"]
-        steps = [s for k, s in mine if k == "step"]
-        alloc.resumed_from = starts[0] if starts else None
+        mine = [(k, s, t) for k, s, t in events if alloc.start - 1 <= t <= end + 1]
+        starts = [(s, t) for k, s, t in mine if k == "start"]
+        steps = {s: t for k, s, t in mine if k == "step"}
+        alloc.resumed_from = starts[0][0] if starts else None
         alloc.trained_to = max(steps) if steps else alloc.resumed_from
+        windows.append((starts[0][1] if starts else None, steps))
+    for i, (alloc, (start_t, steps)) in enumerate(zip(series.allocations, windows, strict=True)):
+        nxt = series.allocations[i + 1].resumed_from if i + 1 < len(series.allocations) else None
+        persisted = nxt if nxt is not None else alloc.trained_to
+        if start_t is not None and persisted in steps:
+            alloc.useful_s = round(steps[persisted] - start_t, 3)
 
 
 # -- running -----------------------------------------------------------------------------------
@@ -265,8 +275,13 @@ def race(
     watch(cluster, series, timeout=60 * (minutes + 1) * MAX_ALLOCATIONS)
     ref = straight.result()
     print(f"race: {minutes} min: straight runs {json.dumps(ref)}", flush=True)
+    read_logs(series, work)
+    return series, ref
+
+
+def read_logs(series: list[Series], work: Path) -> None:
     for s in series:
-        d = work / f"{s.contestant}-{minutes}m"
+        d = work / f"{s.contestant}-{s.minutes}m"
         if s.contestant == "pyrecover-train":
             fill_steps(s, pyrecover_events(d / "root" / "race" / "metrics.jsonl"))
             s.digest = pyrecover_digest(d / "root") if s.state == "COMPLETED" else None
@@ -275,7 +290,6 @@ def race(
             fill_steps(s, lightning_events(log))
             m = re.findall(r"^RACE weights (\w+)$", log, re.MULTILINE)
             s.digest = m[-1] if m else None
-    return series, ref
 
 
 def figures(s: Series, steps: int, step_s: float, digest: str | None) -> dict[str, Any]:
@@ -286,6 +300,7 @@ def figures(s: Series, steps: int, step_s: float, digest: str | None) -> dict[st
     lost = [max(0, (a.trained_to or 0) - p) for a, p in zip(allocs, persisted, strict=True)]
     gained = [p - r for p, r in zip(persisted, resumed, strict=True)]
     walls = [(a.end or a.start) - a.start for a in allocs]
+    useful = [a.useful_s for a in allocs[:-1]] + ([allocs[-1].useful_s] if finished else [])
     # Allocated time: every allocation's full --time (what stopping early, start-up and unsaved
     # steps throw away), except that the last one counts until the job finished.
     allocated = 60.0 * s.minutes * (len(allocs) - 1) + (
@@ -300,11 +315,50 @@ def figures(s: Series, steps: int, step_s: float, digest: str | None) -> dict[st
         "persisted_steps": gained,
         "lost_steps": sum(lost),
         "lost_per_allocation": lost,
-        "use_share": round(sum(gained) * step_s / allocated, 3) if allocs else 0.0,
-        "held_share": round(sum(gained) * step_s / sum(walls), 3) if allocs else 0.0,
+        "use_share": round(sum(useful) / allocated, 3) if allocs else 0.0,
+        "held_share": round(sum(useful) / sum(walls), 3) if allocs else 0.0,
+        # The same estimated from a straight run's step time instead of the job log (drifts
+        # with the machine's load: the straight run shares the CPUs with a different crowd).
+        "use_share_from_straight_step": round(sum(gained) * step_s / allocated, 3)
+        if allocs
+        else 0.0,
         "wall_s": [round(w, 1) for w in walls],
         "bitwise_equal_straight": bool(finished and digest and s.digest == digest),
     }
+
+
+def report(series: list[Series], refs: dict[str, Any], steps: int, out: Path) -> None:
+    rows, results = [], []
+    for s in series:
+        ref = refs[f"{s.minutes}min"]
+        r = ref["pyrecover" if s.contestant == "pyrecover-train" else "lightning"]
+        f = figures(s, steps, r["step_s"], r["digest"])
+        results.append({**f, "series": asdict(s)})
+        rows.append([f"{s.minutes} min", f["contestant"], f["allocations"], f["use_share"],
+                     f["held_share"], f["lost_steps"], f["bitwise_equal_straight"],
+                     f["state"]])  # fmt: skip
+        print(json.dumps(f), flush=True)
+    print_table(
+        f"race: {steps} steps, one CPU thread each",
+        ["--time", "contestant", "allocations", "use", "held use", "lost", "bitwise", "state"],
+        rows,
+    )
+    payload = {"steps": steps, "margin": "slurmclock default", "straight": refs}
+    write_results("race", {**payload, "results": results}, out)
+
+
+def recompute(previous: Path, work: Path | None, out: Path) -> int:
+    if work is None:
+        raise SystemExit("race: --recompute needs --keep DIR, the work dir of that race")
+    data = json.loads(previous.read_text())
+    series = []
+    for r in data["results"]:
+        raw = dict(r["series"])
+        allocs = [Allocation(start=a["start"], end=a["end"]) for a in raw.pop("allocations")]
+        series.append(Series(**{**raw, "allocations": allocs}))
+    read_logs(series, work)
+    report(series, data["straight"], data["steps"], out)
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -313,7 +367,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=800, help="optimizer steps of the job")
     p.add_argument("--out", type=Path, default=RESULTS, help="where race.json goes")
     p.add_argument("--keep", type=Path, default=None, help="keep logs and checkpoints here")
+    p.add_argument(
+        "--recompute",
+        type=Path,
+        default=None,
+        help="no new race: re-derive the figures from a race.json whose --keep dir still exists",
+    )
     args = p.parse_args(argv)
+    if args.recompute is not None:
+        return recompute(args.recompute, args.keep, args.out)
     minutes = [int(x) for x in args.times.split(",")]
     localslurm = _load_localslurm()
     if (why := localslurm.unavailable_reason()) is not None:
@@ -324,29 +386,13 @@ def main(argv: list[str] | None = None) -> int:
     cache = work / "cache"
     print(f"race: {args.steps} steps, allocations of {minutes} min; work dir {work}", flush=True)
     warm_caches(work, cache)
-    rows, results, refs = [], [], {}
+    refs: dict[str, Any] = {}
+    all_series: list[Series] = []
     with localslurm.LocalCluster(work / "slurm", cpus=4) as cluster:
         for m in minutes:
-            series, ref = race(cluster, m, work, args.steps, cache)
-            refs[f"{m}min"] = ref
-            for s in series:
-                r = ref["pyrecover" if s.contestant == "pyrecover-train" else "lightning"]
-                f = figures(s, args.steps, r["step_s"], r["digest"])
-                results.append({**f, "series": asdict(s)})
-                rows.append([f"{m} min", f["contestant"], f["allocations"], f["use_share"],
-                             f["held_share"], f["lost_steps"], f["bitwise_equal_straight"],
-                             f["state"]])  # fmt: skip
-                print(json.dumps(f), flush=True)
-    print_table(
-        f"race: {args.steps} steps, one CPU thread each",
-        ["--time", "contestant", "allocations", "use", "held use", "lost", "bitwise", "state"],
-        rows,
-    )
-    write_results(
-        "race",
-        {"steps": args.steps, "margin": "slurmclock default", "straight": refs, "results": results},
-        args.out,
-    )
+            series, refs[f"{m}min"] = race(cluster, m, work, args.steps, cache)
+            all_series.extend(series)
+    report(all_series, refs, args.steps, args.out)
     if args.keep is None:
         shutil.rmtree(work, ignore_errors=True)
     return 0
