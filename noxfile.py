@@ -236,7 +236,7 @@ def train(session: nox.Session) -> None:
 @nox.session
 def integrations(session: nox.Session) -> None:
     """Lightning / Hugging Face integrations and examples/, against the real (pinned) libraries."""
-    _install(
+    _install_with_torch(
         session,
         "./packages/slurmclock[lightning,hf]",
         "./packages/ddpkit",

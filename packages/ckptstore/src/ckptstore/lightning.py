@@ -130,11 +130,11 @@ class CkptStoreIO(CheckpointIO):
             pointer = loc.storage.join(loc.root, "latest")
             if loc.storage.exists(pointer):
                 loc.storage.delete(pointer)
-            if not loc.storage.list_dir(loc.root):
-                loc.storage.rmdir(loc.root)
         with self._lock:
             self._stores.pop(url, None)
-        store.close()
+        store.close()  # releases the store's writer lock file in that folder
+        if committed and not loc.storage.list_dir(loc.root):
+            loc.storage.rmdir(loc.root)
 
     def teardown(self) -> None:
         """Wait for every save in flight (re-raising a failure) and close the stores."""
