@@ -203,6 +203,8 @@ def torchrun(root: Path, *args: str) -> list[dict[str, str]]:
     import sys
 
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "PYRECOVER_"))}
+    env["TMPDIR"] = str(root.parent / "tmp")  # torchrun's torchelastic_* folders stay in tmp_path
+    os.makedirs(env["TMPDIR"], exist_ok=True)
     worker = Path(__file__).with_name("lightning_ddp_worker.py")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
     out = subprocess.run(
