@@ -35,7 +35,7 @@ import torch
 from torch import nn
 
 from parquetlm import PackedLoader
-from parquetlm.torch import TorchLoader
+from parquetlm.torch import SizedLoader, TorchLoader
 from pyrecover_train.corpus import prepare_shakespeare
 from pyrecover_train.model import build_model, preset_config
 
@@ -74,26 +74,6 @@ class RaceLog(L.Callback):
         print(f"RACE step {trainer.global_step} {time.time():.3f}", flush=True)
 
 
-class Sized:
-    """``steps`` batches of a resumable loader, with a length: Lightning prefetches one batch
-    from a loader without ``__len__`` and saves its state after that batch (one batch ahead)."""
-
-    def __init__(self, loader: TorchLoader, steps: int) -> None:
-        self.loader, self.steps = loader, steps
-
-    def __len__(self) -> int:
-        return self.steps
-
-    def __iter__(self) -> Any:
-        return iter(self.loader)
-
-    def state_dict(self) -> dict[str, Any]:
-        return self.loader.state_dict()
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.loader.load_state_dict(state)
-
-
 def corpus_tokens(cache_dir: Path | None) -> np.ndarray:
     texts = pq.read_table(prepare_shakespeare(cache_dir), columns=["text"]).column("text")
     return np.frombuffer("\n".join(texts.to_pylist()).encode("utf-8"), dtype=np.uint8)
@@ -119,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     L.seed_everything(SEED, verbose=False)
     tokens = corpus_tokens(args.cache_dir)
     packed = PackedLoader(tokens, seq_len=SEQ_LEN, batch_size=BATCH, seed=SEED)
-    data = Sized(TorchLoader(packed), args.steps)
+    data = SizedLoader(TorchLoader(packed), args.steps)  # sized: no look-ahead
     callbacks: list[L.Callback] = [RaceLog()]
     plugins: list[Any] = []
     timer = None

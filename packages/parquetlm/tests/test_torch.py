@@ -134,3 +134,22 @@ def test_ranks_under_gloo_read_disjoint_shards_covering_the_epoch(
     assert sorted(everything) == list(range(n))  # disjoint, and together the whole epoch
     positions = sorted(p for r in per_rank for p, _ in r["windows"])
     assert positions == list(range(n))
+
+
+def test_sized_loader_tells_its_length_and_resumes_exactly() -> None:
+    from parquetlm.torch import SizedLoader
+
+    reference = [torch.from_numpy(b) for b in make().take(8)]
+    first = SizedLoader(TorchLoader(make()), 5)
+    assert len(first) == 5
+    it = iter(first)
+    got = [next(it) for _ in range(3)]
+    state = json.loads(json.dumps(first.state_dict()))
+    again = SizedLoader(TorchLoader(make()), 5)
+    again.load_state_dict(state)
+    it2 = iter(again)
+    got += [next(it2) for _ in range(5)]  # past the length: still the one endless stream
+    for a, b in zip(got, reference, strict=True):
+        assert torch.equal(a, b)
+    with pytest.raises(ValueError, match="batches per epoch"):
+        SizedLoader(TorchLoader(make()), 0)

@@ -19,7 +19,7 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from .loader import PackedLoader
 
-__all__ = ["PackedDataset", "TorchLoader"]
+__all__ = ["PackedDataset", "SizedLoader", "TorchLoader"]
 
 
 class PackedDataset(IterableDataset[tuple[int, torch.Tensor]]):
@@ -106,3 +106,30 @@ class TorchLoader:
     @property
     def epoch(self) -> int:
         return self.loader.epoch
+
+
+class SizedLoader:
+    """A :class:`TorchLoader` that says how many batches an epoch of the caller has.
+
+    Trainers such as Lightning prefetch one batch from a loader without ``__len__`` to find the
+    end of an epoch, and then save the loader's state one batch ahead: a resume would skip that
+    batch. With a length they do not look ahead, so the saved position is exact. Iteration still
+    continues the one endless stream; ``length`` only tells the trainer where its epoch ends.
+    """
+
+    def __init__(self, loader: TorchLoader, length: int) -> None:
+        if length < 1:
+            raise ValueError(f"length={length} must be >= 1 (batches per epoch of the trainer)")
+        self.loader, self.length = loader, int(length)
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __iter__(self) -> Iterator[torch.Tensor]:
+        return iter(self.loader)
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.loader.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.loader.load_state_dict(state)

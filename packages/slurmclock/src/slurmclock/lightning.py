@@ -272,7 +272,8 @@ def _warn_if_prefetched(loaders: Any) -> None:
             rank_zero_warn(
                 f"slurmclock: {type(loader).__name__} is resumable but has no __len__: Lightning "
                 "prefetches one batch from it and saves its state after that batch, so a resume "
-                "skips one batch; give it a __len__ (batches per epoch) for an exact resume"
+                "skips one batch; give it a __len__ (batches per epoch) for an exact resume, e.g. "
+                "parquetlm.torch.SizedLoader(loader, length)"
             )
 
 
