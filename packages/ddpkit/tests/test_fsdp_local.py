@@ -125,3 +125,45 @@ def test_no_sync_for_plain_and_ddp_models(launch: Any) -> None:
 def test_full_value_passes_plain_tensors_through() -> None:
     t = torch.ones(2)
     assert ddpkit.full_value(t) is t
+
+
+class Dropped(nn.Module):
+    """Net with dropout in each block: the recomputation must replay the same masks."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(
+            nn.Sequential(nn.Linear(8, 8), nn.Dropout(0.5), nn.GELU()) for _ in range(3)
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = x + layer(x)
+        return x
+
+
+def _grads(model: nn.Module) -> dict[str, torch.Tensor]:
+    torch.manual_seed(5)  # the same dropout masks for both models
+    model(torch.randn(4, 8)).pow(2).sum().backward()
+    return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def test_checkpoint_activations_without_sharding_keeps_names_and_bits() -> None:
+    torch.manual_seed(0)
+    plain = Dropped()
+    checkpointed = Dropped()
+    checkpointed.load_state_dict(plain.state_dict())
+    units = ddpkit.checkpoint_activations(checkpointed, blocks="layers")
+    assert units == list(checkpointed.layers)
+    assert list(checkpointed.state_dict()) == list(plain.state_dict())  # no wrapper prefix
+    calls: list[int] = []
+    checkpointed.layers[1][0].register_forward_hook(lambda *_: calls.append(1))
+    want, got = _grads(plain), _grads(checkpointed)
+    assert len(calls) == 2  # forward, and again in backward: the activations were recomputed
+    assert set(want) == set(got) and len(want) == 6
+    assert all(torch.equal(want[n], got[n]) for n in want)
+
+
+def test_checkpoint_activations_refuses_what_shard_model_refuses() -> None:
+    with pytest.raises(DistConfigError, match="blocks gave Dropped that is not a submodule"):
+        ddpkit.checkpoint_activations(Dropped(), blocks=lambda m: [m])

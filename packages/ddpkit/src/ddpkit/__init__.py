@@ -22,7 +22,14 @@ from ddpkit.determinism import CUBLAS_DETERMINISTIC, Determinism, set_determinis
 from ddpkit.dist import DEFAULT_TIMEOUT_S, TIMEOUT_ENV, Dist, InitOptions, init  # noqa: E402
 from ddpkit.env import DistInfo, Launcher, detect, master_port_for_job  # noqa: E402
 from ddpkit.errors import DistConfigError, InitInterrupted, PeerError  # noqa: E402
-from ddpkit.fsdp import ShardOptions, full_value, is_sharded, no_sync, shard_model  # noqa: E402
+from ddpkit.fsdp import (  # noqa: E402
+    ShardOptions,
+    checkpoint_activations,
+    full_value,
+    is_sharded,
+    no_sync,
+    shard_model,
+)
 from ddpkit.hostlist import expand_hostlist, first_host, parse_tasks_per_node  # noqa: E402
 from ddpkit.model import clean_state_dict, unwrap, wrap_ddp  # noqa: E402
 from ddpkit.ranklog import (  # noqa: E402
@@ -64,6 +71,7 @@ __all__ = [
     "ShardOptions",
     "WandbLogger",
     "capture_rng",
+    "checkpoint_activations",
     "clean_state_dict",
     "current_rank",
     "detect",

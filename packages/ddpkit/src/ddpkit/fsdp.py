@@ -109,15 +109,11 @@ def shard_model(
     units = _resolve_blocks(model, blocks)
     if opts.dtype is not None:
         model.to(dtype=opts.dtype)  # before sharding: the GPU only ever holds the small copy
+    if opts.activation_checkpointing:
+        checkpoint_activations(model, blocks=units)
     policy = MixedPrecisionPolicy(param_dtype=opts.param_dtype, reduce_dtype=opts.reduce_dtype)
     mesh = dist.mesh
     for block in units:
-        if opts.activation_checkpointing:
-            # The composable form keeps parameter names (a wrapper would add a prefix to every
-            # key and break loading checkpoints written without it).
-            from torch.distributed._composable import checkpoint
-
-            checkpoint(block)
         fully_shard(
             block, mesh=mesh, mp_policy=policy, reshard_after_forward=opts.reshard_after_forward
         )
@@ -125,6 +121,24 @@ def shard_model(
     # its parameters (embeddings, head) at once.
     fully_shard(model, mesh=mesh, mp_policy=policy)
     return model
+
+
+def checkpoint_activations(model: nn.Module, *, blocks: Blocks) -> list[nn.Module]:
+    """Recompute each block's activations in backward instead of keeping them (less memory,
+    about one more forward of compute), for a model that is not sharded (one process, DDP);
+    :func:`shard_model` does the same with ``activation_checkpointing=True``.
+
+    ``blocks`` as for :func:`shard_model`; returns the blocks. Apply it before wrapping the
+    model in DDP or ``torch.compile``. Torch's composable ``checkpoint`` is used, so parameter
+    names do not change (checkpoints load with or without it) and dropout replays the same RNG
+    draws in the recomputation: gradients are the very same bits.
+    """
+    from torch.distributed._composable import checkpoint
+
+    units = _resolve_blocks(model, blocks)
+    for block in units:
+        checkpoint(block)
+    return units
 
 
 def _resolve_blocks(model: nn.Module, blocks: Blocks) -> list[nn.Module]:
