@@ -63,6 +63,13 @@ def scenario(root: Path, rank: int) -> dict[str, object]:
         store.load(target)
         assert torch.equal(target["w"]["x"].full_tensor(), full)
         assert target["w"]["x"].to_local().shape == (32, 3)
+        # into a sharded target of another dtype: read sharded in the saved dtype, then cast
+        half = torch.zeros(64, 3, dtype=torch.bfloat16)
+        model = torch.nn.Module()
+        model.x = torch.nn.Parameter(distribute_tensor(half, mesh, [Shard(0)]))
+        store.load({"w": model})
+        assert model.x.dtype == torch.bfloat16 and model.x.to_local().shape == (32, 3)
+        assert torch.equal(model.x.full_tensor(), full.to(torch.bfloat16))
     # ranks agree on a fallback even when only one of them reads the corrupt bytes
     with CheckpointStore(str(root / "torch3"), format="torch") as store:
         store.save(2, make_state(2, big=BIG_DIST))

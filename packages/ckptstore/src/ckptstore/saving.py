@@ -220,7 +220,7 @@ class Saver:
         if not self.fmt.writes_on(self.rank, self.world_size):
             return
         enc = encode_state(state, allow_dtensor=self.format_name != "torch")
-        nbytes = sum(align_up(t.numel() * t.element_size()) for t in enc.tensors.values())
+        nbytes = sum(align_up(_local_nbytes(t)) for t in enc.tensors.values())
         nbytes += 2 * len(orjson.dumps(enc.tree)) + (1 << 20)  # header, padding
         cuda = any(t.is_cuda for t in enc.tensors.values())
         self.arena.reserve(nbytes, pin=cuda, nice=self.io.options.background_nice)
@@ -331,3 +331,10 @@ class Saver:
             err, self._pending = self._pending, None
         if err is not None:
             raise err
+
+
+def _local_nbytes(t: Any) -> int:
+    """Bytes this rank snapshots of ``t``: a DTensor's local shard, not its global size."""
+    if type(t).__name__ == "DTensor":
+        t = t.to_local()
+    return int(t.numel() * t.element_size())

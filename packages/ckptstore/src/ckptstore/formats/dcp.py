@@ -63,27 +63,24 @@ class DCPFormat:
         flat: dict[str, torch.Tensor] = dict(enc.tensors)
         event = None
         if ctx.background:
-            if any(type(t).__name__ == "DTensor" for t in flat.values()):
-                raise CheckpointError(
-                    "async save of sharded (DTensor) state is not supported yet; "
-                    "save with blocking=True"
-                )
-            cuda = any(t.is_cuda for t in flat.values())
+            # Sharded (DTensor) values: this rank's shard is what it writes, so the snapshot is
+            # a copy of the local shard, re-wrapped with the same sharding spec for DCP's plan.
+            local = {k: _local(t) for k, t in flat.items()}
+            cuda = any(t.is_cuda for t in local.values())
             offsets, pos = {}, 0
-            for k, t in flat.items():
+            for k, t in local.items():
                 pos = align_up(pos, TENSOR_ALIGN)
                 offsets[k] = pos
                 pos += t.numel() * t.element_size()
             buf = ctx.arena.take(max(pos, 1), pin=cuda)
             snap, pairs = {}, []
-            for k, t in flat.items():
+            for k, t in local.items():
                 n = t.numel() * t.element_size()
                 view = buf[offsets[k] : offsets[k] + n]
                 if n:
                     pairs.append((view, as_bytes(t)))
-                snap[k] = (
-                    view.view(t.dtype).view(t.shape) if n else torch.empty_like(t, device="cpu")
-                )
+                copy = view.view(t.dtype).view(t.shape) if n else torch.empty_like(t, device="cpu")
+                snap[k] = _rewrap(flat[k], copy)
             ctx.io.copy_all(pairs, cuda=cuda)
             flat = snap
             if cuda:
@@ -122,9 +119,10 @@ class DCPFormat:
             dtype, size = dtype_from_name(m["dtype"]), [int(x) for x in m["size"]]
             nbytes = dtype.itemsize * _prod(size)
             dt = sharded.get(k)
-            if dt is not None and list(dt.shape) == size and dt.dtype == dtype:
-                # the caller's tensor is sharded (FSDP2): DCP reads just this rank's shard
-                targets[k] = torch.empty_like(dt)
+            if dt is not None and list(dt.shape) == size:
+                # the caller's tensor is sharded (FSDP2): DCP reads just this rank's shard, in
+                # the saved dtype (load_state_dict casts it, e.g. fp32 weights into bf16 ones)
+                targets[k] = torch.empty_like(dt, dtype=dtype)
             elif nbytes >= _BIG:
                 targets[k] = aligned_empty(nbytes).view(dtype).view(size)
             else:
@@ -162,6 +160,29 @@ class DCPFormat:
         }
 
 
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """The tensor this rank holds: a DTensor's local shard, else the tensor itself."""
+    return t.to_local().detach() if _is_dtensor(t) else t  # type: ignore[attr-defined]
+
+
+def _rewrap(original: torch.Tensor, local_copy: torch.Tensor) -> torch.Tensor:
+    """``local_copy`` as ``original`` was: a DTensor with the same sharding spec (mesh,
+    placements, global shape) around the copy of its shard, or the plain copy.
+
+    The DTensor constructor takes the local tensor as it is (``DTensor.from_local`` would move
+    a CPU copy back to the mesh's GPU); torch's own async DCP staging does the same.
+    """
+    if not _is_dtensor(original):
+        return local_copy
+    from torch.distributed.tensor import DTensor
+
+    return DTensor(local_copy, original._spec, requires_grad=False)  # type: ignore[attr-defined]
+
+
+def _is_dtensor(t: torch.Tensor) -> bool:
+    return type(t).__name__ == "DTensor"
+
+
 @contextlib.contextmanager
 def _quiet() -> Iterator[None]:
     """dcp.save/load warn on every single-process call, which is how we use them outside a
@@ -183,7 +204,7 @@ def _sharded_targets(like: Mapping[str, Any], keys: Sequence[str]) -> dict[str, 
             enc = encode_state({key: like[key]}, allow_dtensor=True)
         except (CheckpointError, TypeError):
             continue
-        out.update((k, t) for k, t in enc.tensors.items() if type(t).__name__ == "DTensor")
+        out.update((k, t) for k, t in enc.tensors.items() if _is_dtensor(t))
     return out
 
 
