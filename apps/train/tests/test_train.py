@@ -199,6 +199,9 @@ def test_resume_when_already_finished_is_a_no_op(
         (["--dataset", "/no/such/data.parquet"], "--dataset/--tokenizer:"),
         (["--distributed"], "--distributed needs a launcher"),
         (["--tokenizer", "/no/such/tokenizer.json"], "no such file"),
+        (["--param-dtype", "bf16", "--model-dtype", "fp32"], "--param-dtype bf16 computes in bf16"),
+        (["--parallelism", "fsdp", "--model-dtype", "fp16"], "does not support --model-dtype fp16"),
+        (["--parallelism", "zero3"], "invalid choice: 'zero3'"),
     ],
 )
 def test_bad_start_is_one_line_exit_2_and_writes_nothing(
@@ -562,18 +565,13 @@ def test_dry_run_never_touches_a_folder_named_like_its_scratch(
 
 
 @pytest.mark.slow
-def test_distributed_dry_run(corpus: Path, cache_dir: Path, tmp_path: Path) -> None:
-    """--dry-run under torchrun (2 processes, DCP): the ranks agree on one scratch folder, all
-    write their shards and read them back, then it is removed."""
+@pytest.mark.parametrize("sharding", ["--use-torch-distributed-ckpt", "--parallelism=fsdp"])
+def test_distributed_dry_run(sharding: str, corpus: Path, cache_dir: Path, tmp_path: Path) -> None:
+    """--dry-run under torchrun (2 processes, DCP; DDP or FSDP): the ranks agree on one scratch
+    folder, all write their shards and read them back (FSDP: each its own DTensor shards),
+    then it is removed."""
     ckpt = tmp_path / "ckpt"
-    r = run_torchrun(
-        [
-            "--distributed",
-            "--use-torch-distributed-ckpt",
-            "--dry-run",
-            *tiny_flags(corpus, cache_dir, ckpt),
-        ]
-    )
+    r = run_torchrun(["--distributed", sharding, "--dry-run", *tiny_flags(corpus, cache_dir, ckpt)])
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "dry run OK: 1 step" in r.stdout
     assert "could not remove" not in r.stdout + r.stderr

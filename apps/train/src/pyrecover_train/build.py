@@ -12,8 +12,8 @@ import contextlib
 import logging
 import os
 import shutil
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -86,10 +86,12 @@ def check_launcher(cfg: TrainConfig) -> ddpkit.DistInfo:
     return info
 
 
-def join(cfg: TrainConfig) -> ddpkit.Dist:
+def join(cfg: TrainConfig, *, abort: Callable[[], bool] | None = None) -> ddpkit.Dist:
+    """The process group. While waiting for the other ranks, SIGTERM, Ctrl-C or ``abort()``
+    end the wait at once with :class:`ddpkit.InitInterrupted`."""
     device = None if cfg.device == "auto" else cfg.device
     try:
-        return ddpkit.init(distributed=cfg.distributed, device=device)
+        return ddpkit.init(distributed=cfg.distributed, device=device, abort=abort)
     except ddpkit.DistConfigError as e:  # raised before any network wait: a usage problem
         raise UsageError(f"--device/--distributed: {e}") from None
 
@@ -103,9 +105,10 @@ def parts(cfg: TrainConfig, dist: ddpkit.Dist) -> Parts:
     original = OriginalCheckpoint.read_if_file(cfg.resume_from_checkpoint)
     model_cfg = _model_config(cfg, data, original)
     model = build_model(model_cfg, seed=cfg.seed, device=dist.device)
-    model.to(precision.param_dtype)
-    train_model = _train_model(cfg, model, dist)
-    optimizer = _optimizer(cfg, model)
+    train_model = _train_model(cfg, model, dist, precision)
+    if cfg.parallelism == "fsdp":
+        precision = replace(precision, autocast_dtype=None)  # FSDP casts (mixed precision)
+    optimizer = _optimizer(cfg, model)  # after sharding: it must see the sharded parameters
     state = state_mod.TrainState(
         model=model,
         optimizer=optimizer,
@@ -125,17 +128,18 @@ def check_output_dirs(cfg: TrainConfig) -> None:
     _check_writable_dir(cfg.metrics_path.parent, "--metrics")
 
 
-def set_determinism(cfg: TrainConfig, dist: ddpkit.Dist) -> None:
+def set_determinism(cfg: TrainConfig, dist: ddpkit.Dist) -> ddpkit.Determinism:
+    """Seeds, and the kernels' determinism: CPU always (the bitwise-resume guarantee: same
+    inputs, same kernels, same bits); CUDA with --deterministic, else fast (TF32 on)."""
     try:
         ddpkit.seed_everything(cfg.seed, dist.rank)
     except ValueError as e:  # seed + rank beyond numpy's 32 bits
         raise UsageError(f"--seed: {e}") from None
-    if dist.device.type == "cpu":
-        # The bitwise-resume guarantee: same inputs, same kernels, same bits.
-        torch.use_deterministic_algorithms(True, warn_only=True)
-    else:
-        torch.backends.cuda.matmul.allow_tf32 = True
-        torch.backends.cudnn.allow_tf32 = True
+    # Before the first CUDA matmul: cuBLAS reads its workspace setting once.
+    determinism = ddpkit.set_determinism(dist.device, True if cfg.deterministic else None)
+    if cfg.deterministic or dist.device.type != "cpu":
+        log.info("%s", determinism.describe())
+    return determinism
 
 
 def _precision(cfg: TrainConfig, device: torch.device) -> Precision:
@@ -169,9 +173,68 @@ def _model_config(
         raise UsageError(str(e)) from None
 
 
-def _train_model(cfg: TrainConfig, model: GPT, dist: ddpkit.Dist) -> nn.Module:
-    train_model: nn.Module = ddpkit.wrap_ddp(model, dist)
+DTYPES = {
+    "fp16": torch.float16,
+    "bf16": torch.bfloat16,
+    "fp32": torch.float32,
+    "fp64": torch.float64,
+}
+
+
+def _train_model(
+    cfg: TrainConfig, model: GPT, dist: ddpkit.Dist, precision: Precision
+) -> nn.Module:
+    """The model as trained: sharded in place (FSDP2) or wrapped in DDP, then maybe compiled;
+    ``model`` stays the bare module (in its storage dtype) that checkpoints are made of."""
+    storage = DTYPES[cfg.storage_dtype]
+    train_model: nn.Module
+    if cfg.parallelism == "fsdp":
+        train_model = _shard(cfg, model, dist, storage, precision.autocast_dtype)
+    else:
+        model.to(storage)
+        if cfg.activation_checkpointing:
+            ddpkit.checkpoint_activations(model, blocks="layers")
+        train_model = ddpkit.wrap_ddp(model, dist)
+    if cfg.parallelism == "fsdp" or cfg.param_dtype or cfg.activation_checkpointing:
+        log.info("%s", describe_parallelism(cfg, dist.world_size))
     return _compile(train_model, dist.device) if cfg.compile else train_model
+
+
+def describe_parallelism(cfg: TrainConfig, world_size: int) -> str:
+    """One line: how the model is spread and stored, e.g. for the start of the log."""
+    how = (
+        "FSDP2 (sharded)" if cfg.parallelism == "fsdp" else "DDP" if world_size > 1 else "1 process"
+    )
+    parts = [f"weights {cfg.storage_dtype}", f"compute {cfg.model_dtype}"]
+    if cfg.parallelism == "fsdp":
+        parts.append("gradients reduced in fp32" if cfg.model_dtype == "bf16" else "")
+        parts.append("checkpoints sharded (dcp)")
+    if cfg.activation_checkpointing:
+        parts.append("activation checkpointing")
+    return f"parallelism: {how} x{world_size}; " + ", ".join(p for p in parts if p)
+
+
+def _shard(
+    cfg: TrainConfig,
+    model: GPT,
+    dist: ddpkit.Dist,
+    storage: torch.dtype,
+    compute: torch.dtype | None,
+) -> nn.Module:
+    """FSDP2 over every rank, one unit per transformer layer. Mixed precision is FSDP's own:
+    parameters are gathered in the compute dtype (half the traffic of fp32) and gradients are
+    reduced in fp32, so no autocast runs around the model."""
+    half = compute is not None and compute != storage
+    low = compute in (torch.bfloat16, torch.float16) or storage == torch.bfloat16
+    return ddpkit.shard_model(
+        model,
+        dist,
+        blocks="layers",
+        dtype=None if storage == torch.float32 else storage,
+        param_dtype=compute if half else None,
+        reduce_dtype=torch.float32 if low else None,
+        activation_checkpointing=cfg.activation_checkpointing,
+    )
 
 
 def _compile(module: nn.Module, device: torch.device) -> nn.Module:

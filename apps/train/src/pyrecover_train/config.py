@@ -26,6 +26,8 @@ from .model import PRESETS
 
 DTYPES = ("fp16", "bf16", "fp32", "fp64")
 DEVICES = ("auto", "cpu", "cuda")
+PARALLELISMS = ("ddp", "fsdp")
+PARAM_DTYPES = ("fp32", "bf16")
 MAX_INT = 2**63 - 1  # every count is stored as int64 (metrics, tensors, checkpoints)
 MAX_SEED = 2**32 - 1  # numpy's legacy generator takes 32-bit seeds
 
@@ -155,6 +157,11 @@ class TrainConfig:
     weight_decay: float = 0.1
     grad_clip: float = 1.0
     device: str = "auto"
+    # Parallelism, memory and reproducibility.
+    parallelism: str = "ddp"
+    param_dtype: str | None = None  # None: fp32 (fp64 with --model-dtype fp64)
+    activation_checkpointing: bool = False
+    deterministic: bool = False
     # Observability and evaluation.
     log_every: int = 10
     metrics: str | None = None
@@ -185,6 +192,7 @@ class TrainConfig:
         if not 0 <= self.seed <= MAX_SEED:
             raise ValueError(f"--seed must be between 0 and {MAX_SEED}, got {self.seed}")
         self._check_choices()
+        self._check_parallelism()
         _check_experiment_name(self.experiment_name)
         self._check_optimisation()
         self._check_checkpointing()
@@ -204,12 +212,34 @@ class TrainConfig:
             ("model_dtype", DTYPES),
             ("model_size", tuple(PRESETS)),
             ("device", DEVICES),
+            ("parallelism", PARALLELISMS),
         ):
             if getattr(self, name) not in choices:
                 raise ValueError(
                     f"unknown {_flag(name)} {getattr(self, name)!r}: pick one of "
                     + ", ".join(choices)
                 )
+
+    def _check_parallelism(self) -> None:
+        if self.param_dtype not in (None, *PARAM_DTYPES):
+            raise ValueError(
+                f"unknown --param-dtype {self.param_dtype!r}: pick one of {', '.join(PARAM_DTYPES)}"
+            )
+        if self.param_dtype == "bf16" and self.model_dtype != "bf16":
+            raise ValueError(
+                f"--param-dtype bf16 computes in bf16 but --model-dtype is {self.model_dtype}: "
+                "pass --model-dtype bf16 (or leave it out), or drop --param-dtype bf16"
+            )
+        if self.param_dtype == "fp32" and self.model_dtype == "fp64":
+            raise ValueError(
+                "--model-dtype fp64 keeps fp64 weights: drop --param-dtype fp32 (or pick "
+                "another --model-dtype)"
+            )
+        if self.parallelism == "fsdp" and self.model_dtype == "fp16":
+            raise ValueError(
+                "--parallelism fsdp does not support --model-dtype fp16 (fp16 needs a loss "
+                "scale that all shards agree on): use --model-dtype bf16, or --parallelism ddp"
+            )
 
     def _check_optimisation(self) -> None:
         if not self.learning_rate > 0:
@@ -301,7 +331,16 @@ class TrainConfig:
 
     @property
     def format(self) -> str:
-        return "dcp" if self.use_torch_distributed_ckpt else "torch"
+        """The checkpoint format: FSDP's sharded state is always saved sharded (dcp)."""
+        sharded = self.use_torch_distributed_ckpt or self.parallelism == "fsdp"
+        return "dcp" if sharded else "torch"
+
+    @property
+    def storage_dtype(self) -> str:
+        """What the weights, gradients and optimizer moments are stored in."""
+        if self.param_dtype is not None:
+            return self.param_dtype
+        return "fp64" if self.model_dtype == "fp64" else "fp32"
 
     @property
     def tokens_per_step(self) -> int:
@@ -455,7 +494,12 @@ FLAGS: tuple[Flag, ...] = (
         Flag("learning_rate", _finite, "peak learning rate"),
         Flag("training_steps", _whole, "optimizer steps in total"),
         Flag("distributed", SWITCH, "torch.distributed under torchrun or srun"),
-        Flag("model_dtype", str, "bf16/fp16: autocast, fp32 weights", choices=DTYPES),
+        Flag(
+            "model_dtype",
+            str,
+            "compute dtype; bf16/fp16 run over fp32 weights (see --param-dtype)",
+            choices=DTYPES,
+        ),
         Flag("checkpoint_dir", str, "local checkpoint root"),
         Flag("checkpoint_frequency", _whole, "save every N steps, 0 or -1 = off"),
         Flag(
@@ -515,6 +559,35 @@ FLAGS: tuple[Flag, ...] = (
         Flag("weight_decay", _finite, "AdamW weight decay"),
         Flag("grad_clip", _finite, "clip the gradient norm, 0 = off", aliases=("grad_max_norm",)),
         Flag("device", str, "auto = CUDA when available", choices=DEVICES),
+    ),
+    *_group(
+        "parallelism, memory, reproducibility",
+        Flag(
+            "parallelism",
+            str,
+            "ddp: every rank holds the whole model; fsdp: weights, gradients and optimizer "
+            "state sharded over the ranks (FSDP2), checkpoints sharded (dcp)",
+            choices=PARALLELISMS,
+        ),
+        Flag(
+            "param_dtype",
+            str,
+            "what weights, gradients and AdamW moments are stored in; bf16 halves them (the "
+            "original PyRecover's --model-dtype bf16; implies --model-dtype bf16)",
+            choices=PARAM_DTYPES,
+            shown="fp32 (fp64 with --model-dtype fp64)",
+        ),
+        Flag(
+            "activation_checkpointing",
+            SWITCH,
+            "recompute each layer's activations in backward: less memory, ~1/3 more compute",
+        ),
+        Flag(
+            "deterministic",
+            SWITCH,
+            "bitwise-reproducible GPU runs: deterministic kernels, no TF32, math attention "
+            "(slower); CPU runs are deterministic anyway",
+        ),
     ),
     *_group(
         "observability",
@@ -629,6 +702,8 @@ def config_from_args(argv: list[str] | None) -> TrainConfig:
         eval_every = ns.get("eval_every", values.get("eval_every", 0))
         values["val_fraction"] = DEFAULT_VAL_FRACTION if eval_every else 0.0
     values.update(ns)
+    if values.get("param_dtype") == "bf16" and "model_dtype" not in ns:
+        values["model_dtype"] = "bf16"  # bf16 storage computes in bf16
     if "checkpoint_interval_seconds" in ns and "checkpoint_frequency" not in ns:
         values["checkpoint_frequency"] = 0  # a time interval replaces the step frequency
     for name in ("keep_last", "keep_every", "keep_best"):

@@ -15,7 +15,7 @@ import ckptstore
 import ddpkit
 
 from .config import TrainConfig
-from .state import TrainState, tensors_equal
+from .state import TrainState, clone_tree, tensors_equal
 
 log = logging.getLogger("pyrecover_train")
 
@@ -47,8 +47,8 @@ def dry_run(
         report = scratch.verify(state.step)
         if not report.ok:
             raise RuntimeError(f"dry run: the checkpoint does not verify: {report.summary()}")
-        _, loaded = scratch.read(state.step)
         live = state.live()
+        loaded = _read_back(scratch, state.step, live, sharded=state.sharded)
         diffs = tensors_equal(live, {k: loaded[k] for k in live})
         if diffs:
             raise RuntimeError(
@@ -69,6 +69,18 @@ def dry_run(
         save_s,
         report.bytes_checked / 1e6,
     )
+
+
+def _read_back(
+    store: ckptstore.CheckpointStore, step: int, live: dict[str, Any], *, sharded: bool
+) -> dict[str, Any]:
+    """The saved values as they were saved: sharded state is read into copies of the live
+    DTensors (each rank reads its own shards, as a resume does), the rest as plain values."""
+    if not sharded:
+        return store.read(step)[1]
+    template = clone_tree(live)
+    store.load(template, step)
+    return template
 
 
 def _scratch_name(cfg: TrainConfig, dist: ddpkit.Dist) -> str:

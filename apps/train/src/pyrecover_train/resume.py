@@ -11,7 +11,6 @@ from typing import Any
 import ckptstore
 import ddpkit
 
-from . import rng
 from .config import TrainConfig, UsageError
 from .legacy import OriginalCheckpoint
 from .model import ModelConfig
@@ -46,6 +45,11 @@ class Resume:
         """Resume (or refuse to clobber); returns what it resumed from, None for step 0."""
         target = self.cfg.resume_from_checkpoint
         if original is not None:
+            if self.state.sharded:
+                raise UsageError(
+                    "an original PyRecover checkpoint is imported with --parallelism ddp (its "
+                    "weights and optimizer are whole tensors): drop --parallelism fsdp"
+                )
             original.apply(self.state, self.cfg.model_size)
             self._reseed("the original PyRecover saved no RNG states")
             reapply_flags(self.state, self.cfg)
@@ -118,6 +122,14 @@ class Resume:
                     + "): resume with the same --model-size/--tokenizer or start a new "
                     "--experiment_name"
                 )
+        args = meta.get("args")
+        was = args.get("parallelism", "ddp") if isinstance(args, dict) else "ddp"
+        if was != self.cfg.parallelism:
+            raise UsageError(
+                f"the checkpoint was written with --parallelism {was} (its optimizer state is "
+                f"laid out for it): resume with --parallelism {was}, or start a new "
+                "--experiment_name"
+            )
         tokenizer = meta.get("tokenizer")
         if tokenizer and tokenizer != self.tokenizer:
             raise UsageError(
@@ -126,18 +138,19 @@ class Resume:
             )
 
     def _restore_rng(self, saved: dict[str, Any], saved_world: int) -> None:
-        key = rng.rank_key(self.dist.rank)
-        if saved_world == self.dist.world_size and key in saved:
-            rng.restore(saved[key], self.dist.device)
-            return
-        self._reseed(
-            f"world size changed ({saved_world} in the checkpoint, {self.dist.world_size} now)"
-        )
+        """Each rank's own RNG states back (same world size: bitwise), else re-seeded."""
+        got = ddpkit.restore_rng(saved, self.dist, seed=self.cfg.seed, step=self.state.step)
+        if got.how == "reseeded":
+            now = self.dist.world_size
+            why = f"world size changed ({saved_world} in the checkpoint, {now} now)"
+            self._log_reseed(why, got.seed)
 
     def _reseed(self, why: str) -> None:
-        """Seam: ddpkit's RNG capture/restore for every rank replaces rng.py in one line."""
         cfg, step, rank = self.cfg, self.state.step, self.dist.rank
-        seed = rng.reseed(cfg.seed, step, rank, self.dist.device)
+        self._log_reseed(why, ddpkit.reseed_rng(cfg.seed, step, rank, self.dist.device))
+
+    def _log_reseed(self, why: str, seed: int | None) -> None:
+        cfg, step, rank = self.cfg, self.state.step, self.dist.rank
         log.info(
             "%s: RNGs re-seeded from (seed %d, step %d, rank %d) -> %d; data continues at "
             "global position %d",
@@ -194,7 +207,7 @@ def schedule_changes(
             )
     at = step if isinstance(step, int) else 0
     lines = [*_tokens_change(old, cfg, old_world, world), *_lr_change(old, cfg, at)]
-    return lines + _dtype(old, cfg)
+    return lines + _dtype(old, cfg) + _storage(old, cfg)
 
 
 def _differs(old: dict[str, Any], cfg: TrainConfig, *names: str) -> list[str]:
@@ -256,6 +269,8 @@ def _dtype(old: dict[str, Any], cfg: TrainConfig) -> list[str]:
         "bf16": "weights and optimizer state stay fp32; the matmuls run under bf16 autocast",
         "fp16": "weights and optimizer state stay fp32; the matmuls run under fp16 autocast",
     }
+    if cfg.storage_dtype == "bf16":
+        effects["bf16"] = "the model computes in bf16 (and stores its weights in bf16: below)"
     scaler = ""
     if now == "fp16":
         scaler = "; a new GradScaler starts at its initial scale"
@@ -264,4 +279,18 @@ def _dtype(old: dict[str, Any], cfg: TrainConfig) -> list[str]:
     return [
         f"resume with --model-dtype {was} -> {now}: {effects[now]}{scaler} (the numbers are no "
         "longer bitwise those of a run that kept one dtype)"
+    ]
+
+
+def _storage(old: dict[str, Any], cfg: TrainConfig) -> list[str]:
+    """A new --param-dtype: the checkpoint's weights and AdamW moments are cast on load."""
+    if "model_dtype" not in old:
+        return []  # a checkpoint of before --param-dtype: stored in fp32 (fp64)
+    was = old.get("param_dtype") or ("fp64" if old["model_dtype"] == "fp64" else "fp32")
+    if was == cfg.storage_dtype:
+        return []
+    return [
+        f"resume with --param-dtype {was} -> {cfg.storage_dtype}: the weights and AdamW moments "
+        f"are cast to {cfg.storage_dtype} as they load (the numbers are no longer bitwise those "
+        "of a run that kept one dtype)"
     ]

@@ -8,6 +8,10 @@ Checkpoint layout (every rank passes identical content, so a sharded format dedu
      "data": the PackedLoader (its global position), "step": int,
      "rng": {"rank0": {...}, "rank1": {...}, ...}}   # every rank's RNG states, as tensors
 
+With FSDP (a sharded model) "model" and "optim" are ckptstore's ``ModelState`` and
+``OptimizerState``: each rank's DTensor shards (nothing gathered), the optimizer state keyed by
+parameter name so that it follows its parameter onto another world size.
+
 ckptstore calls ``state_dict()`` of the objects when saving and ``load_state_dict()`` when
 loading; "rng" and "step" come back as values.
 """
@@ -20,6 +24,8 @@ from typing import Any
 import torch
 from torch import nn
 
+import ddpkit
+from ckptstore.sharded import ModelState, OptimizerState
 from parquetlm import PackedLoader
 
 
@@ -48,18 +54,24 @@ class TrainState:
             objects["scaler"] = {}
         return {**objects, "rng": {}, "step": -1}
 
+    @property
+    def sharded(self) -> bool:
+        return ddpkit.is_sharded(self.model)
+
     def live(self) -> dict[str, Any]:
-        """The comparable values now (the dry run checks a read-back against them)."""
-        return {
-            "model": self.model.state_dict(),
-            "optim": self.optimizer.state_dict(),
-            "data": self.loader.state_dict(),
-        }
+        """The comparable values now, as a save writes them (the dry run checks a read-back
+        against them); DTensors when sharded."""
+        objects = self._objects()
+        return {k: objects[k].state_dict() for k in ("model", "optim", "data")}
 
     def _objects(self) -> dict[str, Any]:
+        model: Any = self.model
+        optim: Any = self.optimizer
+        if self.sharded:
+            model, optim = ModelState(self.model), OptimizerState(self.model, self.optimizer)
         return {
-            "model": self.model,
-            "optim": self.optimizer,
+            "model": model,
+            "optim": optim,
             "sched": self.scheduler,
             "scaler": self.scaler if self.scaler is not None else {},
             "data": self.loader,
@@ -97,8 +109,15 @@ def tensors_equal(a: Any, b: Any) -> list[str]:
     return out
 
 
+def local(t: torch.Tensor) -> torch.Tensor:
+    """What this rank holds of ``t``: a DTensor's local shard, else ``t``."""
+    to_local = getattr(t, "to_local", None)
+    return to_local() if callable(to_local) else t
+
+
 def _diff(a: Any, b: Any, path: str, out: list[str]) -> None:
     if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
+        a, b = local(a), local(b)  # shards compare shard by shard, on each rank
         if a.shape != b.shape or a.dtype != b.dtype or not torch.equal(a.cpu(), b.cpu()):
             out.append(path or "<root>")
     elif isinstance(a, dict) and isinstance(b, dict):

@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+import ddpkit
 from parquetlm import PackedLoader
 
 from .config import TrainConfig
@@ -29,6 +30,10 @@ class Stepper:
         self.cfg, self.state, self.train_model, self.precision = cfg, state, train_model, precision
         self.device = next(state.model.parameters()).device
         self.grad_norm: torch.Tensor | None = None  # of the last step, when clipping
+        # What reduces the gradients: FSDP shards in place (the bare module is the FSDP root,
+        # also under torch.compile); DDP wraps (and torch.compile forwards its no_sync).
+        self._sharded = ddpkit.is_sharded(state.model)
+        self._reducer = state.model if self._sharded else train_model
 
     def train_step(self) -> torch.Tensor:
         """One optimizer step; returns the mean loss (on device, not synchronised: reading it
@@ -38,9 +43,8 @@ class Stepper:
         for micro in range(cfg.grad_accum):
             x, y = self._batch(s.loader)
             last = micro == cfg.grad_accum - 1
-            # DDP: all-reduce gradients only on the last micro-batch.
-            no_sync = getattr(model, "no_sync", None)
-            sync = contextlib.nullcontext() if last or no_sync is None else no_sync()
+            # DDP / FSDP: reduce gradients only on the last micro-batch.
+            sync = contextlib.nullcontext() if last else ddpkit.no_sync(self._reducer)
             with sync:
                 with self.precision.autocast(self.device):
                     logits = model(x)
@@ -50,7 +54,8 @@ class Stepper:
         if s.scaler is not None:
             s.scaler.unscale_(s.optimizer)
         if cfg.grad_clip > 0:
-            self.grad_norm = torch.nn.utils.clip_grad_norm_(s.model.parameters(), cfg.grad_clip)
+            norm = torch.nn.utils.clip_grad_norm_(s.model.parameters(), cfg.grad_clip)
+            self.grad_norm = ddpkit.full_value(norm)  # FSDP: a DTensor, the same on every rank
         if s.scaler is not None:
             s.scaler.step(s.optimizer)
             s.scaler.update()
@@ -77,6 +82,10 @@ class Stepper:
                 logits = self.state.model(batch[:, :-1])
             total += lm_loss(logits, batch[:, 1:]).double()
             n += 1
+        if self._sharded:
+            # FSDP's root stays gathered after a forward that no backward follows: shard it
+            # again, or the optimizer and the checkpoint would see whole tensors.
+            self.state.model.reshard()  # type: ignore[operator]
         self.train_model.train()
         return total / max(n, 1)
 

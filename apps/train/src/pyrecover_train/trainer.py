@@ -17,6 +17,8 @@ from __future__ import annotations
 import enum
 import logging
 import math
+import signal
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -28,7 +30,7 @@ import torch
 import ddpkit
 import slurmclock
 
-from . import build, logs, rng
+from . import build, logs
 from .config import TrainConfig, UsageError
 from .console import Console, LossWindow
 from .dryrun import dry_run
@@ -36,6 +38,7 @@ from .perf import peak_flops
 from .profiling import StepProfiler
 from .resume import Resume, first_line
 from .schedule import SaveSchedule
+from .state import local
 from .step import OutOfMemory, Stepper, memory_guard
 
 __all__ = [
@@ -117,7 +120,11 @@ def _session(cfg: TrainConfig, body: Callable[[Trainer], RunResult]) -> RunResul
     try:
         info = build.check_launcher(cfg)
         logs.setup(info.rank)
-        with build.join(cfg) as dist:
+        try:  # a stop signal ends the wait for the other ranks at once
+            dist = build.join(cfg, abort=lambda: signals.requested)
+        except ddpkit.InitInterrupted as e:
+            return _interrupted(e, signals)
+        with dist:
             trainer = Trainer(cfg, dist, signals)
             try:
                 return body(trainer)
@@ -129,6 +136,17 @@ def _session(cfg: TrainConfig, body: Callable[[Trainer], RunResult]) -> RunResul
     finally:
         logs.teardown()
         signals.restore()
+
+
+def _interrupted(e: ddpkit.InitInterrupted, signals: slurmclock.StopSignals) -> RunResult:
+    """A stop signal came while waiting for the other ranks: one line, exit 128 + signal
+    (as if the signal had ended the process; nothing was written)."""
+    signum = e.signum
+    if signum is None and signals.received:  # abort(): our own flag saw the signal
+        signum = int(getattr(signal, signals.received, signal.SIGTERM))
+    signum = signum or int(signal.SIGTERM)
+    print(f"pyrecover-train: {e}", file=sys.stderr, flush=True)
+    return RunResult(exit_code=128 + signum, step=0, start_step=0, reason=str(e))
 
 
 class Trainer:
@@ -220,20 +238,16 @@ class Trainer:
         self._record_finished_saves()
 
     def _agree(self, evaluated: bool) -> tuple[StopCause, bool]:
-        """(stop cause, save now?) agreed by all ranks in one all-reduce.
-
-        Seam: ddpkit's cheap agreement helper replaces the tensor all-reduce in one line.
-        """
+        """(stop cause, save now?) agreed by all ranks in one tiny all-reduce (the maximum
+        of each: any rank's stop or save wins)."""
         decision = self.budget.should_stop()
         cause = StopCause.NONE
         if decision.stop:
             cause = StopCause.SIGNAL if self.stop_flag.requested else StopCause.TIME
         due = self.schedule.due(self.state.step, evaluated)
         cannot = due and not self.schedule.may_start()
-        if self.dist.world_size > 1:
-            votes = torch.tensor([int(cause), int(due), int(cannot)], device=self.device)
-            agreed = [int(v) for v in self.dist.all_reduce(votes, op="max").tolist()]
-            cause, due, cannot = StopCause(agreed[0]), bool(agreed[1]), bool(agreed[2])
+        code, due_i, cannot_i = self.dist.agree(int(cause), int(due), int(cannot))
+        cause, due, cannot = StopCause(code), bool(due_i), bool(cannot_i)
         if cause != StopCause.NONE:
             self.stop_reason = decision.reason if decision.stop else "another rank asked to stop"
         elif due and cannot:
@@ -292,9 +306,9 @@ class Trainer:
 
     def _checkpoint(self) -> tuple[dict[str, Any], dict[str, Any]]:
         """(what a save writes, its JSON metadata). Every rank's RNG states go into one entry,
-        so every rank saves the same content (seam: ddpkit's RNG capture for every rank)."""
+        so every rank saves the same content."""
         s, cfg = self.state, self.cfg
-        all_rng = self.dist.all_gather_object(rng.capture(self.device))
+        rng = ddpkit.capture_rng(self.dist)  # a collective: {"rank0": ..., "rank1": ...}
         meta: dict[str, Any] = {
             "step": s.step,
             "model": self.model_cfg.to_dict(),
@@ -308,13 +322,17 @@ class Trainer:
         }
         if self.last_val is not None and self.evaluated_at == s.step:
             meta["val_loss"] = self.last_val  # only when measured at this very step
-        return s.checkpoint({rng.rank_key(r): st for r, st in enumerate(all_rng)}), meta
+        return s.checkpoint(rng), meta
 
     def _check_finite(self) -> None:
         """Never save NaN/inf weights over good checkpoints (keep_last would rotate them out).
-        One reduction per tensor and one sync; cheap next to the save it guards."""
-        sums = torch.stack([p.detach().sum() for p in self.state.model.parameters()])
-        if not bool(torch.isfinite(sums).all()):
+        One reduction per tensor and one sync; cheap next to the save it guards. Sharded: each
+        rank checks its shards and the ranks agree."""
+        sums = torch.stack([local(p.detach()).sum() for p in self.state.model.parameters()])
+        finite = bool(torch.isfinite(sums).all())
+        if self.state.sharded:
+            finite = self.dist.all_ranks(finite)
+        if not finite:
             raise TrainingDiverged(
                 f"the weights are NaN/inf at step {self.state.step}: stopping without saving "
                 f"(the checkpoints hold step {self.schedule.last_step} and earlier); resume from "
