@@ -1,11 +1,23 @@
 #!/usr/bin/env bash
-# What one GPU runs in under 10 minutes: pyrecover-train MFU for the 1b preset (sequence 2048,
-# bf16 autocast, torch.compile, fused AdamW) on a generated corpus (nothing is downloaded),
-# checkpoint blocking time async vs sync from GPU memory (~1.5B parameters + AdamW state) and
-# cold load time against torch.save/torch.load, and the 8b shape's MFU when it fits in memory.
+# What one GPU measures, in stages (each well under 10 minutes on an H100; all: ~35 minutes):
+#   mfu     pyrecover-train MFU of the 1b preset (sequence 2048, bf16 autocast, torch.compile,
+#           fused AdamW) on a generated corpus (nothing is downloaded)
+#   det     the throughput cost of --deterministic: the 1b preset with and without, same shapes
+#   resume  the deterministic resume check: a 125m run vs the same run SIGKILLed twice at random
+#           moments and resumed, compared bitwise (eager; compiled; FSDP at world size 1), and the
+#           control (the default, fast mode: expected to differ)
+#   fsdp    --parallelism fsdp at world size 1 vs the DDP path, 1b, same shapes
+#   ckpt    checkpoint blocking time async vs sync from GPU memory (~1.5B parameters + AdamW
+#           state) and cold load time, against torch.save/torch.load
+#   8b      the 8b preset on one GPU: bf16 weights, gradients and AdamW moments (--param-dtype
+#           bf16) with activation checkpointing, when they fit
+# Every training run also reports its start-up: launch -> first finished step (start event).
 #
-#   bench/gpu.sh DIR                 results (JSON, logs) go to DIR; run from a copy of the repo
-#   bench/gpu.sh --cpu-smoke DIR     every step with tiny sizes on CPU (checks the script)
+#   bench/gpu.sh [DIR]                 results (JSON, logs) go to DIR, default
+#                                      bench/results/gpu-<device>/ (gpu-h100, ...); run from a copy
+#                                      of the repo
+#   bench/gpu.sh --only det,resume DIR some stages (a later run adds to DIR; the summary reads all)
+#   bench/gpu.sh --cpu-smoke DIR       every stage with tiny sizes on CPU (checks the script)
 #
 # It makes a virtualenv (python3 -m venv --system-site-packages, so a preinstalled CUDA torch is
 # reused; else `pip install torch`, or $TORCH_SPEC), installs ./packages/* and ./apps/train into
@@ -15,22 +27,40 @@
 # ~40 GB free), GPU_BENCH_STEPS (40), GPU_BENCH_BATCH (8), GPU_BENCH_REPEATS (2), TORCH_SPEC.
 set -euo pipefail
 
-usage() { echo "usage: bench/gpu.sh [--cpu-smoke] DIR   (DIR: where results and logs go)" >&2; exit 2; }
+STAGES="mfu det resume fsdp ckpt 8b"
+usage() {
+  echo "usage: bench/gpu.sh [--cpu-smoke] [--only STAGE,...] [DIR]   (stages: ${STAGES// /, })" >&2
+  exit 2
+}
 SMOKE=0
 DIR=""
-for arg in "$@"; do
-  case "$arg" in
+ONLY="$STAGES"
+while (( $# )); do
+  case "$1" in
     --cpu-smoke) SMOKE=1 ;;
-    -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
-    -*) echo "bench/gpu.sh: unknown option $arg" >&2; usage ;;
-    *) [[ -z "$DIR" ]] || { echo "bench/gpu.sh: one DIR only (got $DIR and $arg)" >&2; usage; }
-       DIR="$arg" ;;
+    --only) (( $# > 1 )) || usage; ONLY="${2//,/ }"; shift ;;
+    --only=*) ONLY="${1#--only=}"; ONLY="${ONLY//,/ }" ;;
+    -h|--help) sed -n '2,29p' "$0"; exit 0 ;;
+    -*) echo "bench/gpu.sh: unknown option $1" >&2; usage ;;
+    *) [[ -z "$DIR" ]] || { echo "bench/gpu.sh: one DIR only (got $DIR and $1)" >&2; usage; }
+       DIR="$1" ;;
   esac
+  shift
 done
-[[ -n "$DIR" ]] || usage
+for stage in $ONLY; do
+  [[ " $STAGES " == *" $stage "* ]] || { echo "bench/gpu.sh: unknown stage '$stage'" >&2; usage; }
+done
+want() { [[ " $ONLY " == *" $1 "* ]]; }
 command -v python3 >/dev/null || { echo "bench/gpu.sh: python3 not found: install Python >= 3.10" >&2; exit 1; }
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+if [[ -z "$DIR" ]]; then
+  [[ "$SMOKE" == 0 ]] || { echo "bench/gpu.sh: --cpu-smoke needs a DIR (not the committed results)" >&2; usage; }
+  gpu="$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1 | tr '[:upper:]' '[:lower:]')" || true
+  slug="$(grep -oE '\b[a-z]+[0-9]{2,4}[a-z]*\b' <<< "${gpu#nvidia }" | head -n 1)" || true
+  [[ -n "$slug" ]] || { echo "bench/gpu.sh: no GPU name from nvidia-smi: give DIR" >&2; usage; }
+  DIR="$REPO/bench/results/gpu-$slug"
+fi
 mkdir -p "$DIR"
 DIR="$(cd "$DIR" && pwd)"
 VENV="${GPU_BENCH_VENV:-/tmp/pyrecover-gpu-venv}"
@@ -51,11 +81,19 @@ say() { printf '[gpu.sh %4ds] %s\n' "$((SECONDS - T0))" "$*" | tee -a "$DIR/gpu.
 if [[ "$SMOKE" == 1 ]]; then
   SIZE=tiny SEQ=64 BATCH=2 STEPS=12 SKIP=4 LOG_EVERY=2 REPEATS=1 DEVICE=cpu
   TRAIN_FLAGS=(--device cpu --model-dtype bf16 --fused-optimizer)  # eager: CPU compile is slow
+  COMPILED=()
+  BIG=tiny BIG_SEQ=64 BIG_BYTES=0  # the 8b stage's flags on the tiny model
+  RESUME_SIZE=tiny RESUME_FLAGS=(--device cpu --sequence-length 64 --batch-size 2)
+  RESUME_STEPS=24 RESUME_EVERY=4
   DOCS=200
 else
   SIZE=1b SEQ=2048 BATCH="${GPU_BENCH_BATCH:-8}" STEPS="${GPU_BENCH_STEPS:-40}" SKIP=10 LOG_EVERY=5
   REPEATS="${GPU_BENCH_REPEATS:-2}" DEVICE=cuda
   TRAIN_FLAGS=(--device cuda --model-dtype bf16 --compile --fused-optimizer)
+  COMPILED=(--compile --fused-optimizer)
+  BIG=8b BIG_SEQ=2048 BIG_BYTES=8  # bf16 weights + grads + AdamW moments: 8 bytes a parameter
+  RESUME_SIZE=125m RESUME_FLAGS=(--device cuda --sequence-length 2048 --batch-size 4)
+  RESUME_STEPS=30 RESUME_EVERY=5
   DOCS=4000
 fi
 
@@ -111,58 +149,110 @@ fi
   echo "bench/gpu.sh: the packages do not import in $VENV (see above)" >&2; exit 1; }
 say "installed"
 
-# -- 3. MFU ----------------------------------------------------------------------------------
+# -- 3. the runs ------------------------------------------------------------------------------
 "$PY" "$REPO/bench/gpu.py" corpus "$WORK/corpus.parquet" --docs "$DOCS" >> "$DIR/gpu.log"
+DATA=(--dataset "$WORK/corpus.parquet" --tokenizer byte --cache-dir "$WORK/cache")
 
-run_train() {  # NAME SIZE BATCH ACCUM SECONDS: one bounded pyrecover-train run; status 0 = ok
-  local name=$1 size=$2 batch=$3 accum=$4 limit=$5 rc=0
-  rm -rf "$WORK/ckpt"
+run_train() {  # NAME SIZE SEQ BATCH ACCUM SECONDS [FLAGS...]: one bounded run; status 0 = ok
+  local name=$1 size=$2 seq=$3 batch=$4 accum=$5 limit=$6 rc=0
+  shift 6
+  rm -rf "$WORK/ckpt" "$DIR/$name.metrics.jsonl" "$DIR/$name.log"
   if command -v nvidia-smi >/dev/null; then
     nvidia-smi --query-gpu=timestamp,memory.used,utilization.gpu --format=csv -l 1 \
       > "$DIR/$name.smi.csv" 2>/dev/null &
     SMI_PID=$!
   fi
-  say "$name: pyrecover-train --model-size $size, batch $batch x accum $accum, $STEPS steps"
-  timeout "$limit" "$PY" -m pyrecover_train --dataset "$WORK/corpus.parquet" --tokenizer byte \
-    --cache-dir "$WORK/cache" --model-size "$size" --sequence-length "$SEQ" \
-    --batch-size "$batch" --grad-accum "$accum" --training-steps "$STEPS" \
-    --log-every "$LOG_EVERY" --eval-every 0 --checkpoint-frequency 0 \
-    --checkpoint-dir "$WORK/ckpt" --experiment_name "$name" --metrics "$DIR/$name.metrics.jsonl" \
-    "${TRAIN_FLAGS[@]}" > "$DIR/$name.log" 2>&1 || rc=$?
+  say "$name: pyrecover-train --model-size $size, seq $seq, batch $batch x accum $accum $*"
+  # SIGKILLed once step $STEPS is logged: the measurement needs no final save (8b: 48 GB).
+  "$PY" "$REPO/bench/gpu.py" train "$DIR/$name.metrics.jsonl" --steps "$STEPS" \
+    --log "$DIR/$name.log" --timeout "$limit" -- "${DATA[@]}" --model-size "$size" \
+    --sequence-length "$seq" --batch-size "$batch" --grad-accum "$accum" \
+    --training-steps "$((STEPS + 1000))" --log-every "$LOG_EVERY" --eval-every 0 \
+    --checkpoint-frequency 0 --checkpoint-dir "$WORK/ckpt" --experiment-name "$name" \
+    --metrics "$DIR/$name.metrics.jsonl" "${TRAIN_FLAGS[@]}" "$@" || rc=$?
   [[ -n "$SMI_PID" ]] && { kill "$SMI_PID" 2>/dev/null || true; wait "$SMI_PID" 2>/dev/null || true; SMI_PID=""; }
-  rm -rf "$WORK/ckpt"  # the run's final checkpoint: disk for the checkpoint benchmark
+  rm -rf "$WORK/ckpt"
   if [[ $rc != 0 ]]; then
     say "$name: exit $rc ($( [[ $rc == 124 ]] && echo "over ${limit}s" || tail -n 1 "$DIR/$name.log"))"
     return $rc
   fi
   "$PY" "$REPO/bench/gpu.py" mfu "$DIR/$name.metrics.jsonl" "$DIR/$name.json" --skip "$SKIP" \
-    --label "$name: $size, seq $SEQ, batch $batch x $accum" --smi "$DIR/$name.smi.csv" \
-    --extra "{\"model_size\": \"$size\", \"seq\": $SEQ, \"batch\": $batch, \"grad_accum\": $accum}" \
+    --label "$name: $size, seq $seq, batch $batch x $accum $*" --smi "$DIR/$name.smi.csv" \
+    --extra "{\"model_size\": \"$size\", \"seq\": $seq, \"batch\": $batch, \"grad_accum\": $accum}" \
     | tee -a "$DIR/gpu.log"
 }
 
+FIT_BATCH=0 FIT_ACCUM=0
+run_fit() {  # NAME SIZE SECONDS [FLAGS...]: batch $BATCH, halved (accumulation doubled) on OOM
+  local name=$1 size=$2 limit=$3 batch=$BATCH accum=1
+  shift 3
+  while ! run_train "$name" "$size" "$SEQ" "$batch" "$accum" "$limit" "$@"; do
+    grep -qi "out of memory" "$DIR/$name.log" && (( batch > 1 )) || return 1
+    say "$name: out of memory at batch $batch: again with batch $((batch / 2)) x accum $((accum * 2))"
+    batch=$((batch / 2)) accum=$((accum * 2))
+  done
+  FIT_BATCH=$batch FIT_ACCUM=$accum
+}
+
 FAILED=0
-if ! run_train "mfu-$SIZE" "$SIZE" "$BATCH" 1 300; then
-  if grep -qi "out of memory" "$DIR/mfu-$SIZE.log"; then
-    say "out of memory at batch $BATCH: again with batch $((BATCH / 2)) x accum 2"
-    run_train "mfu-$SIZE" "$SIZE" "$((BATCH / 2))" 2 300 || FAILED=1
+if want mfu; then
+  run_fit "mfu-$SIZE" "$SIZE" 600 || FAILED=1
+fi
+
+# -- 4. what --deterministic costs: the same shapes with and without, one after the other -------
+if want det; then
+  if run_fit "det-on-$SIZE" "$SIZE" 600 --deterministic; then
+    run_train "det-off-$SIZE" "$SIZE" "$SEQ" "$FIT_BATCH" "$FIT_ACCUM" 600 || FAILED=1
   else
     FAILED=1
   fi
 fi
 
-# -- 4. checkpoints from GPU memory ----------------------------------------------------------
-say "checkpoint save/load of the $SIZE state, $REPEATS rounds"
-"$PY" "$REPO/bench/gpu.py" ckpt "$DIR/ckpt-$SIZE.json" --model-size "$SIZE" --repeats "$REPEATS" \
-  --dir "$WORK" --device "$DEVICE" 2>&1 | tee "$DIR/ckpt-$SIZE.log" | tee -a "$DIR/gpu.log" \
-  || FAILED=1
-
-# -- 5. the 8b shape, when it fits -----------------------------------------------------------
-if "$PY" "$REPO/bench/gpu.py" fits --model-size 8b "$DIR/fits-8b.json" | tee -a "$DIR/gpu.log"; then
-  run_train mfu-8b 8b 1 1 240 || say "8b: did not run to the end (see $DIR/mfu-8b.log)"
+# -- 5. the deterministic resume check: straight vs SIGKILLed twice + resumed, bitwise ----------
+resume_check() {  # NAME [FLAGS...]
+  local name=$1
+  shift
+  say "$name: $RESUME_SIZE, $RESUME_STEPS steps, a save every $RESUME_EVERY, 2 SIGKILLs: $*"
+  "$PY" "$REPO/bench/gpu.py" resume-check "$DIR/$name.json" --work "$WORK/$name" \
+    --steps "$RESUME_STEPS" --every "$RESUME_EVERY" --kills 2 -- "${DATA[@]}" \
+    --model-size "$RESUME_SIZE" --model-dtype bf16 "${RESUME_FLAGS[@]}" "$@" \
+    2>&1 | tee -a "$DIR/gpu.log"
+  return "${PIPESTATUS[0]}"
+}
+if want resume; then
+  resume_check resume-det-eager --deterministic || FAILED=1
+  if (( ${#COMPILED[@]} )); then resume_check resume-det-compiled --deterministic "${COMPILED[@]}" || FAILED=1; fi
+  resume_check resume-det-fsdp --deterministic --parallelism fsdp || FAILED=1
+  resume_check resume-default-eager || FAILED=1  # the control: on a GPU expected to differ
 fi
 
-# -- 6. summary ------------------------------------------------------------------------------
+# -- 6. FSDP at world size 1 vs the DDP path ----------------------------------------------------
+if want fsdp; then
+  if run_fit "mfu-fsdp-$SIZE" "$SIZE" 600 --parallelism fsdp; then
+    run_train "mfu-ddp-$SIZE" "$SIZE" "$SEQ" "$FIT_BATCH" "$FIT_ACCUM" 600 || FAILED=1
+  else
+    FAILED=1
+  fi
+fi
+
+# -- 7. checkpoints from GPU memory ----------------------------------------------------------
+if want ckpt; then
+  say "checkpoint save/load of the $SIZE state, $REPEATS rounds"
+  "$PY" "$REPO/bench/gpu.py" ckpt "$DIR/ckpt-$SIZE.json" --model-size "$SIZE" --repeats "$REPEATS" \
+    --dir "$WORK" --device "$DEVICE" 2>&1 | tee "$DIR/ckpt-$SIZE.log" | tee -a "$DIR/gpu.log" \
+    || FAILED=1
+fi
+
+# -- 8. the 8b preset on one GPU: bf16 weights, activation checkpointing ------------------------
+if want 8b; then
+  if (( BIG_BYTES == 0 )) || "$PY" "$REPO/bench/gpu.py" fits --model-size "$BIG" \
+      --bytes-per-param "$BIG_BYTES" "$DIR/fits-$BIG.json" | tee -a "$DIR/gpu.log"; then
+    run_train "mfu-$BIG-bf16" "$BIG" "$BIG_SEQ" 1 1 900 --param-dtype bf16 \
+      --activation-checkpointing || FAILED=1
+  fi
+fi
+
+# -- 9. summary ------------------------------------------------------------------------------
 "$PY" "$REPO/bench/gpu.py" summary "$DIR" | tee -a "$DIR/gpu.log"
 say "done in $((SECONDS - T0)) s$( [[ $FAILED == 1 ]] && echo ', with failures (see above)')"
 exit "$FAILED"
