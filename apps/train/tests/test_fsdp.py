@@ -5,6 +5,7 @@ process, bf16 weights, and the one-line refusals."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import signal
@@ -134,7 +135,8 @@ def interrupted_torchrun(args: list[str], metrics: Path, log: Path, how: signal.
             _wait_for_step(agent, metrics, start, first + rnd.randint(1, 3))
             time.sleep(rnd.uniform(0, 0.1))  # mid-step, or mid-save
             for pid in _workers(agent.pid):
-                os.kill(pid, how)
+                with contextlib.suppress(ProcessLookupError):  # gone by itself meanwhile
+                    os.kill(pid, how)
             if how == signal.SIGKILL:
                 agent.kill()
             return agent.wait(timeout=120)
