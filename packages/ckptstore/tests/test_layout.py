@@ -4,6 +4,7 @@ specs, a root holding several experiments (issue 17), and the save schedule's fa
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -142,3 +143,44 @@ def test_save_schedule_facts(tmp_path: Path) -> None:
         assert t.median_s == sum(t.total_s) / 2 and t.max_s == max(t.total_s)
         pairs = zip(t.total_s, t.blocking_s, strict=True)
         assert all(total >= blocking for total, blocking in pairs)
+
+
+def _save(store: CheckpointStore, step: int) -> None:
+    store.save(step, {"w": torch.full((2,), float(step))})
+
+
+def test_latest_is_the_newest_commit_when_the_pointer_is_one_save_behind(tmp_path: Path) -> None:
+    """A kill between step 60's manifest and its `latest` pointer: step 60 is committed (the
+    manifest is the commit), so it is what `latest` loads, not the step the pointer names."""
+    root = tmp_path / "ckpt"
+    with CheckpointStore(str(root)) as store:
+        for step in (50, 55, 60):
+            _save(store, step)
+    (root / "latest").write_text("step-00000055\n")  # what the kill left
+    with CheckpointStore(str(root)) as store:
+        scan = store.scan()
+        assert scan.pointer == 55 and scan.head == 60 and scan.problems() == []
+        assert store.latest_step() == 60 and store.manifest("latest").step == 60
+        state: dict[str, Any] = {"w": torch.zeros(2)}
+        assert store.load(state).step == 60 and float(state["w"][0]) == 60.0
+        _save(store, 65)  # and the next save follows it
+    assert cli(["list", str(root)]) == 0
+
+
+def test_a_rewound_run_keeps_its_head_even_when_its_clock_is_behind(tmp_path: Path) -> None:
+    """Resumed from step 40 while steps 50 and 60 exist (an abandoned timeline), on a host whose
+    clock is an hour behind: its new step 50 is the newest commit, also before its pointer."""
+    root = tmp_path / "ckpt"
+    with CheckpointStore(str(root)) as store:
+        for step in (40, 50, 60):
+            _save(store, step)
+    with CheckpointStore(str(root), wall_clock=lambda: time.time() - 3600) as store:
+        assert store.latest_step() == 60
+        store.load({"w": torch.zeros(2)}, 40)
+        _save(store, 50)
+        assert store.latest_step() == 50
+    (root / "latest").write_text("step-00000060\n")  # as if killed before the pointer moved
+    with CheckpointStore(str(root)) as store:
+        assert store.latest_step() == 50
+        state: dict[str, Any] = {"w": torch.zeros(2)}
+        assert store.load(state).step == 50

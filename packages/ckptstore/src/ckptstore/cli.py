@@ -186,8 +186,9 @@ def _list_json(scan: Any) -> None:
 
 
 def _latest(scan: Any) -> int | None:
-    """The step the pointer names (even a broken one: the table says so), else the head."""
-    return scan.pointer if scan.pointer is not None else scan.head
+    """What load("latest") takes (the newest commit), or the step a bad pointer names (a
+    broken one: the table says so)."""
+    return scan.pointer if scan.pointer_problem and scan.pointer is not None else scan.head
 
 
 def _list_table(scan: Any) -> None:

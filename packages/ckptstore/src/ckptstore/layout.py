@@ -117,10 +117,15 @@ class Scan:
 
     @property
     def head(self) -> int | None:
-        """The step `latest` names if committed, else the newest committed step."""
-        if self.pointer is not None and self.pointer in self.checkpoints:
-            return self.pointer
-        return max(self.checkpoints) if self.checkpoints else None
+        """The newest commit: the committed step with the latest commit time (the manifest is
+        the commit; the `latest` pointer moves after it, so a kill in between leaves the
+        pointer one save behind). On equal times the pointer's step, then the higher step."""
+        if not self.checkpoints:
+            return None
+        return max(self.checkpoints, key=self._commit_order)
+
+    def _commit_order(self, step: int) -> tuple[float, bool, int]:
+        return self.checkpoints[step].time, step == self.pointer, step
 
     def problems(self) -> list[str]:
         """One line per thing that cannot be trusted (broken manifests, a bad pointer)."""

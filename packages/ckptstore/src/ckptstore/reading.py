@@ -48,17 +48,19 @@ class Skip:
     silent: bool = False  # a save that never committed: it does not exist, say nothing
 
 
-def candidates(locs: Mapping[str, Location], step: int | None) -> list[Candidate]:
-    """Rank 0: checkpoints to try, in order; ``step`` None means "latest": the newest commit
-    across all locations first (by commit time, so a rewound run's head beats the abandoned
-    timeline's higher steps), then older steps, then steps above the head."""
+def candidates(
+    locs: Mapping[str, Location], step: int | None, head: int | None = None
+) -> list[Candidate]:
+    """Rank 0: checkpoints to try, in order; ``step`` None means "latest": ``head`` (the newest
+    commit across all locations, by commit time, so a rewound run's head beats the abandoned
+    timeline's higher steps) first, then older steps, then steps above the head."""
     dirs = _listings(locs)
     if step is not None:
         return [Candidate(n, step, d[step]) for n, d in dirs.items() if step in d]
     steps = sorted(set().union(*(d.keys() for d in dirs.values())))
     if not steps:
         return []
-    head = _newest_head(locs, dirs)
+    head = steps[-1] if head is None else head  # nothing committed: try them all, newest first
     order = [s for s in reversed(steps) if s <= head] + [s for s in reversed(steps) if s > head]
     return [Candidate(n, s, d[s]) for s in order for n, d in dirs.items() if s in d]
 
@@ -78,17 +80,6 @@ def _listing(name: str, loc: Location) -> dict[int, str] | None:
             raise
         warn(f"ckptstore: {name} {loc.url} unreachable, using the primary alone: {e}")
         return None
-
-
-def _newest_head(locs: Mapping[str, Location], dirs: Mapping[str, dict[int, str]]) -> int:
-    heads: list[tuple[float, int]] = []
-    for name, d in dirs.items():
-        loc = locs[name]
-        p, _ = loc.read_pointer()
-        if p is not None and p in d:
-            m = loc.judge(p, d[p])
-            heads.append((m.time if isinstance(m, Manifest) else float("-inf"), p))
-    return max(heads)[1] if heads else max(s for d in dirs.values() for s in d)
 
 
 class Reader:

@@ -1,9 +1,9 @@
 """Which checkpoints to keep: pure logic over (step, metadata), so it is tested without I/O.
 
 Steps compare as integers (step 10000 is newer than step 9000, whatever the names sort like).
-The "head" is the step the ``latest`` pointer names. Steps above the head belong to an abandoned
-timeline (training resumed from an older checkpoint) or to a save in flight: they are never
-deleted here; training overwrites them when it gets there.
+The "head" is the newest commit (what ``load("latest")`` takes). Steps above the head belong to
+an abandoned timeline (training resumed from an older checkpoint) or to a save in flight: they
+are never deleted here; training overwrites them when it gets there.
 """
 
 from __future__ import annotations

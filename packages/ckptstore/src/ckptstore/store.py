@@ -131,6 +131,7 @@ class CheckpointStore:
         self._mutex = threading.Lock()
         self._completed: list[SaveStats] = []
         self._timings = SaveTimings()
+        self._newest_commit = 0.0  # the latest commit time seen in this experiment
         self._verified: set[tuple[str, int, str]] = set()  # (root url, step, save_id) we know
         self._in_use = InUse()  # steps being written or loaded: never pruned
         self._warned: set[tuple[str, int, str]] = set()
@@ -154,9 +155,19 @@ class CheckpointStore:
             session=broadcast(self._group, uuid.uuid4().hex[:8]),
             hooks=hooks,
             clock=self._clock,
-            wall=self._wall,
+            wall=self._commit_clock,
         )
         self._closed = False
+
+    def _commit_clock(self) -> float:
+        """Now, but never before a commit this store has seen: commit times order the
+        experiment's checkpoints (``latest`` is the newest commit), also after a requeue onto
+        a host whose clock is behind the previous one's."""
+        return max(self._wall(), self._newest_commit + 1e-3)
+
+    def _seen(self, commit_time: float) -> None:
+        with self._mutex:
+            self._newest_commit = max(self._newest_commit, commit_time)
 
     def _make_locks(self, lock: bool, lease_s: float) -> list[WriterLock]:
         if not lock or self.rank != 0:
@@ -258,6 +269,7 @@ class CheckpointStore:
             self._verified.add((self.primary.url, manifest.step, manifest.save_id))
             self._completed.append(stats)
             self._timings = self._timings.add(stats)
+        self._seen(manifest.time)
         self._after_commit(manifest.step, manifest)
 
     def _after_commit(self, step: int, manifest: Manifest) -> None:
@@ -365,7 +377,7 @@ class CheckpointStore:
         if spec.path is not None:
             return self._read_path(spec.path, request)
         locs = self._locations()
-        cands = broadcast(self._group, candidates(locs, spec.step) if self.rank == 0 else None)
+        cands = broadcast(self._group, self._candidates(locs, spec) if self.rank == 0 else None)
         if not cands:
             raise no_checkpoint(self._where(), spec.step, self.steps())
         result, skipped = self._reader.first_loadable(cands, locs, request, self._in_use.holding)
@@ -374,6 +386,17 @@ class CheckpointStore:
         if not spec.latest:  # an explicit step never silently becomes another one
             raise CorruptCheckpointError(" | ".join(skipped))
         raise NoCheckpointError(f"no loadable checkpoint in {self.url}: " + " | ".join(skipped))
+
+    def _candidates(self, locs: dict[str, Location], spec: StepSpec) -> builtins.list[Candidate]:
+        """Rank 0: for "latest", the newest commit first; a `latest` pointer naming a step whose
+        manifest was damaged since its commit goes before it, so that its skip is warned."""
+        if not spec.latest:
+            return candidates(locs, spec.step)
+        scans = self._scans(quiet=True)
+        heads = self._heads(scans)
+        damaged = [s.pointer for _, s in scans if s.pointer is not None and s.pointer in s.broken]
+        first = ([_newest(heads)[1]] if heads else []) + damaged
+        return candidates(locs, None, max(first) if first else None)
 
     def _read_path(self, path: str, request: Request) -> Loaded:
         storage = open_storage(path, self._storage_options)
@@ -439,19 +462,31 @@ class CheckpointStore:
         heads = self._heads()
         return _newest(heads)[1] if heads else None
 
-    def _heads(self) -> builtins.list[tuple[float, int, Location]]:
+    def _heads(
+        self, scans: builtins.list[tuple[Location, Scan]] | None = None
+    ) -> builtins.list[tuple[float, int, Location]]:
+        """(commit time, step, location) of each location's newest commit."""
         out = []
-        for name, loc in self._locations().items():
-            try:
-                scan = self._scan(loc)
-            except (OSError, CheckpointError) as e:
-                if name == "primary":
-                    raise
-                warn(f"ckptstore: mirror {loc.url} unreachable, using the primary alone: {e}")
-                continue
+        for loc, scan in self._scans() if scans is None else scans:
             if scan.head is not None:
                 out.append((scan.checkpoints[scan.head].time, scan.head, loc))
+                self._seen(out[-1][0])
         return out
+
+    def _scans(self, *, quiet: bool = False) -> builtins.list[tuple[Location, Scan]]:
+        """The primary's scan and the mirror's (an unreachable mirror is left out, warned);
+        ``quiet``: broken step folders are not warned about here (a load warns as it skips)."""
+        scans = [(loc, self._scan_reachable(n, loc, quiet)) for n, loc in self._locations().items()]
+        return [(loc, scan) for loc, scan in scans if scan is not None]
+
+    def _scan_reachable(self, name: str, loc: Location, quiet: bool) -> Scan | None:
+        try:
+            return loc.scan() if quiet else self._scan(loc)
+        except (OSError, CheckpointError) as e:
+            if name == "primary":
+                raise
+            warn(f"ckptstore: mirror {loc.url} unreachable, using the primary alone: {e}")
+            return None
 
     def _latest(self) -> tuple[Location, int]:
         heads = self._heads()
