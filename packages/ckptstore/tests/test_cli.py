@@ -110,6 +110,7 @@ def test_export_plain_weights(tmp_path: Path, capsys: Any, fmt: str) -> None:
         (["verify", "/x", "--step", "abc"], "--step"),
         (["frobnicate"], "invalid choice"),
         (["list", "/x", "--storage-options", "{nope"], "not JSON"),
+        (["list", "/x", "--storage-options", "[1]"], "must be a JSON object"),
     ],
 )
 def test_usage_errors_exit_2_with_one_line(argv: list[str], needle: str, capsys: Any) -> None:

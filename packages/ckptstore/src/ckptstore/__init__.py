@@ -35,7 +35,7 @@ from .manifest import (
     VerifyReport,
 )
 from .retention import RetentionPolicy
-from .storage import IOOptions, Storage, open_storage
+from .storage import IOOptions, Storage, open_storage, parse_storage_options
 from .store import CheckpointStore, SaveHandle
 
 __all__ = [
@@ -71,6 +71,7 @@ __all__ = [
     "experiment_location",
     "get_format",
     "open_storage",
+    "parse_storage_options",
     "register_format",
     "validate_experiment_name",
 ]

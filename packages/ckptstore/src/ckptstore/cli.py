@@ -20,6 +20,7 @@ import orjson
 from .errors import CheckpointError, NoCheckpointError
 from .layout import Location, StepSpec, split_step_url
 from .manifest import Manifest
+from .storage import parse_storage_options
 
 
 class _UsageError(Exception):
@@ -74,12 +75,9 @@ def _command(sub: Any, name: str, help: str) -> argparse.ArgumentParser:
 
 def _json_dict(text: str) -> dict[str, Any]:
     try:
-        v = orjson.loads(text)
-    except orjson.JSONDecodeError as e:
-        raise argparse.ArgumentTypeError(f"not JSON ({e})") from None
-    if not isinstance(v, dict):
-        raise argparse.ArgumentTypeError("must be a JSON object")
-    return v
+        return parse_storage_options(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def _positive(text: str) -> int:

@@ -20,7 +20,7 @@ from .storage import Storage, open_storage
 _PART_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 EXPERIMENT_RULE = (
     "use letters, digits, '.', '_', '-' (and '/' between parts), each part starting with a "
-    "letter or digit, at most 255 characters; it must stay inside the root"
+    "letter or digit and at most 128 characters, 255 in all; it must stay inside the root"
 )
 # A temp file of the `latest` pointer, left by a kill between its write and its rename.
 _STALE_POINTER_RE = re.compile(re.escape(LATEST_NAME) + r"\.tmp-[0-9a-f]+")

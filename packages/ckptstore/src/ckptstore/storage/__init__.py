@@ -17,6 +17,7 @@ import os
 from collections.abc import Sequence
 from typing import Any, Protocol
 
+import orjson
 import torch
 
 from ..errors import CheckpointError
@@ -53,6 +54,7 @@ __all__ = [
     "fsync_dir",
     "needed_chunks",
     "open_storage",
+    "parse_storage_options",
     "scatter",
 ]
 
@@ -114,6 +116,18 @@ def open_storage(url: str, storage_options: dict[str, Any] | None = None) -> Sto
     if type(fs).__name__ == "LocalFileSystem":
         return LocalStorage(os.path.abspath(path))
     return FsspecStorage(fs, path.rstrip("/"))
+
+
+def parse_storage_options(text: str) -> dict[str, Any]:
+    """fsspec options from a JSON object (what a command line's ``--storage-options`` takes);
+    ValueError with one line otherwise."""
+    try:
+        value = orjson.loads(text)
+    except orjson.JSONDecodeError as e:
+        raise ValueError(f"not JSON ({e})") from None
+    if not isinstance(value, dict):
+        raise ValueError('must be a JSON object, e.g. \'{"endpoint_url": "http://host:9000"}\'')
+    return value
 
 
 class FilePayload:
