@@ -68,8 +68,9 @@ def test_no_arguments_is_the_tiny_cpu_run() -> None:
     assert cfg.dataset is None  # the Shakespeare corpus
     assert cfg.checkpoint_dir == "checkpoints/" and cfg.experiment_name == "default-exp"
     assert cfg.checkpoint_frequency == 10
-    assert cfg.exp_dir == Path("checkpoints/default-exp")
-    assert cfg.metrics_path == Path("checkpoints/default-exp/metrics.jsonl")
+    # where ckptstore lays the experiment out: an absolute folder
+    assert cfg.exp_dir == Path.cwd() / "checkpoints/default-exp"
+    assert cfg.metrics_path == Path.cwd() / "checkpoints/default-exp/metrics.jsonl"
     for key, value in PRESET_DEFAULTS["tiny"].items():
         assert getattr(cfg, key) == value
     assert cfg.explicit == ()
@@ -112,8 +113,11 @@ def test_checkpoint_frequency_minus_one_is_the_originals_off() -> None:
 
 
 def test_experiment_names_ckptstore_accepts_pass() -> None:
-    for name in ("default-exp", "run_1.v2", "A" * 128):
+    """ckptstore's rule is the one rule (issue 15): GROUP/NAME is a folder in a folder."""
+    for name in ("default-exp", "run_1.v2", "A" * 128, "team/run-1", "x..y"):
         assert config_from_args(["--experiment_name", name]).experiment_name == name
+    cfg = config_from_args(["--experiment_name", "team/run-1", "--checkpoint-dir", "/ck"])
+    assert cfg.exp_dir == Path("/ck/team/run-1") and cfg.experiment_url == "/ck/team/run-1"
 
 
 def test_console_command_and_python_m_form() -> None:
@@ -168,13 +172,20 @@ BAD = [
     (["--sequence-length", "-1"], "--sequence-length must be a positive integer"),
     (["--grad-accum", "0"], "--grad-accum must be a positive integer"),
     (["--learning-rate", "0"], "--learning-rate must be positive"),
-    (["--experiment_name", "a/b"], "must be a plain folder name"),
-    (["--experiment_name", ".."], "must be a plain folder name"),
-    (["--experiment_name", "x..y"], "must be a plain folder name"),
-    (["--experiment-name", ""], "must be a plain folder name"),
-    (["--experiment_name", "my run"], "use letters, digits, '.', '_' and '-'"),
+    (["--experiment_name", "a//b"], "--experiment_name: experiment 'a//b' is not a valid name"),
+    (["--experiment_name", ".."], "it must stay inside the root"),
+    (["--experiment_name", "../up"], "it must stay inside the root"),
+    (["--experiment_name", "/abs"], "(and '/' between parts)"),
+    (["--experiment-name", ""], "--experiment_name: experiment '' is not a valid name"),
+    (["--experiment_name", "my run"], "use letters, digits, '.', '_', '-'"),
     (["--experiment_name", "_x"], "starting with a letter or digit"),
-    (["--experiment_name", "x" * 129], "(at most 128)"),
+    (["--experiment_name", "x" * 129], "at most 128 characters"),
+    (["--checkpoint-url", "nosuch://x"], "--checkpoint-url nosuch://x: "),
+    (["--checkpoint-mirror", "nosuch://x"], "--checkpoint-mirror nosuch://x: "),
+    (["--resume-from-checkpoint", "1" * 20], "step must be an integer in [0, 1e15)"),
+    (["--resume-from-checkpoint", ""], "--resume-from-checkpoint '': empty (give 'latest'"),
+    (["--tokenizer", "bpe:lots"], "--tokenizer bpe:lots: bad tokenizer spec"),
+    (["--tokenizer", "gpt2-xl"], "unknown tokenizer 'gpt2-xl'"),
     (["--checkpoint-frequency", "-2"], "--checkpoint-frequency must be >= 0 (0 or -1 turns it"),
     (["--time-limit", "soon"], "is not a duration"),
     (["--time-limit", "0"], "--time-limit must be positive"),
@@ -205,7 +216,7 @@ def test_bad_input_is_one_line_and_exit_2(
 def test_usage_error_messages_say_how_to_fix() -> None:
     with pytest.raises(ValueError, match="pick one of fp16, bf16, fp32, fp64"):
         TrainConfig(model_dtype="fp8")
-    with pytest.raises(ValueError, match="no '/'"):
+    with pytest.raises(ValueError, match="it must stay inside the root"):
         TrainConfig(experiment_name="../up")
     with pytest.raises(UsageError, match="--warmup-steps must be >= 0"):
         config_from_args(["--warmup-steps", "-1"])

@@ -3,30 +3,15 @@ stopped for time resumes from the bucket and finishes."""
 
 from __future__ import annotations
 
-import os
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from train_helpers import child_env, load_tool, run_cli, tiny_flags
+from train_helpers import child_env, run_cli, tiny_flags
 
 import ckptstore
 
 pytestmark = pytest.mark.s3
-
-
-@pytest.fixture
-def moto() -> Iterator[Any]:
-    s3server = load_tool("s3server")
-    why = s3server.unavailable_reason()
-    if why is not None:
-        if os.environ.get("PYRECOVER_REQUIRE_S3") == "1":
-            pytest.fail(f"PYRECOVER_REQUIRE_S3=1 but no S3 endpoint: {why}")
-        pytest.skip(f"no S3 endpoint for the test: {why}")
-    with s3server.MotoServer() as server:
-        server.make_bucket("ckpt")
-        yield server
 
 
 def test_s3_checkpoints_resume_and_mirror(

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from train_helpers import ROOT, load_tool, tiny_flags
+from train_helpers import ROOT, require_tool, tiny_flags
 
 from pyrecover_train.metrics import read_events
 
@@ -26,12 +26,7 @@ SCRIPT = ROOT / "apps" / "train" / "slurm" / "submit-training-simple.sh"
 def cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     # The jobs' timelines (the script's `slurmclock mark`) stay in the test's directory.
     monkeypatch.setenv("SLURMCLOCK_DIR", str(tmp_path / "timelines"))
-    localslurm = load_tool("localslurm")
-    why = localslurm.unavailable_reason()
-    if why is not None:
-        if os.environ.get("PYRECOVER_REQUIRE_SLURM") == "1":
-            pytest.fail(f"PYRECOVER_REQUIRE_SLURM=1 but no local SLURM: {why}")
-        pytest.skip(f"no local SLURM for the test: {why}")
+    localslurm = require_tool("localslurm", "local SLURM", "PYRECOVER_REQUIRE_SLURM")
     with localslurm.LocalCluster(tmp_path / "slurm", cpus=4) as c:
         yield c
 

@@ -4,6 +4,7 @@ own because pytest's importlib mode does not let tests import conftest.)"""
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import random
@@ -11,12 +12,13 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import orjson
+import pytest
 
 import ckptstore
 from pyrecover_train.metrics import read_events
@@ -32,6 +34,18 @@ def load_tool(name: str) -> ModuleType:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def require_tool(name: str, what: str, require: str) -> ModuleType:
+    """tools/NAME.py when what it starts can run here; else skip, or fail when the environment
+    variable ``require`` is "1" (CI: PYRECOVER_REQUIRE_SLURM, PYRECOVER_REQUIRE_S3)."""
+    tool = load_tool(name)
+    why = tool.unavailable_reason()
+    if why is not None:
+        if os.environ.get(require) == "1":
+            pytest.fail(f"{require}=1 but no {what}: {why}")
+        pytest.skip(f"no {what} for the test: {why}")
+    return tool
 
 
 WORDS = [
@@ -195,6 +209,20 @@ def start_cli(
         env=env or child_env(),
         cwd=cwd,
     )
+
+
+@contextlib.contextmanager
+def running_cli(
+    args: Sequence[str], *, env: dict[str, str] | None = None, cwd: Path | None = None
+) -> Iterator[subprocess.Popen[str]]:
+    """``start_cli``, killed on the way out if still running: a failed test leaves no trainer."""
+    proc = start_cli(args, env=env, cwd=cwd)
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
 
 
 def events(ckpt: Path, exp: str = "default-exp") -> list[dict[str, Any]]:

@@ -1,9 +1,10 @@
 """Set-up, separated from the loop: from a config and a process group to the parts a run needs.
 
-Order matters for the bitwise guarantee (the RNGs are seeded first, then consumed in the same
-order by every run): seed -> precision -> data -> model -> optimizer -> schedule -> store ->
-(resume) -> time budget. Every problem found here is a :class:`UsageError`: one line, exit 2,
-nothing written yet.
+The store comes first: this run becomes the experiment's one writer before any work, so a second
+trainer on the same experiment is refused at once. Then the order matters for the bitwise
+guarantee (the RNGs are seeded first, then consumed in the same order by every run): seed ->
+precision -> data -> model -> optimizer -> schedule -> (resume) -> time budget. Every problem
+found here is a :class:`UsageError`: one line, exit 2, nothing written yet.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import logging
 import os
 import shutil
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +27,7 @@ import slurmclock
 
 from . import data as data_mod
 from . import state as state_mod
-from .config import TrainConfig, UsageError
+from .config import TrainConfig, UsageError, first_line
 from .legacy import OriginalCheckpoint
 from .model import GPT, ModelConfig, build_model, preset_config
 from .perf import warmup_cosine
@@ -66,6 +67,11 @@ class Parts:
     train_model: nn.Module  # the model as trained: DDP and/or torch.compile around state.model
     store: ckptstore.CheckpointStore
     original: OriginalCheckpoint | None  # --resume-from-checkpoint FILE.pt of the original
+    new_folders: list[Path] = field(default_factory=list)  # made by the writer lock
+
+    def abandon(self) -> None:
+        """A refused start: see :func:`abandon`."""
+        abandon(self.store, self.new_folders)
 
 
 def check_launcher(cfg: TrainConfig) -> ddpkit.DistInfo:
@@ -97,8 +103,48 @@ def join(cfg: TrainConfig, *, abort: Callable[[], bool] | None = None) -> ddpkit
 
 
 def parts(cfg: TrainConfig, dist: ddpkit.Dist) -> Parts:
-    """Everything but the resume, in the order the bitwise guarantee needs."""
+    """Everything but the resume: the store first, then in the order the bitwise guarantee
+    needs."""
     check_output_dirs(cfg)
+    new = new_folders(cfg) if dist.rank == 0 else []
+    try:
+        store = open_store(cfg)
+    except BaseException:
+        abandon(None, new)
+        raise
+    try:
+        made = _parts(cfg, dist, store)
+    except BaseException:
+        abandon(store, new)
+        raise
+    made.new_folders = new
+    return made
+
+
+def new_folders(cfg: TrainConfig) -> list[Path]:
+    """The local folders of the experiment (and of its mirror) that do not exist yet, deepest
+    first: taking the writer lock creates them."""
+    out: list[Path] = []
+    for url in filter(None, (cfg.store_url, cfg.checkpoint_mirror)):
+        local = ckptstore.experiment_location(url, cfg.experiment_name, cfg.storage_options)
+        folder = None if local.local_path is None else Path(local.local_path)
+        while folder is not None and not folder.exists() and folder != folder.parent:
+            out.append(folder)
+            folder = folder.parent
+    return out
+
+
+def abandon(store: ckptstore.CheckpointStore | None, new: list[Path]) -> None:
+    """A refused start leaves nothing behind: close the store (releasing the writer lock), then
+    remove the folders the lock created, each only if empty (never anything of anyone's)."""
+    if store is not None:
+        store.close()
+    for folder in new:
+        with contextlib.suppress(OSError):
+            folder.rmdir()
+
+
+def _parts(cfg: TrainConfig, dist: ddpkit.Dist, store: ckptstore.CheckpointStore) -> Parts:
     set_determinism(cfg, dist)
     precision = _precision(cfg, dist.device)
     data = _data(cfg, dist)
@@ -116,7 +162,7 @@ def parts(cfg: TrainConfig, dist: ddpkit.Dist) -> Parts:
         scaler=precision.scaler(dist.device),
         loader=data.train,
     )
-    return Parts(precision, data, model_cfg, state, train_model, _store(cfg), original)
+    return Parts(precision, data, model_cfg, state, train_model, store, original)
 
 
 def check_output_dirs(cfg: TrainConfig) -> None:
@@ -281,6 +327,27 @@ def _scheduler(
     )
 
 
+def open_store(cfg: TrainConfig) -> ckptstore.CheckpointStore:
+    """The experiment's checkpoint store, with this run as its one writer (every rank calls).
+    A dry run only reads the experiment (it saves to a scratch one), so it takes no lock and
+    runs beside a training that holds it. Refusals are one line, exit 2: another run writes
+    the experiment (LockedError names it), or the location cannot be written (a missing bucket
+    says how to create it; nothing is created)."""
+    store = _store(cfg)
+    if cfg.dry_run:
+        return store
+    try:
+        store.acquire()
+    except Exception as e:
+        store.close()
+        if isinstance(e, ckptstore.LockedError):
+            raise UsageError(f"{first_line(e)}") from None
+        raise UsageError(
+            f"cannot write the checkpoint location {cfg.experiment_url}: {first_line(e)}"
+        ) from None
+    return store
+
+
 def _store(cfg: TrainConfig) -> ckptstore.CheckpointStore:
     try:
         return ckptstore.CheckpointStore(
@@ -295,6 +362,7 @@ def _store(cfg: TrainConfig) -> ckptstore.CheckpointStore:
             storage_options=cfg.storage_options,
             mirror_storage_options=cfg.storage_options,
             experiment=cfg.experiment_name,
+            lock=not cfg.dry_run,
         )
     except (ValueError, ImportError) as e:
         raise UsageError(f"--checkpoint-dir/--checkpoint-url: {e}") from None

@@ -23,6 +23,12 @@ IMPORT_USAGE = (
 )
 
 
+DATA_ERROR_NOTE = (
+    "no batch of it was trained on and the checkpoints are untouched: fix it, then resume with "
+    "--resume-from-checkpoint latest"
+)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else list(argv)
     if args and args[0] == "report":
@@ -56,6 +62,7 @@ def main(argv: list[str] | None = None) -> int:
 def _run(cfg: TrainConfig, command: str) -> int:
     # torch is imported only for an actual run
     from ckptstore import CheckpointError
+    from parquetlm import ParquetLMError
 
     from .trainer import OutOfMemory, TrainingDiverged, import_checkpoint, train
 
@@ -66,6 +73,9 @@ def _run(cfg: TrainConfig, command: str) -> int:
     except (TrainingDiverged, CheckpointError, OutOfMemory) as e:
         # Their messages say what happened and what to do; the traceback is in train.log.
         print(f"{PROG}: error: {e}", file=sys.stderr)
+        return 1
+    except ParquetLMError as e:  # e.g. a token cache damaged on disk, found mid-run
+        print(f"{PROG}: error: data: {e} ({DATA_ERROR_NOTE})", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print(f"{PROG}: interrupted before training started; nothing was saved", file=sys.stderr)

@@ -12,7 +12,6 @@ preset-dependent ones, in :data:`PRESET_DEFAULTS`.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import re
@@ -21,6 +20,9 @@ from dataclasses import MISSING, asdict, dataclass, field, fields, replace
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import Any
+
+import ckptstore
+import parquetlm
 
 from .model import PRESETS
 
@@ -193,11 +195,12 @@ class TrainConfig:
             raise ValueError(f"--seed must be between 0 and {MAX_SEED}, got {self.seed}")
         self._check_choices()
         self._check_parallelism()
-        _check_experiment_name(self.experiment_name)
         self._check_optimisation()
         self._check_checkpointing()
         self._check_time()
         self._check_evaluation()
+        _check_store(self)
+        _check_tokenizer(self.tokenizer)
 
     def _expand_home(self) -> None:
         """``--checkpoint-dir=~/ckpt``: the shell expands ``~`` only at the start of a word, so
@@ -299,27 +302,35 @@ class TrainConfig:
         return self.checkpoint_url or self.checkpoint_dir
 
     @property
+    def location(self) -> ckptstore.ExperimentLocation:
+        """Where the experiment's checkpoints live, as ckptstore lays them out (no I/O)."""
+        return ckptstore.experiment_location(
+            self.store_url, self.experiment_name, self.storage_options
+        )
+
+    @property
+    def resume_spec(self) -> ckptstore.StepSpec | None:
+        """``--resume-from-checkpoint`` as ckptstore reads it: latest, a step (``42`` or
+        ``step-00000042``) or a path/URL (a checkpoint folder; a local file is the original's)."""
+        target = self.resume_from_checkpoint
+        return None if target is None else ckptstore.StepSpec.parse(target)
+
+    @property
     def store_is_local(self) -> bool:
-        return "://" not in self.store_url or self.store_url.startswith("file://")
+        return self.location.local_path is not None
 
     @property
     def experiment_url(self) -> str:
-        """Where the experiment's checkpoints live, for messages (seam: ckptstore's layout)."""
-        return f"{self.store_url.rstrip('/')}/{self.experiment_name}"
+        """The experiment's checkpoint folder as a URL (``~`` expanded), for messages."""
+        return self.location.url
 
     @property
     def exp_dir(self) -> Path:
         """Local folder for metrics and logs: the experiment's checkpoint folder when that is
-        local, else ``./runs/EXPERIMENT`` (metrics are appended line by line; object stores
-        cannot append).
-
-        Seam: ckptstore's experiment layout answers "where does this experiment live" once it
-        exists; this property then asks the store.
-        """
-        if self.store_is_local:
-            root = os.path.expanduser(self.store_url.removeprefix("file://"))
-            return Path(root) / self.experiment_name
-        return Path("runs") / self.experiment_name
+        on a local disk, else ``./runs/EXPERIMENT`` (metrics are appended line by line; object
+        stores cannot append)."""
+        local = self.location.local_path
+        return Path(local) if local is not None else Path("runs") / self.experiment_name
 
     @property
     def metrics_path(self) -> Path:
@@ -373,24 +384,54 @@ def _check_numbers(cfg: TrainConfig) -> None:
             raise ValueError(f"{_flag(f.name)} must be at most {MAX_INT}, got {value}")
 
 
-# Seam: ckptstore's experiment-name rule (checked here so a bad name fails before any work)
-# replaces this copy in one line once ckptstore exports it.
-_EXPERIMENT_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+def _check_store(cfg: TrainConfig) -> None:
+    """The experiment name (ckptstore's rule) and the checkpoint URL, checked before any work."""
+    try:
+        ckptstore.validate_experiment_name(cfg.experiment_name)
+    except ValueError as e:
+        raise ValueError(f"--experiment_name: {e}") from None
+    flag = "--checkpoint-url" if cfg.checkpoint_url else "--checkpoint-dir"
+    _check_url(flag, cfg.store_url, cfg)
+    if cfg.checkpoint_mirror:
+        _check_url("--checkpoint-mirror", cfg.checkpoint_mirror, cfg)
+    _check_resume(cfg)
 
 
-def _check_experiment_name(name: str) -> None:
-    if not name or name in (".", "..") or ".." in name or "/" in name or "\\" in name:
+def _check_url(flag: str, url: str, cfg: TrainConfig) -> None:
+    """An unknown URL scheme, or one whose extra is not installed, fails here (no I/O)."""
+    try:
+        ckptstore.experiment_location(url, cfg.experiment_name, cfg.storage_options)
+    except (ValueError, ImportError, ckptstore.CheckpointError) as e:
+        raise ValueError(f"{flag} {url}: {first_line(e)}") from None
+
+
+def _check_resume(cfg: TrainConfig) -> None:
+    target = cfg.resume_from_checkpoint
+    if target is None:
+        return
+    why = "" if target.strip() else "empty"
+    try:
+        cfg.resume_spec  # noqa: B018
+    except ValueError as e:  # a step number beyond ckptstore's
+        why = str(e)
+    if why:
         raise ValueError(
-            f"--experiment_name {name!r} must be a plain folder name (no '/', '\\' or '..'): "
-            "it becomes one folder under the checkpoint directory"
+            f"--resume-from-checkpoint {target!r}: {why} (give 'latest', a step number, a "
+            "checkpoint folder, or an original PyRecover .pt file)"
         )
-    if os.sep in name or (os.altsep and os.altsep in name):
-        raise ValueError(f"--experiment_name {name!r} must not contain a path separator")
-    if not _EXPERIMENT_RE.fullmatch(name):
-        raise ValueError(
-            f"--experiment_name {name!r}: use letters, digits, '.', '_' and '-' (at most 128), "
-            "starting with a letter or digit"
-        )
+
+
+def _check_tokenizer(spec: str) -> None:
+    """The form of ``--tokenizer`` (parquetlm's spec); whether a file exists is seen later."""
+    try:
+        parquetlm.parse_tokenizer_spec(spec, check_file=False)
+    except parquetlm.TokenizerError as e:
+        raise ValueError(f"--tokenizer {spec}: {e}") from None
+
+
+def first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
 
 
 # --- value parsers (argparse turns ArgumentTypeError into one line and exit 2) -------------------
@@ -430,12 +471,9 @@ def _interval(text: str) -> float | str:
 
 def _json_object(text: str) -> dict[str, Any]:
     try:
-        value = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise argparse.ArgumentTypeError(f"not JSON ({e.msg} at {e.pos})") from None
-    if not isinstance(value, dict):
-        raise argparse.ArgumentTypeError("must be a JSON object, e.g. '{\"anon\": true}'")
-    return value
+        return ckptstore.parse_storage_options(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def _duration(text: str) -> float:
@@ -510,7 +548,7 @@ FLAGS: tuple[Flag, ...] = (
             metavar="PATH|STEP|latest",
             shown="off",
         ),
-        Flag("experiment_name", str, "folder under the checkpoint root"),
+        Flag("experiment_name", str, "folder under the checkpoint root (NAME or GROUP/NAME)"),
         Flag("use_torch_distributed_ckpt", SWITCH, "torch.distributed.checkpoint format (sharded)"),
         Flag("compile", SWITCH, "torch.compile the model"),
         Flag("fused_optimizer", SWITCH, "fused AdamW"),

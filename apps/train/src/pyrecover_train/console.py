@@ -44,7 +44,8 @@ class Console:
             self.metrics = MetricsLog(cfg.metrics_path)
             logs.add_file(cfg.exp_dir / "train.log")
             if cfg.log_loss_to_csv:
-                self._csv = _open_csv(cfg.exp_dir / f"{cfg.experiment_name}_loss_log.csv")
+                name = cfg.experiment_name.rsplit("/", 1)[-1]  # GROUP/NAME: its own folder
+                self._csv = _open_csv(cfg.exp_dir / f"{name}_loss_log.csv")
 
     def event(self, name: str, **fields: Any) -> None:
         self.metrics.log(name, **fields)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -13,8 +12,10 @@ from parquetlm import (
     ParquetSource,
     TokenCache,
     Tokenizer,
+    TokenizerError,
+    TokenizerSpec,
     load_tokenizer,
-    train_tokenizer,
+    parse_tokenizer_spec,
 )
 
 from .config import TrainConfig, UsageError
@@ -64,13 +65,17 @@ def prepare(cfg: TrainConfig) -> tuple[ParquetSource, Tokenizer, TokenCache, str
 
 
 def _tokenizer(spec: str, source: ParquetSource, root: Path) -> Tokenizer:
-    """Seam: parquetlm's tokenizer spec parser replaces the ``bpe:N`` match in one line."""
-    m = re.fullmatch(r"bpe(?::(\d+))?", spec)
-    if m:
-        # Trained tokenizers go to our cache dir, not next to a possibly read-only dataset.
-        vocab = int(m.group(1)) if m.group(1) else 8192
-        return train_tokenizer(source, vocab_size=vocab, cache_dir=root / "tokenizers")
-    return load_tokenizer(_tokenizer_file(spec), source)
+    # Trained tokenizers (bpe:N) go to our cache dir, not next to a possibly read-only dataset.
+    return load_tokenizer(tokenizer_spec(spec), source, cache_dir=root / "tokenizers")
+
+
+def tokenizer_spec(spec: str) -> TokenizerSpec:
+    """``--tokenizer`` parsed by parquetlm (a folder means its ``tokenizer.json``); bad input is
+    one line (:class:`UsageError`)."""
+    try:
+        return parse_tokenizer_spec(_tokenizer_file(spec))
+    except TokenizerError as e:
+        raise UsageError(f"--tokenizer {spec}: {e}") from None
 
 
 def _tokenizer_file(spec: str) -> str:

@@ -94,10 +94,12 @@ def _scratch_name(cfg: TrainConfig, dist: ddpkit.Dist) -> str:
 
 
 def _scratch_path(cfg: TrainConfig, name: str) -> tuple[Any, str]:
+    """The scratch experiment's folder, where ckptstore lays it out, as an fsspec path."""
     import fsspec
 
-    fs, root = fsspec.core.url_to_fs(cfg.store_url, **(cfg.storage_options or {}))
-    return fs, f"{root.rstrip('/')}/{name}"
+    url = ckptstore.experiment_location(cfg.store_url, name, cfg.storage_options).url
+    fs, path = fsspec.core.url_to_fs(url, **(cfg.storage_options or {}))
+    return fs, path
 
 
 def _scratch_exists(cfg: TrainConfig, name: str) -> bool:

@@ -11,18 +11,13 @@ from typing import Any
 import ckptstore
 import ddpkit
 
-from .config import TrainConfig, UsageError
+from .config import TrainConfig, UsageError, first_line
 from .legacy import OriginalCheckpoint
 from .model import ModelConfig
 from .perf import warmup_cosine
 from .state import TrainState
 
 log = logging.getLogger("pyrecover_train")
-
-
-def first_line(e: BaseException) -> str:
-    text = str(e).strip()
-    return text.splitlines()[0] if text else type(e).__name__
 
 
 class Resume:
@@ -42,8 +37,9 @@ class Resume:
         self.model_cfg, self.tokenizer = model_cfg, tokenizer
 
     def run(self, original: OriginalCheckpoint | None) -> str | None:
-        """Resume (or refuse to clobber); returns what it resumed from, None for step 0."""
-        target = self.cfg.resume_from_checkpoint
+        """Resume (or refuse to clobber); returns what it resumed from, None for step 0.
+        ``latest`` is the newest commit on the primary or the mirror (ckptstore's)."""
+        target = self.cfg.resume_spec
         if original is not None:
             if self.state.sharded:
                 raise UsageError(
@@ -58,15 +54,15 @@ class Resume:
         if target is None:
             if latest is not None:
                 raise UsageError(
-                    f"{self.cfg.experiment_url} already holds checkpoints (latest step {latest}): "
+                    f"{self._where_latest()} already holds checkpoints (latest step {latest}): "
                     "pass --resume-from-checkpoint latest to continue, or pick another "
                     "--experiment_name / --checkpoint-dir (nothing was changed)"
                 )
             return None
-        if target == "latest" and latest is None:
+        if target.latest and latest is None:
             log.info("--resume-from-checkpoint latest: no checkpoint yet, starting at step 0")
             return None
-        return self._load("latest" if target == "latest" else _resolve(target))
+        return self._load(_resolve(target))
 
     def _latest_step(self) -> int | None:
         try:
@@ -76,6 +72,13 @@ class Resume:
                 f"cannot read the checkpoint location {self.cfg.experiment_url}: "
                 f"{type(e).__name__}: {first_line(e)}"
             ) from None
+
+    def _where_latest(self) -> str:
+        """The folder of the newest checkpoint: the experiment's, or its mirror's."""
+        try:
+            return self.store.manifest("latest").url.rsplit("/", 1)[0]
+        except Exception:  # only for the message
+            return self.cfg.experiment_url
 
     def _load(self, which: int | str) -> str:
         meta = self._peek(which)
@@ -163,15 +166,18 @@ class Resume:
         )
 
 
-def _resolve(target: str) -> int | str:
-    if target.isdigit():
-        return int(target)
-    if "://" not in target and not Path(target).expanduser().exists():
+def _resolve(target: ckptstore.StepSpec) -> int | str:
+    """What ``store.load`` takes: "latest", a step, or a checkpoint folder that exists."""
+    if target.step is not None:
+        return target.step
+    if target.path is None:
+        return "latest"
+    if "://" not in target.path and not Path(target.path).expanduser().exists():
         raise UsageError(
-            f"--resume-from-checkpoint {target}: no such checkpoint (give 'latest', a step "
+            f"--resume-from-checkpoint {target.path}: no such checkpoint (give 'latest', a step "
             "number, or an existing checkpoint directory)"
         )
-    return target
+    return target.path
 
 
 def reapply_flags(state: TrainState, cfg: TrainConfig) -> None:

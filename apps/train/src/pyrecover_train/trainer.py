@@ -179,7 +179,7 @@ class Trainer:
             ).run(parts.original)
             self.budget = build.budget(cfg, self.state.model, self.stop_flag)
         except BaseException:
-            self.store.close()
+            parts.abandon()  # nothing written: the lock released, the folders it made removed
             raise
         self.start_step = self.state.step
         self.schedule = SaveSchedule(
