@@ -140,15 +140,30 @@ def _parse_limit(text: str) -> float | None:
         return None
 
 
+_STARTED: dict[int, float] = {}  # pid -> start: computed once (a forked child has its own)
+
+
 def process_start_time() -> float:
     """When this process started (epoch seconds), from /proc; now where /proc is absent."""
+    pid = os.getpid()
+    if pid not in _STARTED:
+        _STARTED[pid] = _process_start_time()
+    return _STARTED[pid]
+
+
+def _process_start_time() -> float:
     try:
         with open("/proc/self/stat") as f:
             # Field 22 (starttime, clock ticks after boot); the name in (...) may hold spaces.
             ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+        since_boot = ticks / os.sysconf("SC_CLK_TCK")
+        if hasattr(time, "CLOCK_BOOTTIME"):
+            # The process's age on the clock its start is counted on: exact to a tick, where
+            # /proc/stat's btime has whole seconds (up to 1 s off).
+            return time.time() - (time.clock_gettime(time.CLOCK_BOOTTIME) - since_boot)
         with open("/proc/stat") as f:
             btime = next(int(line.split()[1]) for line in f if line.startswith("btime "))
-        return btime + ticks / os.sysconf("SC_CLK_TCK")
+        return btime + since_boot
     except (OSError, ValueError, IndexError, StopIteration):
         return time.time()
 
