@@ -55,28 +55,32 @@ def test_switches_whose_job_is_always_done_say_so(
 ) -> None:
     argv = tiny_flags(corpus, cache_dir, tmp_path / "ckpt", "--training-steps", "1")
     extra = ["--timeaware-checkpointing", "--verify-checkpoints", "--use_flash_attention"]
-    assert main([*argv, *extra, "--default-iter-time", "3"]) == 0
+    assert main([*argv, *extra]) == 0
     notes = (
         "--timeaware-checkpointing: always on here",
         "--verify-checkpoints: always on here",
         "--use-flash-attention: the attention is torch SDPA",
-        "--default-iter-time: not needed here",
     )
     out = capsys.readouterr().out
     assert [note for note in notes if note not in out] == []
 
 
-def test_default_ckpt_time_is_the_budgets_first_save_estimate() -> None:
+def test_default_times_are_the_budgets_first_estimates() -> None:
+    """The original's --default-iter-time / --default-ckpt-time: the time budget's guesses of a
+    step and a save until one is measured (durations: 2m = 120 s)."""
     import slurmclock
     from pyrecover_train import build
     from pyrecover_train.config import config_from_args
 
     model = torch.nn.Linear(4, 4)
-    flag = build.AnyFlag(slurmclock.StopSignals(("USR2",)))
-    given = build.budget(config_from_args(["--default-ckpt-time", "123"]), model, flag)
-    assert given.config.initial_save_estimate == 123.0
+    flag = slurmclock.AnyFlag(slurmclock.StopSignals(("USR2",)))
+    argv = ["--default-ckpt-time", "2m", "--default-iter-time", "1.5"]
+    given = build.budget(config_from_args(argv), model, flag)
+    assert given.config.initial_save_estimate == 120.0
+    assert given.config.initial_step_estimate == 1.5
     guessed = build.budget(config_from_args([]), model, flag)
     assert guessed.config.initial_save_estimate == pytest.approx(1.0 + 3 * 20 * 4 / 200e6)
+    assert guessed.config.initial_step_estimate == 0.0  # the first step is measured first
 
 
 def test_tokenizer_name_or_path_takes_a_model_folder(

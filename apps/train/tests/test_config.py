@@ -13,6 +13,7 @@ from pyrecover_train.config import (
     PRESET_DEFAULTS,
     TrainConfig,
     UsageError,
+    _duration,
     _finite,
     build_parser,
     config_from_args,
@@ -158,10 +159,15 @@ def test_remote_checkpoints_keep_metrics_local() -> None:
         ("1:00:00", 3600),
         ("1-00:00:00", 86400),
         ("1-2", 93600),
+        ("2-3:04", 2 * 86400 + 3 * 3600 + 4 * 60),  # SLURM's D-HH:MM, not D-MM:SS
+        ("15m", 900),
+        ("2h", 7200),
     ],
 )
 def test_durations(text: str, seconds: float) -> None:
+    """One reader of durations, slurmclock's, with SLURM's meaning (config re-exports it)."""
     assert parse_duration(text) == seconds
+    assert config_from_args(["--time-limit", text]).time_limit == seconds
 
 
 BAD = [
@@ -247,8 +253,25 @@ def test_every_float_flag_refuses_nan_and_inf(
 
 
 def test_the_float_flags_are_the_ones_users_hit() -> None:
-    assert {"--grad-clip", "--weight-decay", "--peak-tflops", "--stop-margin"} <= set(FLOAT_FLAGS)
-    assert "--learning-rate" in FLOAT_FLAGS and "--default-ckpt-time" in FLOAT_FLAGS
+    assert {"--grad-clip", "--weight-decay", "--peak-tflops", "--learning-rate"} <= set(FLOAT_FLAGS)
+    assert {"--stop-margin", "--time-limit", "--default-ckpt-time", "--mtbf"} <= set(DURATION_FLAGS)
+
+
+DURATION_FLAGS = sorted("--" + f.name.replace("_", "-") for f in FLAGS if f.type is _duration)
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-5", "1:75", "1h30m"])
+@pytest.mark.parametrize("flag", DURATION_FLAGS)
+def test_every_duration_flag_refuses_what_is_not_a_duration(
+    flag: str, value: str, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    assert main([f"{flag}={value}", "--checkpoint-dir", str(tmp_path / "ckpt")]) == 2
+    err = capsys.readouterr().err
+    assert f"{value!r} is not a duration" in err and flag in err, err
+    # What to write instead: the accepted forms (with SLURM's meaning), or what was wrong.
+    assert "2-3:04 = 2 days 3 h 4 min" in err or "must be below 60" in err, err
+    assert len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "ckpt").exists()
 
 
 def test_the_python_api_refuses_nan_too() -> None:

@@ -118,11 +118,6 @@ def test_warmup_cosine() -> None:
     assert all(f(s) >= f(s + 1) for s in range(10, 120))
 
 
-def test_young_daly() -> None:
-    assert perf.young_daly_interval(10.0, 3600.0 * 6) == pytest.approx(math.sqrt(2 * 10 * 21600))
-    assert perf.young_daly_interval(100.0, 1.0) == 100.0  # never shorter than the save itself
-
-
 def test_mfu_is_per_gpu() -> None:
     # 1000 tokens/s on this GPU, 1e9 FLOPs per token, 1e13 peak -> 10%.
     assert perf.mfu(1000.0, 1e9, 1e13) == pytest.approx(0.1)
@@ -177,13 +172,27 @@ def test_progress_line() -> None:
     assert fmt_duration(None) == "-" and fmt_duration(90061) == "1d01:01:01"
 
 
-def test_checkpoint_interval_modes() -> None:
-    assert perf.checkpoint_interval(None, [], 10.0, 3600.0) is None
-    assert perf.checkpoint_interval(30.0, [1.0], 10.0, 3600.0) == 30.0
-    # auto before any measured save: the assumed cost.
-    assert perf.checkpoint_interval("auto", [], 10.0, 3600.0) == pytest.approx(
-        math.sqrt(2 * 10 * 3600)
-    )
-    # auto afterwards: the median measured cost (robust to one slow save).
-    got = perf.checkpoint_interval("auto", [2.0, 2.0, 50.0], 10.0, 3600.0)
-    assert got == pytest.approx(math.sqrt(2 * 2 * 3600))
+def test_the_save_schedule_takes_slurmclocks_young_daly_interval() -> None:
+    """--checkpoint-interval-seconds: off, fixed, or auto = slurmclock.checkpoint_interval of the
+    blocking costs this run measured (10 s assumed before the first)."""
+    import slurmclock
+    from pyrecover_train.config import config_from_args
+    from pyrecover_train.schedule import SaveSchedule
+
+    now = [0.0]
+    budget = slurmclock.TimeBudget()
+
+    def schedule(*argv: str) -> SaveSchedule:
+        cfg = config_from_args(list(argv))
+        return SaveSchedule(cfg, budget, saved_step=None, clock=lambda: now[0])
+
+    assert schedule().interval() is None
+    assert schedule("--checkpoint-interval-seconds", "30").interval() == 30.0
+    auto = schedule("--checkpoint-interval-seconds", "auto", "--mtbf", "1h")
+    assert auto.interval() == pytest.approx(math.sqrt(2 * 10 * 3600))
+    for step, cost in ((1, 2.0), (2, 2.0), (3, 50.0)):  # the median is robust to one slow save
+        auto.saved(step, cost)
+    assert auto.interval() == pytest.approx(math.sqrt(2 * 2 * 3600))
+    assert not auto.due(4, evaluated=False)
+    now[0] = 1e6
+    assert auto.due(4, evaluated=False)

@@ -68,7 +68,9 @@ def test_signal_requeue_resume_until_done(
 
     events = list(read_events(metrics))
     stops = [e for e in events if e["event"] == "stop"]
-    assert [(s["cause"], s["exit_code"]) for s in stops] == [("signal", 75), ("done", 0)]
+    # A warning with lead 0 says "the end is now": a stop for time, with the deadline it set.
+    assert [(s["cause"], s["exit_code"]) for s in stops] == [("time", 75), ("done", 0)]
+    assert "(deadline: SIGUSR2 + lead 0.00 s)" in stops[0]["reason"], stops[0]
     resume = next(e for e in events if e["event"] == "resume")
     assert resume["restart_count"] == 1 and resume["job_id"] == job
     assert resume["step"] == stops[0]["step"]  # nothing lost: the final save was at the stop

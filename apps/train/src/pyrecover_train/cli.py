@@ -4,6 +4,11 @@
 Exit status of ``train``: 0 finished all --training-steps; 75 (EX_TEMPFAIL) stopped early for
 time or by a signal, a checkpoint was saved and a requeue is wanted; 1 error; 2 usage error
 (nothing written). ``python -m pyrecover_train`` is the same command.
+
+Only the standard library and slurmclock (stdlib only) are imported before :func:`main` runs:
+the stop signals' flag-only handlers are armed first thing, then torch is imported (seconds). A
+SIGUSR2 (SLURM's warning) or SIGTERM that arrives while torch is still being imported would
+otherwise kill the process (their default action) instead of being read by the time budget.
 """
 
 from __future__ import annotations
@@ -11,8 +16,14 @@ from __future__ import annotations
 import logging
 import signal
 import sys
+from typing import TYPE_CHECKING
 
-from .config import TrainConfig, UsageError, config_from_args
+import slurmclock
+
+from .startup import Startup
+
+if TYPE_CHECKING:
+    from .config import TrainConfig, UsageError
 
 PROG = "pyrecover-train"
 log = logging.getLogger("pyrecover_train")
@@ -21,6 +32,7 @@ IMPORT_USAGE = (
     "checkpoint becomes the first checkpoint of --experiment_name (with the --model-size, "
     "--tokenizer, ... it was trained with); then resume with --resume-from-checkpoint latest"
 )
+STOP_SIGNALS = ("USR2", "TERM")  # SLURM's warning (information for the budget), stop now
 
 
 DATA_ERROR_NOTE = (
@@ -30,11 +42,28 @@ DATA_ERROR_NOTE = (
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else list(argv)
+    # As the process's entry point (argv None) this process owns its signals: arm the flag
+    # before anything heavy is imported. A caller in-process owns its own signals.
+    entry = argv is None
+    signals = _arm_stop_signals() if entry else None
+    startup = Startup.at_process_start() if entry else Startup.now()
+    try:
+        return _main(sys.argv[1:] if argv is None else list(argv), signals, startup)
+    finally:
+        if signals is not None:
+            # SLURM's warning and its SIGTERM come on their own schedule: one may arrive after
+            # the run stopped by itself and saved. It must not turn a clean exit 75 into "killed
+            # by a signal", which the sbatch script would not requeue: ignored from here on.
+            signals.restore()
+
+
+def _main(args: list[str], signals: slurmclock.StopSignals | None, startup: Startup) -> int:
     if args and args[0] == "report":
         from . import report
 
         return report.main(args[1:])
+    from .config import UsageError, config_from_args  # imports torch (the model presets)
+
     command = "train"
     if args and args[0] in ("train", "import-checkpoint"):
         command, args = args[0], args[1:]
@@ -49,25 +78,22 @@ def main(argv: list[str] | None = None) -> int:
         return int(e.code or 0)
     except UsageError as e:
         return _usage(e)
-    # SLURM's warning signal and its SIGTERM come on their own schedule: one may arrive after the
-    # run stopped by itself and saved (the trainer's handlers are gone by then). It must not turn
-    # a clean exit 75 into "killed by a signal", which the sbatch script would not requeue.
-    # While training runs, the trainer's own handlers take them (they chain to these). Only as
-    # the process's entry point (argv None): a caller in-process owns its own signals.
-    if argv is None:
-        _ignore_late_stop_signals()
-    return _run(cfg, command)
+    return _run(cfg, command, signals, startup)
 
 
-def _run(cfg: TrainConfig, command: str) -> int:
-    # torch is imported only for an actual run
+def _run(
+    cfg: TrainConfig, command: str, signals: slurmclock.StopSignals | None, startup: Startup
+) -> int:
     from ckptstore import CheckpointError
     from parquetlm import ParquetLMError
 
+    from .config import UsageError
     from .trainer import OutOfMemory, TrainingDiverged, import_checkpoint, train
 
+    startup.mark("imports")
     try:
-        return (import_checkpoint if command == "import-checkpoint" else train)(cfg).exit_code
+        run = import_checkpoint if command == "import-checkpoint" else train
+        return run(cfg, signals=signals, startup=startup).exit_code
     except UsageError as e:
         return _usage(e)
     except (TrainingDiverged, CheckpointError, OutOfMemory) as e:
@@ -86,9 +112,12 @@ def _run(cfg: TrainConfig, command: str) -> int:
         return 1
 
 
-def _ignore_late_stop_signals() -> None:
-    for sig in (signal.SIGUSR2, signal.SIGTERM):
-        signal.signal(sig, signal.SIG_IGN)
+def _arm_stop_signals() -> slurmclock.StopSignals:
+    """Flag-only handlers for SIGUSR2 and SIGTERM, over SIG_IGN (what stays once they are
+    restored). The trainer reads this flag: a signal that came during start-up is not lost."""
+    for name in STOP_SIGNALS:
+        signal.signal(slurmclock.signal_number(name), signal.SIG_IGN)
+    return slurmclock.StopSignals(STOP_SIGNALS).install()
 
 
 def _usage(e: UsageError) -> int:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import math
 import os
-import re
 from collections.abc import Callable
 from dataclasses import MISSING, asdict, dataclass, field, fields, replace
 from decimal import Decimal, InvalidOperation
@@ -23,6 +22,7 @@ from typing import Any
 
 import ckptstore
 import parquetlm
+from slurmclock import parse_duration
 
 from .model import PRESETS
 
@@ -79,32 +79,6 @@ class UsageError(ValueError):
     """Bad command-line input: reported as one line, exit status 2, nothing touched on disk."""
 
 
-def parse_duration(text: str) -> float:
-    """Seconds from ``SECONDS`` (``90``, ``1.5``) or SLURM-style ``[D-][[H:]M:]S`` (``1:30:00``).
-
-    Seam: slurmclock's duration parser (with SLURM's ``D-HH:MM`` meaning and unit forms such as
-    ``15m``) replaces this function in one line once it exists.
-    """
-    s = text.strip()
-    m = re.fullmatch(r"(?:(\d+)-)?(\d+(?::\d+){0,2})(\.\d+)?", s)
-    if m is None:
-        raise ValueError(
-            f"{text!r} is not a duration: use seconds (5400) or [D-][[H:]M:]S (1:30:00)"
-        )
-    days, clock, frac = m.groups()
-    parts = [int(p) for p in clock.split(":")]
-    if len(parts) > 1 and any(p >= 60 for p in parts[1:]):
-        raise ValueError(f"{text!r}: minutes and seconds must be below 60")
-    seconds = 0.0
-    for p in parts:
-        seconds = seconds * 60 + p
-    if days:
-        if len(parts) == 1:  # SLURM reads D-H as days and hours
-            seconds *= 3600
-        seconds += int(days) * 86400
-    return seconds + (float(frac) if frac else 0.0)
-
-
 @dataclass(kw_only=True, slots=True)
 class TrainConfig:
     """Everything one training run needs; validated on creation (messages say how to fix)."""
@@ -137,7 +111,7 @@ class TrainConfig:
     # Checkpointing.
     checkpoint_url: str | None = None
     checkpoint_mirror: str | None = None
-    async_checkpoint: bool = False
+    async_checkpoint: bool | None = None  # None: auto (see ASYNC_SHOWN)
     keep_last: int | None = 3
     keep_every: int | None = None
     keep_best: int | None = None
@@ -485,13 +459,31 @@ def _duration(text: str) -> float:
 
 # --- the table of flags ---------------------------------------------------------------------------
 
-_MEASURED = "measured (the first step is measured before any stop decision)"
+_MEASURED = "0: the first step is measured before the first stop decision"
 _GUESS = "1 s + state size / 200 MB/s"
 _STORAGE_HELP = (
     "fsspec options for --checkpoint-url/--checkpoint-mirror (JSON object), e.g. "
     '\'{"endpoint_url": "http://127.0.0.1:9000"}\''
 )
-_TIME_LIMIT_HELP = "stop after this long from process start: seconds or [D-][[H:]M:]S"
+_TIME_LIMIT_HELP = (
+    "stop before this long after the process started, instead of SLURM's end time: seconds "
+    "(5400), 90m, 2h, or SLURM's [D-]HH:MM:SS (2-3:04 = 2 days 3 h 4 min)"
+)
+_MARGIN_HELP = (
+    "seconds kept free after the final save, for the exit and requeue (replaces the measured "
+    "exit + slack)"
+)
+_MARGIN_SHOWN = (
+    "measured: 1.25 x the longest exit-and-requeue of the last 5 allocations (10 s until one is "
+    "measured) + 5 s slack"
+)
+_ASYNC_HELP = (
+    "periodic saves snapshot the state and persist it in the background; the final save blocks"
+)
+_ASYNC_SHOWN = (
+    "auto: on with CUDA (the snapshot is a copy to pinned memory), off on CPU (the writer "
+    "would compete with training for the cores) and for FSDP-sharded state"
+)
 _TOKENIZER_HELP = "byte | gpt2 | bpe[:N] | path/to/tokenizer.json (or its folder)"
 _CACHE_SHOWN = "$PYRECOVER_CACHE or ~/.cache/pyrecover"
 _VAL_SHOWN = f"{DEFAULT_VAL_FRACTION} when evaluating, else 0"
@@ -501,9 +493,10 @@ _VAL_SHOWN = f"{DEFAULT_VAL_FRACTION} when evaluating, else 0"
 class Flag:
     """One command-line flag: ``--NAME`` (dashes) sets the :class:`TrainConfig` field ``NAME``.
 
-    ``type`` None (:data:`SWITCH`) is an on/off switch. ``shown`` is how help describes a default
-    that is not a plain value of the field (derived, or "preset"); else help shows the field's
-    default. ``group`` is the help section, set by :func:`_group`.
+    ``type`` None (:data:`SWITCH`) is an on/off switch; ``negatable`` adds ``--no-NAME`` (for a
+    switch whose default is decided at run time, None until given). ``shown`` is how help
+    describes a default that is not a plain value of the field (derived, or "preset"); else help
+    shows the field's default. ``group`` is the help section, set by :func:`_group`.
     """
 
     name: str
@@ -514,6 +507,7 @@ class Flag:
     metavar: str | None = None
     shown: str | None = None
     group: str = ""
+    negatable: bool = False
 
 
 SWITCH = None
@@ -553,8 +547,18 @@ FLAGS: tuple[Flag, ...] = (
         Flag("compile", SWITCH, "torch.compile the model"),
         Flag("fused_optimizer", SWITCH, "fused AdamW"),
         Flag("timeaware_checkpointing", SWITCH, "always on here: a final save before the deadline"),
-        Flag("default_iter_time", _finite, "a step's seconds until measured", shown=_MEASURED),
-        Flag("default_ckpt_time", _finite, "a save's seconds before one is measured", shown=_GUESS),
+        Flag(
+            "default_iter_time",
+            _duration,
+            "the time budget's step estimate until a step is measured",
+            shown=_MEASURED,
+        ),
+        Flag(
+            "default_ckpt_time",
+            _duration,
+            "the time budget's save estimate until a save is measured",
+            shown=_GUESS,
+        ),
         Flag("verify_checkpoints", SWITCH, "always on here: every file is checksummed"),
         Flag("use_flash_attention", SWITCH, "accepted: SDPA picks FlashAttention kernels itself"),
         Flag("log_loss_to_csv", SWITCH, "also write EXP_DIR/EXPERIMENT_loss_log.csv"),
@@ -566,7 +570,7 @@ FLAGS: tuple[Flag, ...] = (
         "checkpointing",
         Flag("checkpoint_url", str, "any fsspec URL (s3://bucket/run); overrides --checkpoint-dir"),
         Flag("checkpoint_mirror", str, "second location every checkpoint is copied to"),
-        Flag("async_checkpoint", SWITCH, "persist in the background"),
+        Flag("async_checkpoint", SWITCH, _ASYNC_HELP, shown=_ASYNC_SHOWN, negatable=True),
         Flag("keep_last", _whole, "keep the newest N, 0 = all", aliases=("max_kept_checkpoints",)),
         Flag("keep_every", _whole, "also keep every checkpoint whose step is a multiple of N"),
         Flag("keep_best", _whole, "also keep the K with the lowest validation loss"),
@@ -582,7 +586,7 @@ FLAGS: tuple[Flag, ...] = (
     *_group(
         "time",
         Flag("time_limit", _duration, _TIME_LIMIT_HELP, shown="SLURM's deadline"),
-        Flag("stop_margin", _finite, "seconds kept free before the deadline", shown="slurmclock's"),
+        Flag("stop_margin", _duration, _MARGIN_HELP, shown=_MARGIN_SHOWN),
     ),
     *_group(
         "model, data, optimisation",
@@ -645,7 +649,7 @@ assert all(f.name in _FIELDS for f in FLAGS)
 
 def _default_text(flag: Flag) -> str | None:
     if flag.type is SWITCH:
-        return None  # off unless given
+        return flag.shown  # off unless given, or decided at run time
     if flag.shown is not None:
         return flag.shown
     if flag.name in _TINY:
@@ -727,6 +731,12 @@ def build_parser(prog: str = "pyrecover-train") -> argparse.ArgumentParser:
             metavar = flag.metavar or (None if flag.type is None else _METAVARS.get(flag.type))
             kwargs.update(type=flag.type, choices=flag.choices, metavar=metavar)
         group.add_argument(*names, **kwargs)
+        if flag.negatable:
+            no = spellings("no_" + flag.name)
+            group.add_argument(
+                *no, dest=flag.name, action="store_false", default=argparse.SUPPRESS,
+                help=f"turn {spellings(flag.name)[0]} off",
+            )  # fmt: skip
     return p
 
 

@@ -21,6 +21,7 @@ from .config import TrainConfig
 from .data import Data
 from .metrics import MetricsLog, fmt_duration, progress_line
 from .perf import mfu
+from .startup import Startup
 
 log = logging.getLogger("pyrecover_train")
 
@@ -61,6 +62,7 @@ class Console:
         device: str,
         resumed_from: str | None,
         saves: str,
+        startup: Startup,
     ) -> None:
         """The start (and resume) events, the banner, W&B, and notes on the original's flags."""
         cfg, d = self.cfg, budget.deadline()
@@ -83,6 +85,7 @@ class Console:
             device=device,
             dtype=cfg.model_dtype,
             tokens_per_step=cfg.tokens_per_step * self.world_size,
+            budget=budget.snapshot(),  # what the stop rule starts from (resumed figures too)
         )
         if resumed_from:
             reason = f"resumed from {resumed_from}"
@@ -91,6 +94,7 @@ class Console:
             self.metrics.log("resume", **common, reason=reason, data_state=data.train.state_dict())
             log.info("%s", reason)
         self._banner(params=params, device=device, data=data, saves=saves, budget=budget)
+        log.info("  start-up:    %s so far", startup.describe())
         if cfg.wandb:
             self.wandb = _wandb(cfg, self.rank, model_config)
         _say_original_flags(cfg)
@@ -112,18 +116,18 @@ class Console:
             f"{data.cache.num_tokens:,}",
             cfg.tokenizer,
         )
-        log.info(
-            "  checkpoints: %s (%s, %s%s)",
-            cfg.experiment_url,
-            cfg.format,
-            saves,
-            ", async" if cfg.async_checkpoint else "",
-        )
+        log.info("  checkpoints: %s (%s, %s)", cfg.experiment_url, cfg.format, saves)
         log.info("  metrics:     %s", cfg.metrics_path)
         log.info("  log:         %s", cfg.exp_dir / "train.log")
         left = budget.seconds_left()
         if left is not None:
             log.info("  time left:   %s (%s)", fmt_duration(left), budget.deadline())
+        log.info("  stop rule:   %s", _stop_rule(budget))
+
+    def startup(self, step: int, startup: Startup) -> None:
+        """Start-up ends with the first step: from the allocation's start, in parts."""
+        self.metrics.log("startup", step=step, **startup.event())
+        log.info("first step done %s", startup.describe())
 
     def progress(
         self, step: int, window: tuple[float, int, float, list[float]], **fields: Any
@@ -280,6 +284,24 @@ class LossWindow:
         return (*out, each)
 
 
+def _stop_rule(budget: slurmclock.TimeBudget) -> str:
+    """What the budget keeps free before the deadline, and what SLURM's warning means to it."""
+    cfg = budget.config
+    end = (
+        f"--stop-margin {cfg.margin:g} s"
+        if cfg.margin is not None
+        else f"exit ({'measured' if budget.exit_estimate is not None else 'not measured yet'}) "
+        f"+ {cfg.slack:g} s slack"
+    )
+    lead = cfg.signal_lead
+    warning = (
+        f"SIGUSR2 is SLURM's warning {lead:g} s before the end (PYRECOVER_SIGNAL_LEAD): information"
+        if lead is not None
+        else "SIGUSR2 stops at once (no PYRECOVER_SIGNAL_LEAD)"
+    )
+    return f"stop when left < next step + final save + {end}; {warning}; SIGTERM stops at once"
+
+
 def _say_original_flags(cfg: TrainConfig) -> None:
     """The original PyRecover's flags whose job is done here by design: said, never silent."""
     notes = {
@@ -287,7 +309,6 @@ def _say_original_flags(cfg: TrainConfig) -> None:
         "verify_checkpoints": "always on here (every checkpoint file is checksummed and verified)",
         "use_flash_attention": "the attention is torch SDPA, which picks FlashAttention kernels "
         "on CUDA (bf16/fp16) by itself",
-        "default_iter_time": "not needed here: the first step is measured before any stop decision",
     }
     for name, note in notes.items():
         if getattr(cfg, name) not in (None, False):

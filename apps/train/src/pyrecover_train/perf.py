@@ -1,9 +1,9 @@
-"""Throughput arithmetic: MFU per GPU, the learning-rate schedule, the Young/Daly interval."""
+"""Throughput arithmetic: MFU per GPU and the learning-rate schedule. (The Young/Daly checkpoint
+interval is slurmclock's: ``slurmclock.checkpoint_interval``.)"""
 
 from __future__ import annotations
 
 import math
-import statistics
 from collections.abc import Callable
 
 import torch
@@ -69,25 +69,3 @@ def warmup_cosine(*, warmup: int, total: int, min_ratio: float) -> Callable[[int
         return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
     return factor
-
-
-def checkpoint_interval(
-    setting: float | str | None, measured_costs: list[float], assumed_cost: float, mtbf_s: float
-) -> float | None:
-    """Seconds between time-based saves for ``--checkpoint-interval-seconds``: None (off), a fixed
-    number, or "auto" = Young/Daly with the median measured blocking cost of a save (the assumed
-    cost until one was measured)."""
-    if setting is None:
-        return None
-    if setting == "auto":
-        cost = statistics.median(measured_costs) if measured_costs else assumed_cost
-        return young_daly_interval(cost, mtbf_s)
-    return float(setting)
-
-
-def young_daly_interval(save_cost_s: float, mtbf_s: float) -> float:
-    """Optimal seconds between checkpoints, sqrt(2 * C * MTBF) (Young 1974, Daly 2006).
-
-    Valid while C << MTBF; the interval is never shorter than the save itself.
-    """
-    return max(save_cost_s, math.sqrt(2.0 * max(save_cost_s, 0.0) * mtbf_s))

@@ -3,7 +3,10 @@ PNG with the loss curve and the checkpoint / stop / resume timeline.
 
 Definitions (each process start is one "run" in the metrics file):
 
-* wall time: from each run's process start to its last event, summed over runs;
+* wall time: from each run's start (its allocation's, when SLURM gave it; else the process's) to
+  its last event, summed over runs;
+* start-up: from that start to the end of the run's first step (launch, imports, set-up, data,
+  model, store, resume, first step: the ``startup`` event);
 * persisted steps of a run: those a later run resumed from (or, for the last run, those in its
   last durable checkpoint); steps computed beyond that are *lost* (redone after a restart);
 * goodput: time spent in persisted steps / wall time (start-up, saves, evaluation, lost steps and
@@ -50,6 +53,8 @@ class RunSummary:
     outcome: str = "killed"
     reason: str = "no stop event (killed or crashed)"
     resumed: bool = False
+    startup_s: float | None = None  # start -> end of the first step
+    startup_parts: dict[str, float] = field(default_factory=dict)
 
     @property
     def wall_s(self) -> float:
@@ -82,6 +87,8 @@ class Summary:
     checkpoint_overhead: float | None
     last_loss: float | None
     last_val_loss: float | None
+    startup_s_mean: float | None = None
+    startup_s_max: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -108,6 +115,7 @@ def summarize(events: list[dict[str, Any]]) -> Summary:
     )
     losses = [e["loss"] for e in events if e["event"] == "step" and e.get("loss") is not None]
     vals = [e["val_loss"] for e in events if e["event"] == "eval"]
+    startups = [r.startup_s for r in runs if r.startup_s is not None]
     return Summary(
         runs=runs,
         final_step=max((r.end_step for r in runs), default=0),
@@ -121,6 +129,8 @@ def summarize(events: list[dict[str, Any]]) -> Summary:
         checkpoint_overhead=blocking / wall if wall > 0 else None,
         last_loss=losses[-1] if losses else None,
         last_val_loss=vals[-1] if vals else None,
+        startup_s_mean=sum(startups) / len(startups) if startups else None,
+        startup_s_max=max(startups, default=None),
     )
 
 
@@ -152,6 +162,10 @@ def _run_summary(rid: str, evs: list[dict[str, Any]]) -> RunSummary:
                 run.durable_s.append(float(e["total_s"]))
         elif e["event"] == "stop":
             run.outcome, run.reason = str(e.get("cause", "done")), str(e.get("reason", ""))
+        elif e["event"] == "startup":
+            run.startup_s, run.startup_parts = float(e["seconds"]), dict(e.get("parts") or {})
+            # The allocation's start (SLURM's) comes before the process's: count from there.
+            run.started = min(run.started, float(e.get("allocation_start") or run.started))
     if run.outcome == "done" and not timed and run.end_step == run.start_step:
         run.outcome = NOTHING_TO_DO  # e.g. a requeued job that found the training finished
     return run
@@ -170,16 +184,31 @@ def format_summary(s: Summary) -> str:
         f"checkpoint overhead {pct(s.checkpoint_overhead)} ({s.saves} saves, "
         f"{s.save_blocking_s:.1f} s blocking)",
     ]
+    if s.startup_s_max is not None and s.startup_s_mean is not None:
+        slowest = max((r for r in s.runs if r.startup_s is not None), key=_startup_key)
+        lines.append(
+            f"start-up to the first step {s.startup_s_mean:.1f} s mean, {s.startup_s_max:.1f} s "
+            f"max ({_parts(slowest.startup_parts)})"
+        )
     if s.last_loss is not None:
         val = "" if s.last_val_loss is None else f", validation {s.last_val_loss:.4f}"
         lines.append(f"last loss {s.last_loss:.4f}{val}")
     for i, r in enumerate(s.runs):
         durable = f", durable in {max(r.durable_s):.2f} s max" if r.durable_s else ""
+        started = "" if r.startup_s is None else f", first step after {r.startup_s:.1f} s"
         lines.append(
-            f"  run {i + 1}: steps {r.start_step}->{r.end_step} in {fmt_duration(r.wall_s)}, "
-            f"{r.saves} saves{durable}, lost {r.lost_steps}; {r.outcome}: {r.reason}"
+            f"  run {i + 1}: steps {r.start_step}->{r.end_step} in {fmt_duration(r.wall_s)}"
+            f"{started}, {r.saves} saves{durable}, lost {r.lost_steps}; {r.outcome}: {r.reason}"
         )
     return "\n".join(lines)
+
+
+def _startup_key(r: RunSummary) -> float:
+    return r.startup_s or 0.0
+
+
+def _parts(parts: dict[str, float]) -> str:
+    return ", ".join(f"{name} {seconds:.1f} s" for name, seconds in parts.items())
 
 
 def plot(events: list[dict[str, Any]], summary: Summary, out: Path) -> Path:

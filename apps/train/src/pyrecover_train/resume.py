@@ -35,6 +35,7 @@ class Resume:
     ) -> None:
         self.cfg, self.store, self.state, self.dist = cfg, store, state, dist
         self.model_cfg, self.tokenizer = model_cfg, tokenizer
+        self.metadata: dict[str, Any] = {}  # of the checkpoint resumed from (e.g. time_budget)
 
     def run(self, original: OriginalCheckpoint | None) -> str | None:
         """Resume (or refuse to clobber); returns what it resumed from, None for step 0.
@@ -96,6 +97,7 @@ class Resume:
         except ckptstore.CheckpointError as e:
             raise UsageError(f"--resume-from-checkpoint: {first_line(e)}") from None
         self.state.step = int(template["step"])
+        self.metadata = dict(manifest.metadata)  # the one loaded (a fallback's, if it fell back)
         self._restore_rng(template["rng"], manifest.world_size)
         for line in changes:
             log.info("%s", line)

@@ -14,7 +14,6 @@ import slurmclock
 
 from .config import TrainConfig
 from .metrics import fmt_duration
-from .perf import checkpoint_interval
 
 # Assumed blocking cost of a save for --checkpoint-interval-seconds auto until one is measured.
 AUTO_ASSUMED_SAVE_COST = 10.0
@@ -55,11 +54,8 @@ class SaveSchedule:
         return self.budget.can_save()
 
     def interval(self) -> float | None:
-        """Seconds between time-based saves: fixed, Young/Daly (auto), or None (off).
-
-        Seam: slurmclock's Young/Daly interval replaces perf.checkpoint_interval in one line.
-        """
-        return checkpoint_interval(
+        """Seconds between time-based saves: fixed, Young/Daly (auto), or None (off)."""
+        return slurmclock.checkpoint_interval(
             self.interval_setting, self.costs, AUTO_ASSUMED_SAVE_COST, self.mtbf
         )
 

@@ -38,6 +38,7 @@ from .perf import peak_flops
 from .profiling import StepProfiler
 from .resume import Resume, first_line
 from .schedule import SaveSchedule
+from .startup import Startup
 from .state import local
 from .step import OutOfMemory, Stepper, memory_guard
 
@@ -100,32 +101,53 @@ class TrainingDiverged(RuntimeError):
     """The loss became NaN/inf: nothing more is saved, so good checkpoints are not replaced."""
 
 
-def train(cfg: TrainConfig) -> RunResult:
+def train(
+    cfg: TrainConfig,
+    *,
+    signals: slurmclock.StopSignals | None = None,
+    startup: Startup | None = None,
+) -> RunResult:
     """Run training as configured; returns its result (the CLI exits with ``exit_code``).
 
-    Raises :class:`UsageError` for bad input found during set-up (nothing written by then).
+    ``signals``: the stop flag for SIGUSR2/SIGTERM, already installed (the command line arms it
+    before importing torch); None installs one for the call. ``startup``: the start-up marks so
+    far (None: counted from this call). Raises :class:`UsageError` for bad input found during
+    set-up (nothing written by then).
     """
-    return _session(cfg, lambda t: t.fit())
+    return _session(cfg, lambda t: t.fit(), signals, startup)
 
 
-def import_checkpoint(cfg: TrainConfig) -> RunResult:
+def import_checkpoint(
+    cfg: TrainConfig,
+    *,
+    signals: slurmclock.StopSignals | None = None,
+    startup: Startup | None = None,
+) -> RunResult:
     """Resume from ``cfg.resume_from_checkpoint`` (an original PyRecover file) and save it as
     this experiment's checkpoint at its step, without training."""
-    return _session(cfg, lambda t: t.save_imported())
+    return _session(cfg, lambda t: t.save_imported(), signals, startup)
 
 
-def _session(cfg: TrainConfig, body: Callable[[Trainer], RunResult]) -> RunResult:
+def _session(
+    cfg: TrainConfig,
+    body: Callable[[Trainer], RunResult],
+    signals: slurmclock.StopSignals | None,
+    startup: Startup | None,
+) -> RunResult:
     # Armed first: SLURM's warning signal may come while the corpus is still being prepared.
-    signals = slurmclock.StopSignals(("USR2", "TERM")).install()
+    own = signals is None
+    flag = slurmclock.StopSignals(("USR2", "TERM")).install() if signals is None else signals
+    startup = Startup.now() if startup is None else startup
     try:
         info = build.check_launcher(cfg)
         logs.setup(info.rank)
         try:  # a stop signal ends the wait for the other ranks at once
-            dist = build.join(cfg, abort=lambda: signals.requested)
+            dist = build.join(cfg, abort=_stop_requested(flag))
         except ddpkit.InitInterrupted as e:
-            return _interrupted(e, signals)
+            return _interrupted(e, flag)
         with dist:
-            trainer = Trainer(cfg, dist, signals)
+            startup.mark("setup")
+            trainer = Trainer(cfg, dist, flag, startup=startup)
             try:
                 return body(trainer)
             except Exception as e:
@@ -135,7 +157,15 @@ def _session(cfg: TrainConfig, body: Callable[[Trainer], RunResult]) -> RunResul
                 trainer.close()
     finally:
         logs.teardown()
-        signals.restore()
+        if own:
+            flag.restore()
+
+
+def _stop_requested(flag: slurmclock.StopSignals) -> Callable[[], bool]:
+    """For the wait at the rendezvous: a stop signal ends it; SLURM's warning only when its lead
+    is unknown (with PYRECOVER_SIGNAL_LEAD it is information for the time budget)."""
+    warning = {"SIGUSR2"} if slurmclock.signal_lead_from_env() is not None else set()
+    return lambda: any(name not in warning for name, _ in flag.arrivals)
 
 
 def _interrupted(e: ddpkit.InitInterrupted, signals: slurmclock.StopSignals) -> RunResult:
@@ -159,29 +189,36 @@ class Trainer:
         signals: slurmclock.StopSignals,
         *,
         clock: Callable[[], float] = time.time,
+        startup: Startup | None = None,
     ) -> None:
         self.cfg, self.dist, self.device = cfg, dist, dist.device
+        self.startup = Startup.now() if startup is None else startup
         self.interrupt = slurmclock.StopSignals(("INT",))  # installed when the loop starts
-        self.stop_flag = build.AnyFlag(signals, self.interrupt)
+        self.stop_flag = slurmclock.AnyFlag(signals, self.interrupt)
         self.console = Console(cfg, rank=dist.rank, world_size=dist.world_size)
-        parts = build.parts(cfg, dist)
+        parts = build.parts(cfg, dist, phase=self.startup.mark)
         self.precision, self.data, self.model_cfg = parts.precision, parts.data, parts.model_cfg
         self.state, self.store = parts.state, parts.store
         self.stepper = Stepper(cfg, self.state, parts.train_model, self.precision)
         try:  # may raise UsageError: nothing has been written yet
-            self.resumed_from = Resume(
+            resume = Resume(
                 cfg,
                 self.store,
                 self.state,
                 dist,
                 model_cfg=self.model_cfg,
                 tokenizer=self.data.tokenizer.fingerprint(),
-            ).run(parts.original)
-            self.budget = build.budget(cfg, self.state.model, self.stop_flag)
+            )
+            self.resumed_from = resume.run(parts.original)
+            self.budget = build.budget(
+                cfg, self.state.model, self.stop_flag, resumed=resume.metadata
+            )
         except BaseException:
             parts.abandon()  # nothing written: the lock released, the folders it made removed
             raise
+        self.startup.mark("resume")
         self.start_step = self.state.step
+        self.async_saves = build.async_saves(cfg, self.device)
         self.schedule = SaveSchedule(
             cfg, self.budget, saved_step=self.state.step if self.resumed_from else None, clock=clock
         )
@@ -208,6 +245,8 @@ class Trainer:
             with self.profiler.around(s.step + 1), memory_guard(cfg, f"step {s.step + 1}"):
                 window.add(self.stepper.train_step())
             s.step += 1
+            if s.step == self.start_step + 1:
+                self._first_step_done()
             if s.step % cfg.log_every == 0 or s.step == cfg.training_steps:
                 self._progress(window.take())
             self.budget.record_step(time.perf_counter() - t0)
@@ -217,7 +256,7 @@ class Trainer:
             if cause != StopCause.NONE or s.step >= cfg.training_steps:
                 break
             if save_now:
-                self.save(kind="periodic", blocking=not cfg.async_checkpoint)
+                self.save(kind="periodic", blocking=not self.async_saves)
         self.console.loss_rows(s.step, window.take()[3])  # steps since the last progress line
         return self._stop(cause)
 
@@ -235,15 +274,16 @@ class Trainer:
         fields = {"kind": kind, "blocking_s": blocking_s, "async": not blocking, **extra}
         self.console.event("save", step=self.state.step, **fields)
         log.debug("step %d: %s save started (%.2f s blocking)", self.state.step, kind, blocking_s)
-        self._record_finished_saves()
+        if kind != "final":  # the final one is recorded once every save is durable (_stop)
+            self._record_finished_saves()
 
     def _agree(self, evaluated: bool) -> tuple[StopCause, bool]:
         """(stop cause, save now?) agreed by all ranks in one tiny all-reduce (the maximum
         of each: any rank's stop or save wins)."""
         decision = self.budget.should_stop()
         cause = StopCause.NONE
-        if decision.stop:
-            cause = StopCause.SIGNAL if self.stop_flag.requested else StopCause.TIME
+        if decision.stop:  # a warning signal only moves the deadline: a stop for time
+            cause = StopCause.SIGNAL if decision.cause == "signal" else StopCause.TIME
         due = self.schedule.due(self.state.step, evaluated)
         cannot = due and not self.schedule.may_start()
         code, due_i, cannot_i = self.dist.agree(int(cause), int(due), int(cannot))
@@ -264,7 +304,7 @@ class Trainer:
         if self.schedule.unsaved(step):
             self.save(kind="final", blocking=True)
         self.store.wait()  # a background save still in flight must be durable before we exit
-        self._record_finished_saves()
+        self._record_finished_saves(final_step=step)
         exit_code = ExitCode.FINISHED if done else ExitCode.STOPPED
         return self._finish(exit_code, reason, StopCause.NONE if done else cause)
 
@@ -319,6 +359,7 @@ class Trainer:
             "data_key": s.loader.key,
             "tokens_seen": s.loader.position * cfg.sequence_length,
             "metrics": {"loss": self.last_loss, "val_loss": self.last_val},
+            "time_budget": self.budget.state_dict(),  # the next allocation starts from these
         }
         if self.last_val is not None and self.evaluated_at == s.step:
             meta["val_loss"] = self.last_val  # only when measured at this very step
@@ -339,14 +380,24 @@ class Trainer:
                 "one with a lower --learning-rate or --grad-clip"
             )
 
-    def _record_finished_saves(self) -> None:
+    def _record_finished_saves(self, *, final_step: int | None = None) -> None:
+        """Durable saves refine the budget's save estimate. The final one (of ``final_step``,
+        recorded once every save is durable) also marks ``saved`` in the job's timeline: what
+        follows it until the requeue is this allocation's exit, measured for the next one."""
         for stats in self.store.saves_completed():
             self.console.event("saved", **stats.to_dict())
             if stats.target == "primary":
                 # Until durable: the final save must be complete before the kill.
-                self.budget.record_save(stats.total_s)
+                self.budget.record_save(stats.total_s, final=stats.step == final_step)
 
     # -- start, end -------------------------------------------------------------------------
+
+    def _first_step_done(self) -> None:
+        """Start-up ends with the first step: said once, in the log and the metrics."""
+        self.startup.mark("first step")
+        if self.dist.rank == 0:
+            self.startup.locate()  # one squeue, rank 0 only
+        self.console.startup(self.state.step, self.startup)
 
     def _open_outputs(self) -> None:
         """Metrics, log file and the start/resume events, only now that the run is known to
@@ -364,7 +415,8 @@ class Trainer:
             data=self.data,
             device=str(self.device),
             resumed_from=self.resumed_from,
-            saves=self.schedule.describe(),
+            saves=self.schedule.describe() + (", async" if self.async_saves else ""),
+            startup=self.startup,
         )
 
     def _finish(self, exit_code: ExitCode, reason: str, cause: StopCause) -> RunResult:
@@ -376,7 +428,8 @@ class Trainer:
             cause=cause.event,
             exit_code=int(exit_code),
             seconds_left=self.budget.seconds_left(),
-            signal=self.stop_flag.received,
+            signal=self.stop_flag.received,  # the first; all of them in arrival order:
+            signals=[name for name, _ in self.stop_flag.arrivals],
             budget=self.budget.snapshot(),
         )
         self.console.summary(

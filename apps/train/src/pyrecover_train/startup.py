@@ -1,0 +1,111 @@
+"""Start-up cost: seconds from the allocation's start to the end of the first training step.
+
+Every second of it is a second of the allocation that trains nothing, in every allocation of a
+requeued job; so it is measured in parts, shown in the start line and the ``startup`` metrics
+event, and summarised by ``pyrecover-train report``:
+
+=============  ================================================================================
+part           from -> to
+=============  ================================================================================
+launch         the allocation's start (SLURM) -> this process's start: batch script, ``srun``
+imports        process start -> torch and the packages imported
+setup          launcher, process group, logging, determinism, precision
+store          the checkpoint store and its writer lock (first: a second writer is refused at once)
+data           corpus, tokenizer, token cache, loaders
+model          model, wrappers, optimizer, LR schedule
+resume         finding and loading the checkpoint (with the time budget's state)
+first step     the first training step (torch.compile compiles here)
+=============  ================================================================================
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import slurmclock
+
+__all__ = ["PARTS", "Startup"]
+
+PARTS = ("launch", "imports", "setup", "store", "data", "model", "resume", "first step")
+
+
+@dataclass(slots=True)
+class Startup:
+    """Marks of one process's start-up. ``origin`` is when timing began (epoch seconds): the
+    process's start for the command line, the call for an in-process :func:`train`."""
+
+    origin: float
+    origin_name: str = "process start"
+    clock: Callable[[], float] = time.time
+    marks: list[tuple[str, float]] = field(default_factory=list)
+    allocation: slurmclock.AllocationStart | None = None
+
+    @classmethod
+    def at_process_start(cls) -> Startup:
+        return cls(slurmclock.process_start_time())
+
+    @classmethod
+    def now(cls) -> Startup:
+        return cls(time.time(), "train() call")
+
+    def mark(self, part: str) -> None:
+        """``part`` (one of :data:`PARTS`) ended now; a part marked twice adds up."""
+        if part not in PARTS:
+            raise ValueError(f"unknown start-up part {part!r}: one of {', '.join(PARTS)}")
+        self.marks.append((part, self.clock()))
+
+    def locate(self) -> None:
+        """Ask when the allocation started (``SLURM_JOB_START_TIME`` or one ``squeue``; outside
+        SLURM: the process's start). Once, after the first step: it is not on the way to it."""
+        if self.allocation is None:
+            self.allocation = slurmclock.allocation_start()
+
+    @property
+    def from_slurm(self) -> bool:
+        return self.allocation is not None and self.allocation.source != "process"
+
+    @property
+    def start(self) -> float:
+        """Where the count starts: the allocation's start when SLURM gave it (never after this
+        process's start: SLURM's start time has whole seconds), else ``origin``."""
+        a = self.allocation
+        return min(a.at, self.origin) if a is not None and self.from_slurm else self.origin
+
+    @property
+    def source(self) -> str:
+        a = self.allocation
+        if a is not None and self.from_slurm:
+            return f"allocation start ({a.source})"
+        return self.origin_name
+
+    def parts(self) -> dict[str, float]:
+        """Seconds of each part so far, in :data:`PARTS` order (parts not reached are absent)."""
+        out: dict[str, float] = {}
+        if self.from_slurm:
+            out["launch"] = self.origin - self.start
+        previous = self.origin
+        for part, at in self.marks:
+            out[part] = out.get(part, 0.0) + max(0.0, at - previous)
+            previous = max(previous, at)
+        return {p: out[p] for p in PARTS if p in out}
+
+    def seconds(self) -> float:
+        """From :attr:`start` to the last mark (the first step's end, once it is marked)."""
+        last = self.marks[-1][1] if self.marks else self.clock()
+        return max(0.0, last - self.start)
+
+    def describe(self) -> str:
+        """``4.1 s from the allocation's start (squeue): launch 0.5 s, imports 1.9 s, ...``"""
+        parts = ", ".join(f"{p} {s:.1f} s" for p, s in self.parts().items())
+        return f"{self.seconds():.1f} s from the {self.source}: {parts}"
+
+    def event(self) -> dict[str, object]:
+        """The ``startup`` metrics event's fields."""
+        return {
+            "seconds": round(self.seconds(), 3),
+            "parts": {p: round(s, 3) for p, s in self.parts().items()},
+            "since": self.source,
+            "allocation_start": self.start,
+        }
