@@ -21,7 +21,7 @@ import pytest
 # e2e_helpers and train_helpers are on sys.path via pytest's pythonpath (root pyproject).
 from e2e_helpers import (
     ALLOC_TRAIN_S,
-    STOP_MARGIN,
+    GOAL_ALLOCATIONS,
     Background,
     Job,
     LongRuns,
@@ -76,6 +76,12 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
     for row in _ROWS.values():
         figs = "; ".join(f"{k} {v}" for k, v in row["figures"].items())
         w.write_line(f"{row['scenario']:<{width}}  {row['result'].upper():<7}  {figs}")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The long SLURM scenarios run in the background from the session's start; their tests only
+    wait and assert. Last, so the CPU-bound scenarios run in the foreground meanwhile."""
+    items.sort(key=lambda item: "long" in getattr(item, "fixturenames", ()))
 
 
 # -- real parts ----------------------------------------------------------------------------------
@@ -164,47 +170,60 @@ def long_runs(
     if isinstance(slurm_cluster, _Missing):
         yield None
         return
-    from scenarios import drive_distributed, drive_preemption, drive_time_limit
+    from scenarios import drive_distributed, drive_preemption, drive_time_limit, preempt_flags
 
     work = tmp_path_factory.mktemp("long")
-    # Calibrate on a quiet machine, before anything else starts: enough steps for >= 3 one-minute
-    # allocations at this speed (slower later means more allocations, never fewer).
-    step_s = calibrate_step_seconds(corpus, cache_dir, work / "calibrate")
-    steps = max(2000, min(12000, int(round(3.5 * ALLOC_TRAIN_S / step_s, -2))))
-    ref_ckpt = work / "reference"
-    reference = start_straight(long_flags(corpus, cache_dir, ref_ckpt, steps), child_env())
+    wanted = {
+        name
+        for item in request.session.items
+        for name in ("time_limit", "preemption", "distributed")
+        if f"test_slurm_{name}" in item.nodeid
+    }
+    # Enough steps for >= 3 three-minute allocations: sized with the CPU time of a step, before
+    # anything else starts (a busier machine later means more allocations, never fewer).
+    step_s, steps = 0.0, 2000
+    if "time_limit" in wanted:
+        step_s = calibrate_step_seconds(corpus, cache_dir, work / "calibrate")
+        goal = (GOAL_ALLOCATIONS - 0.7) * ALLOC_TRAIN_S
+        steps = max(2000, min(60000, int(round(goal / step_s, -2))))
+    ref_ckpt, preempt_ref = work / "reference", work / "preempt-reference"
     bg = Background()
     runs_ = LongRuns(
         steps, step_s, long_flags(corpus, cache_dir, Path("ckpt"), steps), ref_ckpt, bg, work
     )
-    bg.start("reference", lambda: _finish_reference(reference))
-    bg.start(
-        "time_limit",
-        lambda: drive_time_limit(Job(slurm_cluster, work, "timelimit"), runs_.flags, STOP_MARGIN),
-    )
-    bg.start(
-        "preemption",
-        lambda: drive_preemption(Job(slurm_cluster, work, "preempt"), runs_.flags, steps),
-    )
-    bg.start(
-        "distributed",
-        lambda: drive_distributed(Job(slurm_cluster, work, "dist"), corpus, cache_dir),
-    )
+    runs_.preempt_reference = preempt_ref
+    straight: list[Any] = []  # the uninterrupted reference runs, killed at the end if still on
+    if "time_limit" in wanted:
+        straight.append(start_straight(long_flags(corpus, cache_dir, ref_ckpt, steps), child_env()))
+        bg.start("reference", lambda proc=straight[-1]: _finish_reference(proc))
+        timelimit = Job(slurm_cluster, work, "timelimit")
+        bg.start("time_limit", lambda: drive_time_limit(timelimit, runs_.flags))
+    if "preemption" in wanted:
+        straight.append(start_straight(preempt_flags(corpus, cache_dir, preempt_ref), child_env()))
+        bg.start("preempt_reference", lambda proc=straight[-1]: _finish_reference(proc))
+        flags = preempt_flags(corpus, cache_dir, Path("ckpt"))
+        bg.start("preemption", lambda: drive_preemption(Job(slurm_cluster, work, "preempt"), flags))
+    if "distributed" in wanted:
+        bg.start(
+            "distributed",
+            lambda: drive_distributed(Job(slurm_cluster, work, "dist"), corpus, cache_dir),
+        )
     try:
         yield runs_
     finally:
-        if reference.poll() is None:
-            reference.kill()
-            reference.wait()
-        if reference.stdout is not None:
-            reference.stdout.close()
+        for proc in straight:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            if proc.stdout is not None:
+                proc.stdout.close()
         for job in list(slurm_cluster.jobs()):
             slurm_cluster.run(["scancel", job], check=False)
         bg.join_all(timeout=60)
 
 
 def _finish_reference(proc: Any) -> str:
-    out, _ = proc.communicate(timeout=1800)
+    out, _ = proc.communicate(timeout=2400)
     assert proc.returncode == 0, out
     return str(out)
 

@@ -11,7 +11,9 @@ A module of its own because pytest's importlib mode does not let tests import co
 
 from __future__ import annotations
 
+import os
 import re
+import resource
 import subprocess
 import sys
 import threading
@@ -30,11 +32,15 @@ ROOT = Path(__file__).resolve().parents[1]
 
 SCRIPT = ROOT / "apps" / "train" / "slurm" / "submit-training-simple.sh"
 
-# SLURM's minimum allocation is one minute. A trainer that keeps STOP_MARGIN seconds free trains
-# for about ALLOC_TRAIN_S of it (the rest is Python start-up), so a run of a few times that many
-# seconds of steps needs at least three allocations while its uninterrupted reference stays cheap.
-STOP_MARGIN = 30
-ALLOC_TRAIN_S = 60 - STOP_MARGIN - 5
+# The time-limit scenario's allocations: `sbatch --time=3` of the shipped script, nothing else
+# changed. With the shipped defaults a trainer trains for about ALLOC_TRAIN_S of each (start-up
+# and the measured stop margin take the rest), so a run of GOAL_ALLOCATIONS - 0.7 times that
+# many seconds of steps needs at least GOAL_ALLOCATIONS allocations at the calibrated speed
+# (slower later means more allocations, never fewer).
+TIME_LIMIT_MIN = 3
+ALLOC_TRAIN_S = TIME_LIMIT_MIN * 60 - 25
+GOAL_ALLOCATIONS = 3
+GOODPUT_TARGET = 0.85  # of every non-final allocation, in persisted steps (issue 12)
 FINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"}
 
 
@@ -44,6 +50,9 @@ def job_env(**extra: str) -> dict[str, str]:
     # straight run outside SLURM computes bitwise the same numbers. PYRECOVER_END_TIME="" so an
     # override in the caller's environment cannot hide SLURM's deadline.
     env = {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "PYRECOVER_END_TIME": ""}
+    # The script's commands (pyrecover-train, slurmclock) from this interpreter's environment,
+    # also when it was not activated.
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
     env.update(extra)
     return env
 
@@ -86,23 +95,31 @@ def wait_until(what: str, ok: Callable[[], bool], timeout: float, poll: float = 
 
 
 def calibrate_step_seconds(corpus: Path, cache: Path, scratch: Path) -> float:
-    """Seconds per step of the tiny configuration on this machine, now (one process)."""
-    r = run_cli(
-        tiny_flags(
-            corpus,
-            cache,
-            scratch,
-            "--training-steps",
-            "400",
-            "--checkpoint-frequency",
-            "0",
-            "--log-every",
-            "100",
+    """CPU seconds per step of the tiny configuration on this machine (one process, one thread):
+    a lower bound of its wall time per step however busy the machine is now or later, so a run
+    sized with it never takes fewer allocations than planned (a busier machine: more)."""
+
+    def cpu(steps: int) -> float:
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        r = run_cli(
+            tiny_flags(
+                corpus,
+                cache,
+                scratch / str(steps),
+                "--training-steps",
+                str(steps),
+                "--checkpoint-frequency",
+                "0",
+                "--log-every",
+                "100",
+            )
         )
-    )
-    assert r.returncode == 0, r.stdout + r.stderr
-    t = {e["step"]: e["time"] for e in events(scratch / "default-exp" / "metrics.jsonl")}
-    return float((t[400] - t[100]) / 300)
+        assert r.returncode == 0, r.stdout + r.stderr
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        return (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
+
+    # The difference of two runs: the start-up (imports, data, model) cancels out.
+    return max(1e-4, (cpu(500) - cpu(100)) / 400)
 
 
 # -- SLURM jobs ---------------------------------------------------------------------------------
@@ -116,6 +133,13 @@ class Allocation:
     started: float
     ended: float | None = None
     status: int | None = None
+    last_line: float | None = None
+    trainer: list[tuple[str, int]] = field(default_factory=list)  # ("stopped at", 1234), ...
+
+    def step_said(self, what: str, default: int | None) -> int | None:
+        """The step of the trainer's last "resumed from" / "stopped at" / "finished:" line."""
+        found = [step for said, step in self.trainer if said.endswith(what)]
+        return found[-1] if found else default
 
     @property
     def held_s(self) -> float | None:
@@ -130,6 +154,8 @@ def allocations(log_text: str) -> list[Allocation]:
     so every run of a requeued job writes to the same file)."""
     out: list[Allocation] = []
     for line in log_text.splitlines():
+        if (m := re.search(r"(?:resumed from|stopped at|finished:) step (\d+)", line)) and out:
+            out[-1].trainer.append((line.split(" step ")[0], int(m.group(1))))
         m = _LINE.match(line)
         if not m:
             continue
@@ -137,9 +163,88 @@ def allocations(log_text: str) -> list[Allocation]:
         said = m.group(2)
         if s := re.match(r"job \S+, restart (\d+)", said):
             out.append(Allocation(int(s.group(1)), t))
-        elif (s := re.match(r"training step exited with status (\d+)", said)) and out:
+            continue
+        if out:
+            out[-1].last_line = t
+        if (s := re.match(r"training step exited with status (\d+)", said)) and out:
             out[-1].ended, out[-1].status = t, int(s.group(1))
     return out
+
+
+@dataclass
+class AllocationUse:
+    """How much of one allocation went into steps that persisted, measured from outside: the
+    steps from the job log (where the trainer resumed, where it stopped with a durable save),
+    times a straight run's time per step, over the allocation's time limit. Two straight rates:
+    the reference run's in the same seconds (side by side, the same load; None once it had
+    finished), and the job's own steady rate in the allocation (from its step events' times:
+    everything but the start-up and the stop). ``share`` takes the faster, i.e. the lower share:
+    a process that happened to get less of the CPU than the other does not flatter it."""
+
+    restart: int
+    persisted_steps: int
+    reference_step_s: float | None
+    own_step_s: float
+    limit_s: float
+    held_s: float  # from the script's first log line to its last, whole seconds
+
+    @property
+    def step_s(self) -> float:
+        rates = [r for r in (self.reference_step_s, self.own_step_s) if r is not None]
+        return min(rates)
+
+    @property
+    def share(self) -> float:
+        return self.persisted_steps * self.step_s / self.limit_s
+
+    def describe(self) -> str:
+        ref = "-" if self.reference_step_s is None else f"{1000 * self.reference_step_s:.1f}"
+        return (
+            f"allocation {self.restart}: {self.persisted_steps} steps x {1000 * self.step_s:.1f} "
+            f"ms (reference {ref}, own {1000 * self.own_step_s:.1f}) / {self.limit_s:.0f} s = "
+            f"{100 * self.share:.1f}%"
+        )
+
+
+def allocation_use(
+    allocs: Sequence[Allocation],
+    job_runs: Sequence[Sequence[dict[str, Any]]],
+    reference: Sequence[dict[str, Any]],
+    limit_s: float,
+) -> list[AllocationUse]:
+    """:class:`AllocationUse` of each allocation (job log + each run's step events)."""
+    out = []
+    for alloc, run in zip(allocs, job_runs, strict=True):
+        first = alloc.step_said("resumed from", 0) or 0
+        last = alloc.step_said("stopped at", None)
+        last = alloc.step_said("finished:", 0) if last is None else last
+        window = (alloc.started, alloc.last_line or alloc.started)
+        own = rate(run, None)
+        assert own is not None, f"allocation {alloc.restart}: too few step events"
+        use = AllocationUse(
+            alloc.restart,
+            (last or 0) - first,
+            rate(reference, window),
+            own,
+            limit_s,
+            window[1] - window[0] + 1.0,
+        )
+        out.append(use)
+    return out
+
+
+def rate(evs: Sequence[dict[str, Any]], window: tuple[float, float] | None) -> float | None:
+    """Seconds per step between the first and last step events (inside ``window``, which they
+    must cover at least half of); None when they do not."""
+    steps = [e for e in evs if e["event"] == "step"]
+    if window is not None:
+        steps = [e for e in steps if window[0] <= e["time"] <= window[1]]
+    if len(steps) < 2 or steps[-1]["step"] == steps[0]["step"]:
+        return None
+    span = steps[-1]["time"] - steps[0]["time"]
+    if window is not None and span < 0.5 * (window[1] - window[0]):
+        return None
+    return float(span / (steps[-1]["step"] - steps[0]["step"]))
 
 
 @dataclass
@@ -171,6 +276,9 @@ class Job:
     def submit(
         self, sbatch_args: Sequence[str], script_args: Sequence[str], **env: str
     ) -> JobRecord:
+        # The job's timeline (slurmclock's) in the scenario's folder: job ids restart at 1 with
+        # every test cluster, so a shared folder would hand a job the exits of an older one.
+        env = {"SLURMCLOCK_DIR": str(self.dir / "timelines"), **env}
         self.id = self.cluster.sbatch(
             SCRIPT,
             "--cpus-per-task=1",
@@ -182,8 +290,8 @@ class Job:
         )
         return JobRecord(self.name, self.id)
 
-    def log(self) -> str:
-        path = self.dir / f"job-{self.id}.out"
+    def log(self, job_id: str | None = None) -> str:
+        path = self.dir / f"job-{job_id or self.id}.out"
         return path.read_text(errors="replace") if path.exists() else ""
 
     def state(self) -> dict[str, str]:
@@ -230,6 +338,7 @@ class LongRuns:
     reference: Path
     background: Background
     workdir: Path
+    preempt_reference: Path | None = None
 
 
 SHORT_STEPS = 300

@@ -10,14 +10,14 @@ import pytest
 from e2e_helpers import LongRuns, one, runs
 from train_helpers import final_state
 
-pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.timeout(1800)]
+pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.timeout(3000)]
 
 BATCH = 4  # tiny_flags' --batch-size, per rank
 
 
 def test_two_tasks_stop_for_time_then_one_resumes(long: LongRuns, figures: dict[str, Any]) -> None:
     """7. distributed: srun -n 2 stopped by time, resumed on 1 process"""
-    seen = long.background.result("distributed", timeout=1500)
+    seen = long.background.result("distributed", timeout=2400)
     two, single = seen["two"], seen["one"]
     assert two.info["JobState"] == "COMPLETED", two.log
     assert "stopped early with steps left; not requeueing" in two.log, two.log
