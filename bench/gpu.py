@@ -282,6 +282,8 @@ def mfu(
         # Start-up: launch (allocation) -> the start event (set-up done) -> the first step done.
         "startup_setup_s": None if began is None else start["time"] - began,
         "startup_to_first_step_s": None if began is None else first["time"] - began,
+        # ... and as the trainer measured it, in parts (its `startup` event)
+        "startup_parts": next((e for e in events if e.get("event") == "startup"), None),
         **extra,
     }
     Path(out).write_text(json.dumps(data, indent=2))

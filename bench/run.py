@@ -199,18 +199,32 @@ SUITES: dict[str, Suite] = {
             "simulate",
             "time-budget simulator: stop rules per allocation, checkpoint intervals vs MTBF",
             quick_args=("--quick",),
-            targets=(
+            targets=(  # issue 12
+                Target("1.5B profile, 1 h: goodput", _agree("goodput_1b_1h"), ">=", 0.99, "%"),
+                Target("1.5B profile, 24 h: goodput", _agree("goodput_1b_24h"), ">=", 0.998, "%"),
+                Target("8B profile, 1 h: goodput", _agree("goodput_8b_1h"), ">=", 0.95, "%"),
                 Target(
-                    "slurmclock goodput / best other rule, worst case",
-                    _agree("slurmclock_vs_best_other_min"),
+                    "8B profile, 1 h: final saves killed",
+                    _agree("final_save_killed_8b_1h"),
+                    "<=",
+                    0.01,
+                    "%",
+                ),
+                Target(
+                    "slurmclock goodput / best other rule, worst case from 30 min",
+                    _agree("slurmclock_vs_best_other_min_from_30min"),
+                    ">=",
+                    1.0,
                 ),
                 Target(
                     "slurmclock goodput / best other rule, median",
                     _agree("slurmclock_vs_best_other_median"),
                 ),
                 Target(
-                    "slurmclock final save killed, worst case",
-                    _agree("slurmclock_final_save_killed_max"),
+                    "slurmclock final save killed, worst case from 30 min",
+                    _agree("slurmclock_final_save_killed_max_from_30min"),
+                    "<=",
+                    0.01,
                     unit="%",
                 ),
                 Target(

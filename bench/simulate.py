@@ -1,11 +1,14 @@
 """Time-budget simulator: which stop rule keeps the most training, and how often to checkpoint.
 
 Part 1 -- time limits. One SLURM allocation of length L (10 minutes to 24 hours) is simulated step
-by step: start-up (launch, imports, restore), a slow compile-heavy first step and a few slow
-warm-up steps, then lognormal step times; a blocking periodic save every ~30 minutes; after the
-final save the job still has to exit and requeue itself (process exit, srun teardown, `scontrol
-requeue`: lognormal, per profile), all before L, when SLURM kills it. Each stop rule decides when
-to stop and write the final checkpoint:
+by step: start-up (launch, imports, CUDA, data, model, the checkpoint's load: measured on one H100
+for the 1.5B profile, see SCENARIOS), a slow compile-heavy first step and a few slow warm-up
+steps, then lognormal step times; a periodic save every ~30 minutes, as pyrecover-train's
+``--async-checkpoint`` default makes it (on CUDA in the background: it blocks for the snapshot
+and is durable later; blocking for FSDP-sharded state); the final save blocks, after a save still
+in flight; after it the job still has to exit and requeue itself (process exit, srun teardown,
+`scontrol requeue`: lognormal, per profile), all before L, when SLURM kills it. Each stop rule
+decides when to stop and write the final checkpoint:
 
 * ``slurmclock``   -- the REAL ``slurmclock.TimeBudget`` with its default settings (fake clock),
                       as the shipped trainer and sbatch script set it up: first save guess 1 s +
@@ -101,14 +104,22 @@ class Scenario:
     first_step: float  # compile + cache warm-up
     slow_steps: int  # steps after the first that run ``slow_factor`` slower (autotuning, ...)
     slow_factor: float
-    save_median: float  # until durable
+    save_median: float  # a blocking save, until durable: the final one (periodic ones unless async)
     save_sigma: float
     state_bytes: float  # for the trainer's first guess of a save
-    startup: float  # launch, imports, data, restore: not training
+    startup_parts: dict[str, float]  # allocation start -> the first step's start, by part
     exit_median: float  # after the final save: process exit, srun teardown, scontrol requeue
     exit_sigma: float
+    # Periodic saves in the background (pyrecover-train's --async-checkpoint auto: on with CUDA,
+    # off for FSDP-sharded state): they block for the snapshot (the first one of a process also
+    # allocates the pinned host memory) and are durable async_durable_median later.
+    async_periodic: bool = False
+    snapshot_s: float = 0.0
+    first_snapshot_s: float = 0.0
+    async_durable_median: float = 0.0
     periodic_every: float = 30 * MINUTE  # wall seconds of steps between periodic saves
     restart: float | None = None  # after a failure (part 2): requeue wait + startup
+    sources: tuple[str, ...] = ()  # where the figures come from
 
     def __post_init__(self) -> None:
         for name in ("step_median", "first_step", "save_median", "state_bytes", "periodic_every"):
@@ -116,6 +127,15 @@ class Scenario:
                 raise ValueError(f"Scenario {self.name}: {name} must be > 0 seconds (or bytes)")
         if min(self.step_sigma, self.save_sigma, self.exit_sigma) < 0:
             raise ValueError(f"Scenario {self.name}: sigmas must be >= 0 (0 = constant times)")
+        if self.async_periodic and not self.async_durable_median >= self.first_snapshot_s:
+            raise ValueError(f"Scenario {self.name}: an async save is durable after its snapshot")
+        if self.async_periodic and not self.periodic_every > 20 * self.async_durable_median:
+            # The shared timeline has no save wait for the one before (the rules' loops do).
+            raise ValueError(f"Scenario {self.name}: periodic saves must be far apart")
+
+    @property
+    def startup(self) -> float:
+        return float(sum(self.startup_parts.values()))
 
     @property
     def initial_save_guess(self) -> float:
@@ -130,42 +150,100 @@ class Scenario:
         return self.startup + 2 * MINUTE if self.restart is None else self.restart
 
 
+# Measured (bench/results/gpu-h100/, bench/gpu.sh on one H100 80GB, torch 2.11 cu130; and
+# e2e/ on a local SLURM 22.05) unless marked "assumed" or "scaled".
+H100_1B = {
+    "step": 0.283,  # mfu-1b: median step, steps 15-30 (batch 8 x 2048, bf16, compiled)
+    "compile": 50.0,  # mfu-1b: steps 1-5 took 5 x 10.23 s; minus 5 steady steps, rounded down
+    "pre_step": 29.0,  # mfu-1b: 105 s run - 51.2 s (steps 1-5) - 7.1 s (6-30) - 15.6 s final save
+    # - ~2 s exit: imports, CUDA, data (a first run: building the token cache too), model
+    "load": 16.5,  # ckpt-1b: ckptstore verified cold load of the 18 GB model + AdamW state
+    "save_sync": 15.6,  # ckpt-1b: ckptstore sync save until durable
+    "snapshot": 0.38,  # ckpt-1b: async save() with the device-to-host copy synchronized
+    "first_snapshot": 19.1,  # ckpt-1b: the first async save allocates 18 GB of pinned memory
+    "async_durable": 22.2,  # ckpt-1b: async save until durable (the writer shares the host)
+}
+LAUNCH = 0.7  # e2e (local SLURM): allocation start -> the trainer process's start
+
 SCENARIOS = (
     Scenario(
-        name="1b, one H100, local NVMe",
-        about="1.5B params, 0.3 s steps, 60 s compile, 18 GB state, saves ~10 s",
-        step_median=0.3,
-        step_sigma=0.1,
-        first_step=60.0,
-        slow_steps=5,
-        slow_factor=3.0,
-        save_median=10.0,
-        save_sigma=0.25,
+        name="1b, one H100",
+        about=(
+            "1.5B params, 0.28 s steps, 50 s compile, 18 GB state, blocking saves 15.6 s, async "
+            "saves block 0.38 s (the first 19.1 s), 46 s start-up (measured)"
+        ),
+        step_median=H100_1B["step"],
+        step_sigma=0.1,  # assumed
+        first_step=H100_1B["compile"],
+        slow_steps=0,  # mfu-1b: steps 6-10 already at the steady 282 ms
+        slow_factor=1.0,
+        save_median=H100_1B["save_sync"],
+        save_sigma=0.25,  # assumed (one measured round)
         state_bytes=18e9,
-        startup=90.0,
-        exit_median=4.0,
+        startup_parts={
+            "launch": LAUNCH,
+            "imports, CUDA, data, model": H100_1B["pre_step"],
+            "resume load": H100_1B["load"],
+        },
+        exit_median=4.0,  # assumed
         exit_sigma=0.3,
+        async_periodic=True,  # --async-checkpoint auto: on with CUDA
+        snapshot_s=H100_1B["snapshot"],
+        first_snapshot_s=H100_1B["first_snapshot"],
+        async_durable_median=H100_1B["async_durable"],
+        sources=("bench/results/gpu-h100 (gpu.sh, one H100)", "e2e launch on a local SLURM"),
     ),
     Scenario(
         name="8b, 4 nodes, busy Lustre",
-        about="8B params, 4 s steps, 240 s compile, 96 GB state, saves ~90 s with a heavy tail",
-        step_median=4.0,
+        about=(
+            "8B params, 4 s steps, 100 s compile, 96 GB state, blocking saves ~90 s with a heavy "
+            "tail (FSDP: no async), 120 s start-up"
+        ),
+        step_median=4.0,  # assumed
         step_sigma=0.15,
-        first_step=240.0,
-        slow_steps=5,
+        first_step=100.0,  # scaled: the 1.5B's measured 50 s x 32/16 layers
+        slow_steps=5,  # assumed
         slow_factor=2.0,
-        save_median=90.0,
+        save_median=90.0,  # assumed: the heavy-tailed profile of issue 12
         save_sigma=0.5,
         state_bytes=96e9,
-        startup=180.0,
-        exit_median=12.0,
+        startup_parts={
+            "launch": LAUNCH,
+            "imports, CUDA, data, model": H100_1B["pre_step"],  # as measured for the 1.5B
+            "resume load": 90.0,  # scaled: 96 GB read at the rate its saves write (~1 GB/s)
+        },
+        exit_median=12.0,  # assumed
         exit_sigma=0.4,
+        async_periodic=False,  # FSDP-sharded state: DCP's async staging refuses DTensors
+        sources=("scaled from the 1.5B's measurements; saves and steps assumed (issue 12)",),
     ),
 )
 
 
 def lognormal(rng: np.random.Generator, median: float, sigma: float, n: int) -> np.ndarray:
     return median * np.exp(sigma * rng.standard_normal(n)) if sigma else np.full(n, median)
+
+
+def periodic_saves(sc: Scenario, rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """(until durable, blocking) seconds of a process's first ``n`` periodic saves."""
+    if not sc.async_periodic:
+        saves = lognormal(rng, sc.save_median, sc.save_sigma, n)
+        return saves, saves
+    block = np.full(n, sc.snapshot_s)
+    block[:1] = sc.first_snapshot_s
+    durable = lognormal(rng, sc.async_durable_median, sc.save_sigma, n)
+    return np.maximum(durable, block), block
+
+
+def prior_saves(sc: Scenario, length: float, rng: np.random.Generator) -> list[float]:
+    """The saves the budget state of earlier allocations of this length holds (its last 20):
+    per allocation its periodic saves (until durable), then its blocking final save."""
+    per_allocation = max(0, int((length - sc.startup) // sc.periodic_every))
+    out: list[float] = []
+    while len(out) < PRIOR_SAVES:
+        out.extend(periodic_saves(sc, rng, per_allocation)[0].tolist())
+        out.append(float(lognormal(rng, sc.save_median, sc.save_sigma, 1)[0]))
+    return out[-PRIOR_SAVES:]
 
 
 # -- part 1: one allocation, four stop rules ---------------------------------------------------
@@ -195,26 +273,29 @@ class Trial:
         self.cs = np.cumsum(d)
         self.every = sc.periodic_steps
         n_saves = n // self.every + 2
-        self.saves = lognormal(rng, sc.save_median, sc.save_sigma, n_saves)  # saves[k-1]: k-th
+        # Periodic save k (k >= 1, index k - 1) blocks training for block[k-1] seconds and is
+        # durable saves[k-1] seconds after it started (what the trainer measures and the budget
+        # records): the same for a blocking save.
+        self.saves, self.block = periodic_saves(sc, rng, n_saves)
         self.final_save = float(lognormal(rng, sc.save_median, sc.save_sigma, 1)[0])
         self.exit = float(lognormal(rng, sc.exit_median, sc.exit_sigma, 1)[0])
         self.signal_at = length - SIGNAL_LEAD - SIGNAL_EARLY * float(rng.random())
         self.prior_state = {  # what the previous allocation stored (TimeBudget.state_dict())
             "version": 1,
             "steps": lognormal(rng, sc.step_median, sc.step_sigma, PRIOR_STEPS).tolist(),
-            "saves": lognormal(rng, sc.save_median, sc.save_sigma, PRIOR_SAVES).tolist(),
+            "saves": prior_saves(sc, length, rng),
             "exits": [
                 {"job": "sim", "restart": k, "seconds": float(x)}
                 for k, x in enumerate(lognormal(rng, sc.exit_median, sc.exit_sigma, PRIOR_EXITS))
             ],
         }
         # Save k (k >= 1) runs after step number k * every (index k * every - 1).
-        cum_saves = np.concatenate(([0.0], np.cumsum(self.saves)))
+        cum_block = np.concatenate(([0.0], np.cumsum(self.block)))
         idx = np.arange(n)
-        done_before = idx // self.every  # periodic saves finished before step index i starts
-        self.t_end = sc.startup + self.cs + cum_saves[done_before]
+        done_before = idx // self.every  # periodic saves started before step index i starts
+        self.t_end = sc.startup + self.cs + cum_block[done_before]
         self.t_start = self.t_end - d
-        self.cum_saves = cum_saves
+        self.cum_block = cum_block
 
     # - shared bookkeeping -
 
@@ -237,6 +318,13 @@ class Trial:
     def last_step_done_before(self, t: float) -> int:
         """Index of the last step finished by time t on the shared timeline (-1: none)."""
         return int(np.searchsorted(self.t_end, t, side="right")) - 1
+
+    def in_flight_until(self, j: int) -> float:
+        """When the last periodic save started before step index j ended is durable (0: none).
+        A blocking save was durable before the next step began; an async one may still be
+        written, and a save started now (the final one) waits for it."""
+        k = j // self.every
+        return float(self.t_end[k * self.every - 1] + self.saves[k - 1]) if k >= 1 else 0.0
 
     def periodic_committed(self, upto_index: int, kill: float) -> int:
         """Steps persisted by the periodic saves of the shared timeline that finished by ``kill``
@@ -263,8 +351,9 @@ class Trial:
             persisted = self.periodic_committed(j, L)
             done = float(self.t_end[j] + self.saves[(j + 1) // self.every - 1])
             return self.result(persisted, j + 1, persisted == j + 1, done)
-        if self.t_end[j] + self.final_save <= L:
-            return self.result(j + 1, j + 1, True, float(self.t_end[j]) + self.final_save)
+        done = max(float(self.t_end[j]), self.in_flight_until(j)) + self.final_save
+        if done <= L:
+            return self.result(j + 1, j + 1, True, done)
         persisted = self.periodic_committed(j - 1, L)
         return self.result(persisted, j + 1, False)
 
@@ -298,16 +387,20 @@ def pyrecover_v0_rule(trial: Trial) -> Outcome:
 
 
 def oracle_rule(trial: Trial) -> Outcome:
-    """Stop after the last step whose final save and exit still end before L (knowing them)."""
-    n = len(trial.d)
-    periodic = (np.arange(n) + 1) % trial.every == 0
-    k = np.maximum((np.arange(n) + 1) // trial.every - 1, 0)
-    final = np.where(periodic, trial.saves[k], trial.final_save)
-    fits = np.nonzero(trial.t_end + final + trial.exit <= trial.length)[0]
+    """Stop after the last step whose final save and exit still end before L (knowing them).
+    The final save replaces a periodic one due at the same step (as in pyrecover-train) and
+    starts once a periodic save still being written is durable."""
+    n, every = len(trial.d), trial.every
+    k = np.arange(n) // every  # periodic saves started before step index j ended
+    in_flight = np.where(
+        k >= 1, trial.t_end[np.maximum(k * every - 1, 0)] + trial.saves[np.maximum(k - 1, 0)], 0.0
+    )
+    done = np.maximum(trial.t_end, in_flight) + trial.final_save
+    fits = np.nonzero(done + trial.exit <= trial.length)[0]
     if len(fits) == 0:
         return Outcome(0.0, 0.0, True, False)
     j = int(fits[-1])
-    return trial.result(j + 1, j + 1, True, float(trial.t_end[j] + final[j]))
+    return trial.result(j + 1, j + 1, True, float(done[j]))
 
 
 def _rolling_max(d: np.ndarray, window: int) -> np.ndarray:
@@ -327,10 +420,12 @@ class _FakeClock:
         return self.now
 
 
-def slurmclock_rule(trial: Trial, margin: float | None = None) -> Outcome:
+def slurmclock_rule(trial: Trial, margin: float | None = None, *, fast: bool = True) -> Outcome:
     """Drive the real TimeBudget as pyrecover-train does: record each step, ask should_stop()
-    after it, can_save() before a periodic save, record each save until durable; SLURM's USR2
-    warning is raised on the budget's stop flag when it arrives."""
+    after it, can_save() before a periodic save, record each save once it is durable (an async
+    one some steps later, as the trainer finds it finished); the final save waits for a save
+    still in flight. SLURM's USR2 warning is raised on the budget's stop flag when it arrives.
+    ``fast``: skip, step-free, the part of the run where the budget cannot stop (same result)."""
     sc, L, d = trial.sc, trial.length, trial.d
     clock = _FakeClock()
     flag = StopSignals(("USR2", "TERM"), clock=clock)  # not installed: raised by the simulator
@@ -345,46 +440,76 @@ def slurmclock_rule(trial: Trial, margin: float | None = None) -> Outcome:
         timer=clock,
     )
     budget.load_state_dict(trial.prior_state)
-    i0 = _first_close_step(trial, budget)
+    i0 = _first_close_step(trial, budget) if fast else 0
     cfg = budget.config
     w, window = cfg.warmup_steps, cfg.step_window
     for x in d[: min(w, i0)]:
         budget.record_step(float(x))
     for x in d[max(w, i0 - window) : i0]:
         budget.record_step(float(x))
-    done = int(i0 // trial.every)
-    for k in range(1, done + 1):
-        budget.record_save(float(trial.saves[k - 1]))
     now = float(trial.t_start[i0])
+    saves = _Durable(budget)
+    for k in range(1, i0 // trial.every + 1):  # the periodic saves started before step i0
+        seconds = float(trial.saves[k - 1])
+        saves.started(float(trial.t_end[k * trial.every - 1]) + seconds, seconds, k * trial.every)
     if now > L:  # the kill came during the periodic save after step i0 - 1
-        persisted = (done - 1) * trial.every
-        return trial.result(persisted, i0, False)
-    persisted, k_next, i = done * trial.every, done + 1, i0
+        return trial.result(saves.committed_by(L), i0, False)
+    saves.record_until(now)
+    k_next, i = i0 // trial.every + 1, i0
     signalled = False
     while i < len(d):
         now += float(d[i])
         if now > L:  # killed mid-step
-            return trial.result(persisted, i, False)
+            return trial.result(saves.committed_by(L), i, False)
         budget.record_step(float(d[i]))
         if not signalled and now >= trial.signal_at:
             clock.now, signalled = trial.signal_at, True
             flag.request("SIGUSR2")  # stamped with its arrival time
         clock.now = now
+        saves.record_until(now)
         if budget.should_stop():
-            if now + trial.final_save <= L:
-                return trial.result(i + 1, i + 1, True, now + trial.final_save)
-            return trial.result(persisted, i + 1, False)
+            done = max(now, saves.in_flight_until()) + trial.final_save
+            if done <= L:
+                return trial.result(i + 1, i + 1, True, done)
+            return trial.result(saves.committed_by(L), i + 1, False)
         if (i + 1) % trial.every == 0:
-            save = float(trial.saves[k_next - 1])
-            k_next += 1
+            k, k_next = k_next, k_next + 1
             if budget.can_save():
-                now += save
+                now = max(now, saves.in_flight_until())  # one save in flight: wait for it
+                saves.record_until(now)
+                started, now = now, now + float(trial.block[k - 1])
                 if now > L:  # killed mid-save
-                    return trial.result(persisted, i + 1, False)
-                budget.record_save(save)
-                persisted = i + 1
+                    return trial.result(saves.committed_by(L), i + 1, False)
+                saves.started(started + float(trial.saves[k - 1]), float(trial.saves[k - 1]), i + 1)
+                saves.record_until(now)
         i += 1
     raise RuntimeError("simulation ran out of drawn steps: raise the step count bound")
+
+
+class _Durable:
+    """Periodic saves started and not yet recorded: each is recorded (and its steps count as
+    persisted) once durable, as the trainer learns it from the store."""
+
+    def __init__(self, budget: TimeBudget) -> None:
+        self.budget = budget
+        self.pending: list[tuple[float, float, int]] = []  # (durable at, seconds, steps)
+        self.persisted = 0
+
+    def started(self, durable_at: float, seconds: float, steps: int) -> None:
+        self.pending.append((durable_at, seconds, steps))
+
+    def record_until(self, now: float) -> None:
+        while self.pending and self.pending[0][0] <= now:
+            _, seconds, self.persisted = self.pending.pop(0)
+            self.budget.record_save(seconds)
+
+    def in_flight_until(self) -> float:
+        return self.pending[-1][0] if self.pending else 0.0
+
+    def committed_by(self, kill: float) -> int:
+        """Steps in a checkpoint that was durable when the kill came."""
+        done = [steps for at, _, steps in self.pending if at <= kill]
+        return max([self.persisted, *done])
 
 
 def _first_close_step(trial: Trial, budget: TimeBudget) -> int:
@@ -394,7 +519,9 @@ def _first_close_step(trial: Trial, budget: TimeBudget) -> int:
     cfg, d = budget.config, trial.d
     prior_steps = trial.prior_state["steps"]
     step_bound = np.maximum(_rolling_max(d, cfg.step_window), max(prior_steps))
-    # The decision after step i has seen the periodic saves of steps before it: i // every.
+    # The decision after step i has recorded at most the periodic saves started before it
+    # (i // every; fewer while an async one is still being written): the bound is the largest
+    # estimate over those prefixes.
     seen = np.arange(len(d)) // trial.every
     tail = SaveTail(window=cfg.save_window, quantile=cfg.save_quantile)
     tail.load(trial.prior_state["saves"])
@@ -407,7 +534,7 @@ def _first_close_step(trial: Trial, budget: TimeBudget) -> int:
         if cfg.margin is not None
         else (budget.exit_estimate or cfg.initial_exit_estimate) + cfg.slack
     )
-    bound = step_bound + np.asarray(save_bound)[seen] + end
+    bound = step_bound + np.maximum.accumulate(save_bound)[seen] + end
     close = np.nonzero(trial.length - trial.t_end < bound)[0]
     return int(close[0]) if len(close) else len(d) - 1
 
@@ -569,7 +696,22 @@ def headline(rows: list[dict[str, Any]], mrows: list[dict[str, Any]]) -> dict[st
         g["auto (Young/Daly)"] / max(v for k, v in g.items() if k.startswith("fixed"))
         for g in mby.values()
     ]
+    targets = {  # issue 12: (scenario prefix, allocation) -> slurmclock's cell
+        "goodput_1b_1h": ("1b", HOUR),
+        "goodput_1b_24h": ("1b", DAY),
+        "goodput_8b_1h": ("8b", HOUR),
+    }
+    cells = {
+        name: next(
+            r
+            for (scn, length, pol), r in by.items()
+            if pol == "slurmclock" and scn.startswith(prefix) and length == at
+        )
+        for name, (prefix, at) in targets.items()
+    }
     return {
+        **{name: r["goodput_mean"] for name, r in cells.items()},
+        "final_save_killed_8b_1h": cells["goodput_8b_1h"]["final_save_killed"],
         "slurmclock_vs_best_other_min_from_30min": min(ratios_30),
         "slurmclock_vs_best_other_min": min(ratios),
         "slurmclock_vs_best_other_median": float(np.median(ratios)),
