@@ -263,3 +263,31 @@ def test_startup_is_measured_said_and_reported(
     assert "start-up to the first step" in format_summary(summary)
     # The report counts the wall time from the process start, before the first event.
     assert summary.runs[0].started <= one(evs, "start")["time"] - startup["parts"]["imports"]
+
+
+def test_async_saves_reserve_their_snapshot_buffer_after_the_first_step(
+    corpus: Path, cache_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With async saves the store allocates the snapshot buffer in the background once the
+    optimizer has its moments, not in the first save; the default on CPU is blocking saves."""
+    import ckptstore
+    from pyrecover_train.cli import main
+
+    reserved: list[dict] = []
+    real = ckptstore.CheckpointStore.reserve
+
+    def spy(self: ckptstore.CheckpointStore, state: dict) -> None:
+        reserved.append(state)
+        real(self, state)
+
+    monkeypatch.setattr(ckptstore.CheckpointStore, "reserve", spy)
+    argv = flags(corpus, cache_dir, tmp_path / "a", "--training-steps", "5", "--async-checkpoint")
+    assert main(argv) == 0
+    ((state,),) = [reserved]
+    assert state["optim"].state  # AdamW's moments exist: the buffer has their size too
+    saves = [e for e in events(tmp_path / "a") if e["event"] == "save"]
+    assert [e["async"] for e in saves] == [True, False]  # periodic async, the final blocking
+    reserved.clear()
+    assert main(flags(corpus, cache_dir, tmp_path / "b", "--training-steps", "5")) == 0
+    assert reserved == []
+    assert not any(e["async"] for e in events(tmp_path / "b") if e["event"] == "save")

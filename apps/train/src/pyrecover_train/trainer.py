@@ -393,11 +393,16 @@ class Trainer:
     # -- start, end -------------------------------------------------------------------------
 
     def _first_step_done(self) -> None:
-        """Start-up ends with the first step: said once, in the log and the metrics."""
+        """Start-up ends with the first step: said once, in the log and the metrics. Now that
+        the optimizer has its moments, async saves get their snapshot buffer, allocated in the
+        background (else the first async save allocates it: 19 s for a 1.5B model's 18 GB of
+        pinned memory on an H100)."""
         self.startup.mark("first step")
         if self.dist.rank == 0:
             self.startup.locate()  # one squeue, rank 0 only
         self.console.startup(self.state.step, self.startup)
+        if self.async_saves:
+            self.store.reserve(self.state.checkpoint({}))
 
     def _open_outputs(self) -> None:
         """Metrics, log file and the start/resume events, only now that the run is known to
