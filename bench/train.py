@@ -89,7 +89,7 @@ def run_trainer(flags: list[str], work: Path, name: str) -> float:
     import orjson
 
     from pyrecover_train.config import config_from_args
-    from pyrecover_train.trainer import train
+    from pyrecover_train.session import train
 
     ckpt = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=work))
     cfg = config_from_args([*flags, "--checkpoint-dir", str(ckpt)])
@@ -213,7 +213,7 @@ def gpu_mfu(args: argparse.Namespace) -> None:
     if not torch.cuda.is_available():
         sys.exit("--mfu needs a CUDA GPU")
     from pyrecover_train.config import config_from_args
-    from pyrecover_train.trainer import train
+    from pyrecover_train.session import train
 
     with tempfile.TemporaryDirectory(prefix="bench-mfu-") as tmp:
         work = Path(tmp)

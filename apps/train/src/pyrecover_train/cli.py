@@ -88,7 +88,8 @@ def _run(
     from parquetlm import ParquetLMError
 
     from .config import UsageError
-    from .trainer import OutOfMemory, TrainingDiverged, import_checkpoint, train
+    from .session import import_checkpoint, train
+    from .trainer import OutOfMemory, TrainingDiverged
 
     startup.mark("imports")
     try:

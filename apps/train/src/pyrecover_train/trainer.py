@@ -1,4 +1,5 @@
-"""The training run: set-up (build.py), resume (resume.py), then the loop of :meth:`Trainer.fit`.
+"""The training run: set-up (build.py), resume (resume.py), then the loop of :meth:`Trainer.fit`
+(session.py runs it in a process group with its signals and logs).
 
     per step: train step -> progress line -> evaluation (every --eval-every)
               -> finished background saves refine the save-time estimate
@@ -17,8 +18,6 @@ from __future__ import annotations
 import enum
 import logging
 import math
-import signal
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -53,8 +52,6 @@ __all__ = [
     "StopCause",
     "Trainer",
     "TrainingDiverged",
-    "import_checkpoint",
-    "train",
 ]
 
 log = logging.getLogger("pyrecover_train")
@@ -99,84 +96,6 @@ class RunResult:
 
 class TrainingDiverged(RuntimeError):
     """The loss became NaN/inf: nothing more is saved, so good checkpoints are not replaced."""
-
-
-def train(
-    cfg: TrainConfig,
-    *,
-    signals: slurmclock.StopSignals | None = None,
-    startup: Startup | None = None,
-) -> RunResult:
-    """Run training as configured; returns its result (the CLI exits with ``exit_code``).
-
-    ``signals``: the stop flag for SIGUSR2/SIGTERM, already installed (the command line arms it
-    before importing torch); None installs one for the call. ``startup``: the start-up marks so
-    far (None: counted from this call). Raises :class:`UsageError` for bad input found during
-    set-up (nothing written by then).
-    """
-    return _session(cfg, lambda t: t.fit(), signals, startup)
-
-
-def import_checkpoint(
-    cfg: TrainConfig,
-    *,
-    signals: slurmclock.StopSignals | None = None,
-    startup: Startup | None = None,
-) -> RunResult:
-    """Resume from ``cfg.resume_from_checkpoint`` (an original PyRecover file) and save it as
-    this experiment's checkpoint at its step, without training."""
-    return _session(cfg, lambda t: t.save_imported(), signals, startup)
-
-
-def _session(
-    cfg: TrainConfig,
-    body: Callable[[Trainer], RunResult],
-    signals: slurmclock.StopSignals | None,
-    startup: Startup | None,
-) -> RunResult:
-    # Armed first: SLURM's warning signal may come while the corpus is still being prepared.
-    own = signals is None
-    flag = slurmclock.StopSignals(("USR2", "TERM")).install() if signals is None else signals
-    startup = Startup.now() if startup is None else startup
-    try:
-        info = build.check_launcher(cfg)
-        logs.setup(info.rank)
-        try:  # a stop signal ends the wait for the other ranks at once
-            dist = build.join(cfg, abort=_stop_requested(flag))
-        except ddpkit.InitInterrupted as e:
-            return _interrupted(e, flag)
-        with dist:
-            startup.mark("setup")
-            trainer = Trainer(cfg, dist, flag, startup=startup)
-            try:
-                return body(trainer)
-            except Exception as e:
-                trainer.record_error(e)
-                raise
-            finally:
-                trainer.close()
-    finally:
-        logs.teardown()
-        if own:
-            flag.restore()
-
-
-def _stop_requested(flag: slurmclock.StopSignals) -> Callable[[], bool]:
-    """For the wait at the rendezvous: a stop signal ends it; SLURM's warning only when its lead
-    is unknown (with PYRECOVER_SIGNAL_LEAD it is information for the time budget)."""
-    warning = {"SIGUSR2"} if slurmclock.signal_lead_from_env() is not None else set()
-    return lambda: any(name not in warning for name, _ in flag.arrivals)
-
-
-def _interrupted(e: ddpkit.InitInterrupted, signals: slurmclock.StopSignals) -> RunResult:
-    """A stop signal came while waiting for the other ranks: one line, exit 128 + signal
-    (as if the signal had ended the process; nothing was written)."""
-    signum = e.signum
-    if signum is None and signals.received:  # abort(): our own flag saw the signal
-        signum = int(getattr(signal, signals.received, signal.SIGTERM))
-    signum = signum or int(signal.SIGTERM)
-    print(f"pyrecover-train: {e}", file=sys.stderr, flush=True)
-    return RunResult(exit_code=128 + signum, step=0, start_step=0, reason=str(e))
 
 
 class Trainer:
