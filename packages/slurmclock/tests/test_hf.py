@@ -24,7 +24,12 @@ from torch import nn  # noqa: E402
 from transformers import Trainer, TrainerCallback, TrainingArguments  # noqa: E402
 
 from slurmclock import Deadline, TimeBudget  # noqa: E402
-from slurmclock.hf import EXIT_STOPPED, TimeAwareCallback, last_checkpoint  # noqa: E402
+from slurmclock.hf import (  # noqa: E402
+    BUDGET_FILE,
+    EXIT_STOPPED,
+    TimeAwareCallback,
+    last_checkpoint,
+)
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::FutureWarning")
 MAX_STEPS = 13  # 5 batches per epoch
@@ -116,6 +121,36 @@ def test_real_signal_stops_saves_and_resumes_bitwise(straight: Net, tmp_path: Pa
     assert timer2.exit_code == 0 and trainer2.state.global_step == MAX_STEPS
     assert same_weights(resumed, straight)
     assert last_checkpoint(tmp_path) == str(tmp_path / f"checkpoint-{MAX_STEPS}")  # saved at end
+
+
+def test_the_budget_carries_its_measurements_to_the_resumed_run(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The save time measured in one allocation is the next one's estimate (not the 60 s guess);
+    a damaged file costs only the estimates."""
+    import json
+
+    usr2 = At(7, lambda: os.kill(os.getpid(), signal.SIGUSR2))
+    _, timer, _ = train(tmp_path, usr2)
+    assert timer.exit_code == EXIT_STOPPED
+    stored = json.loads((tmp_path / "checkpoint-7" / BUDGET_FILE).read_text())
+    assert stored == json.loads(json.dumps(timer.budget.state_dict()))
+    assert len(stored["saves"]) == 1 and len(stored["steps"]) >= 5
+
+    seen: list[float | None] = []
+    probe = At(8, lambda: seen.append(timer2.budget.save_estimate))
+    timer2 = TimeAwareCallback(deadline=Deadline(None, "none"))
+    train(tmp_path, probe, timer=timer2)
+    assert seen[0] is not None and seen[0] < 60.0  # from the measured save, before any new one
+    assert len(timer2.budget.state_dict()["saves"]) == 2  # the loaded one + the final save
+
+    (tmp_path / f"checkpoint-{MAX_STEPS}" / BUDGET_FILE).write_text("{not json")
+    (tmp_path / f"checkpoint-{MAX_STEPS}" / "trainer_state.json").unlink()  # resume from 7
+    (tmp_path / "checkpoint-7" / BUDGET_FILE).write_text("{not json")
+    with caplog.at_level(logging.WARNING, logger="slurmclock"):
+        _, timer3, trainer3 = train(tmp_path)
+    assert timer3.exit_code == 0 and trainer3.state.global_step == MAX_STEPS
+    assert any("starting from the initial estimates" in r.getMessage() for r in caplog.records)
 
 
 def test_deadline_stop(straight: Net, tmp_path: Path) -> None:

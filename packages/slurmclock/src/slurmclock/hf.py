@@ -15,7 +15,10 @@ all-reduce when ``torch.distributed`` is initialized: any rank that must stop st
 if not, sets ``control.should_save`` and ``control.should_training_stop``: the Trainer writes its
 regular ``checkpoint-N`` (model, optimizer, scheduler, RNG states, ``trainer_state.json``) and
 returns. Stop signals (default SIGUSR2 and SIGTERM) only raise a flag read at the next step. The
-save is timed (``on_save``) and feeds the budget, like periodic ``save_steps`` saves.
+save is timed (``on_save``) and feeds the budget, like periodic ``save_steps`` saves. Rank 0 writes
+the budget's measurements next to the checkpoint (``checkpoint-N/slurmclock_budget.json``, after
+the Trainer's own files): the resumed run starts from the save times and exits the earlier
+allocations measured, not from the initial guesses.
 
 Resume is the Trainer's own, from :func:`last_checkpoint`: ``train(resume_from_checkpoint=...)``
 restores weights, optimizer, scheduler and RNG, and skips the batches of the current epoch already
@@ -30,6 +33,7 @@ import logging
 import os
 import re
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
 from slurmclock._trainers import (
@@ -50,6 +54,7 @@ except ImportError as e:  # pragma: no cover - depends on the environment
     ) from e
 
 __all__ = [
+    "BUDGET_FILE",
     "EXIT_FINISHED",
     "EXIT_STOPPED",
     "TimeAwareCallback",
@@ -61,6 +66,7 @@ log = logging.getLogger("slurmclock")
 _CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
 # The Trainer writes trainer_state.json last: a checkpoint-N without it was cut short.
 _WRITTEN_LAST = "trainer_state.json"
+BUDGET_FILE = "slurmclock_budget.json"  # the budget's measurements, beside the Trainer's files
 
 
 def last_checkpoint(output_dir: str | os.PathLike[str]) -> str | None:
@@ -137,6 +143,8 @@ class TimeAwareCallback(TimeAware, TrainerCallback):
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
     ) -> None:
         self.stopped_early = False
+        if state.global_step > 0:  # resumed: the Trainer loaded checkpoint-N's state
+            _load_budget(self.budget, _checkpoint_dir(args, state) / BUDGET_FILE)
         self.policy.begin()
 
     def on_step_end(
@@ -163,6 +171,8 @@ class TimeAwareCallback(TimeAware, TrainerCallback):
             # The Trainer writes synchronously: the save is done when on_save fires.
             self.policy.time_save(self.policy.now() - self._save_started)
             self._save_started = None
+        if state.is_world_process_zero:
+            _store_budget(self.budget, _checkpoint_dir(args, state))
         self.policy.paused()
 
     def on_evaluate(
@@ -174,6 +184,34 @@ class TimeAwareCallback(TimeAware, TrainerCallback):
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
     ) -> None:
         self.policy.end()
+
+
+def _checkpoint_dir(args: TrainingArguments, state: TrainerState) -> Path:
+    return Path(args.output_dir) / f"checkpoint-{state.global_step}"
+
+
+def _store_budget(budget: TimeBudget, folder: Path) -> None:
+    """The budget's state beside the checkpoint, atomically; a save that did not write the
+    folder (a hyperparameter search's run folder) or a failing disk only costs the estimates."""
+    if not folder.is_dir():
+        return
+    tmp = folder / f".{BUDGET_FILE}.tmp"
+    try:
+        tmp.write_text(json.dumps(budget.state_dict()), encoding="utf-8")
+        os.replace(tmp, folder / BUDGET_FILE)
+    except OSError as e:
+        log.warning("slurmclock: could not write %s: %s", folder / BUDGET_FILE, e)
+
+
+def _load_budget(budget: TimeBudget, path: Path) -> None:
+    """A missing or unreadable file (a checkpoint from before, or from another callback) means
+    starting from the initial estimates, said once."""
+    try:
+        budget.load_state_dict(json.loads(path.read_text(encoding="utf-8")))
+    except FileNotFoundError:
+        return
+    except (OSError, ValueError, TypeError, KeyError) as e:
+        log.warning("slurmclock: ignoring %s (%s): starting from the initial estimates", path, e)
 
 
 def _any_rank(flag: bool, args: TrainingArguments) -> bool:
