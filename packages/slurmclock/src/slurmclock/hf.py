@@ -187,7 +187,7 @@ class TimeAwareCallback(TimeAware, TrainerCallback):
 
 
 def _checkpoint_dir(args: TrainingArguments, state: TrainerState) -> Path:
-    return Path(args.output_dir) / f"checkpoint-{state.global_step}"
+    return Path(args.output_dir or "trainer_output") / f"checkpoint-{state.global_step}"
 
 
 def _store_budget(budget: TimeBudget, folder: Path) -> None:
