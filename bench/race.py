@@ -223,15 +223,17 @@ def submit(cluster: Any, name: str, minutes: int, work: Path, steps: int, cache:
     d.mkdir(parents=True)
     common = ["--cpus-per-task=1", f"--time={minutes}", f"--output={d}/job.out", "--requeue",
               "--open-mode=append", f"--job-name=race-{name}"]  # fmt: skip
+    # The jobs' timelines (slurmclock's exit measurements) stay in the race's folder.
+    env = {**job_env(), "SLURMCLOCK_DIR": str(work / "timelines")}
     if name == "lightning-builtin":
         line = " ".join(worker_cmd("builtin", d / "root", steps, cache))
         script = f"#!/bin/bash\n#SBATCH --signal=SIGUSR1@90\nsrun {line}\n"
-        return str(cluster.sbatch(script, *common, env=job_env(), cwd=d))
+        return str(cluster.sbatch(script, *common, env=env, cwd=d))
     if name == "lightning+ours":
         cmd = worker_cmd("ours", d / "root", steps, cache)
     else:
         cmd = pyrecover_cmd(d / "root", steps, cache, resume=True)
-    env = {**job_env(), "MAX_RESTARTS": str(MAX_ALLOCATIONS)}
+    env["MAX_RESTARTS"] = str(MAX_ALLOCATIONS)
     return str(cluster.sbatch(WRAPPER, *common, env=env, cwd=d, script_args=cmd))
 
 

@@ -51,6 +51,28 @@ def test_a_leak_fails_with_its_name_and_is_removed(
     assert list(tmp_path.iterdir()) == []
 
 
+def test_job_timelines_go_to_the_temp_folder_and_count_as_leftovers(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run that writes slurmclock timelines without its own SLURMCLOCK_DIR is caught; the
+    user's own SLURMCLOCK_DIR (and ~/.cache/slurmclock) is never written."""
+    mine = tmp_path / "users-own"
+    monkeypatch.setenv("SLURMCLOCK_DIR", str(mine))
+    parent = tmp_path / "tmp"
+    parent.mkdir()
+    code = (
+        "import os\n"
+        "d = os.environ['SLURMCLOCK_DIR']; assert d.startswith(os.environ['TMPDIR']), d\n"
+        "os.makedirs(d); open(os.path.join(d, 'job-1.jsonl'), 'w').write('{}')\n"
+    )
+    assert tempguard.run(python(code), parent=str(parent)) == tempguard.LEAK_EXIT
+    err = capfd.readouterr().err
+    assert f"{tempguard.TIMELINES}  (folder, 2 bytes; job timelines: set SLURMCLOCK_DIR" in err
+    assert not mine.exists() and list(parent.iterdir()) == []
+    clean = "import os; assert os.environ['SLURMCLOCK_DIR'].startswith(os.environ['TMPDIR'])"
+    assert tempguard.run(python(clean), parent=str(parent)) == 0
+
+
 def test_a_failing_command_keeps_its_folder_and_exit_code(
     tmp_path: Path, capfd: pytest.CaptureFixture[str]
 ) -> None:

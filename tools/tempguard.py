@@ -7,7 +7,9 @@ session with the names of what it left, instead of filling the system temp folde
     python tools/tempguard.py -- python -m pytest packages/parquetlm/tests
 
 The command (and every process it starts, which inherits ``TMPDIR``) gets a fresh folder
-``$TMPDIR/tg-XXXXXXXX`` as its temp folder. Afterwards:
+``$TMPDIR/tg-XXXXXXXX`` as its temp folder, and ``SLURMCLOCK_DIR`` points inside it: a test whose
+runs write slurmclock job timelines without a folder of their own would otherwise fill the
+user's ``~/.cache/slurmclock``; here they are leftovers like any other. Afterwards:
 
 - the command failed: its exit code is returned and the folder is kept for inspection (pytest
   keeps the ``tmp_path`` of failed tests there);
@@ -35,6 +37,8 @@ PREFIX = "tg-"  # short: sockets made under it must stay within 108 characters
 # Fixed-name folders that tools create once and reuse: fine while they hold no file.
 EMPTY_IS_NOTHING = ("pytest-of-", "torchinductor_")
 LEAK_EXIT = 1
+# SLURMCLOCK_DIR of the command: slurmclock's job timelines that no test pointed elsewhere.
+TIMELINES = "slurmclock-timelines"
 
 
 def _size(path: str) -> int:
@@ -74,7 +78,8 @@ def describe(folder: str, names: Sequence[str]) -> str:
     for name in names:
         path = os.path.join(folder, name)
         kind = "folder" if os.path.isdir(path) and not os.path.islink(path) else "file"
-        lines.append(f"  {name}  ({kind}, {_size(path):,} bytes)")
+        hint = "; job timelines: set SLURMCLOCK_DIR to the test's tmp_path" * (name == TIMELINES)
+        lines.append(f"  {name}  ({kind}, {_size(path):,} bytes{hint})")
     return "\n".join(lines)
 
 
@@ -84,6 +89,7 @@ def run(argv: Sequence[str], *, parent: str | None = None) -> int:
         raise ValueError("tempguard needs a command: python tools/tempguard.py -- CMD [ARGS...]")
     folder = tempfile.mkdtemp(prefix=PREFIX, dir=parent)
     env = dict(os.environ, TMPDIR=folder, TEMP=folder, TMP=folder)
+    env["SLURMCLOCK_DIR"] = os.path.join(folder, TIMELINES)  # never the user's, in a test run
     try:
         code = subprocess.call(list(argv), env=env)
     except BaseException:

@@ -1,5 +1,6 @@
-"""Fixtures: a small generated corpus and a private cache dir shared by the session's runs, and
-a real S3 endpoint (moto_server on 127.0.0.1) with a bucket "ckpt"."""
+"""Fixtures: a small generated corpus and a private cache dir shared by the session's runs, a
+real S3 endpoint (moto_server on 127.0.0.1) with a bucket "ckpt", and the session's job
+timelines kept in its temp folder."""
 
 from __future__ import annotations
 
@@ -9,6 +10,18 @@ from typing import Any
 
 import pytest
 from train_helpers import make_corpus, require_tool  # on sys.path via the root pyproject
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _timelines_in_tmp(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """slurmclock's job timelines (written by every run that sees a SLURM_JOB_ID, and by the
+    sbatch scripts' `slurmclock mark`) go to the session's temp folder, never to the user's
+    ~/.cache/slurmclock. Session-wide and first: a SLURM cluster fixture copies the environment
+    when it starts, and its jobs inherit it."""
+    where = tmp_path_factory.mktemp("timelines")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("SLURMCLOCK_DIR", str(where))
+        yield where
 
 
 @pytest.fixture(scope="session")

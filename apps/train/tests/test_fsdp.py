@@ -324,6 +324,12 @@ def _listening(port: int) -> bool:
         return s.connect_ex(("127.0.0.1", port)) == 0
 
 
+def _as_from_a_terminal() -> None:
+    """Ctrl-C as a terminal delivers it: a test run started in the background of a
+    non-interactive shell (nohup ... &) passes SIGINT down ignored, which the trainer respects."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_a_stop_signal_ends_the_wait_for_a_rank_that_never_comes(
     sig: signal.Signals, corpus: Path, cache_dir: Path, tmp_path: Path
@@ -347,6 +353,7 @@ def test_a_stop_signal_ends_the_wait_for_a_rank_that_never_comes(
         stderr=subprocess.PIPE,
         text=True,
         env=env,
+        preexec_fn=_as_from_a_terminal,
     )
     try:
         deadline = time.monotonic() + 120

@@ -24,6 +24,9 @@ def main() -> int:
     def flag_only(signum: int, frame: object) -> None:
         flags[signal.Signals(signum).name.removeprefix("SIG")] = True
 
+    # As from a terminal: a test run started in the background of a non-interactive shell
+    # (nohup ... &) passes SIGINT down ignored, and an ignored signal is left alone on purpose.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     if handlers == "flags":
         signal.signal(signal.SIGTERM, flag_only)
         signal.signal(signal.SIGUSR2, flag_only)
