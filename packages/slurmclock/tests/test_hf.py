@@ -179,3 +179,18 @@ def test_last_checkpoint_skips_a_save_cut_short(
     with caplog.at_level(logging.WARNING, logger="slurmclock"):
         assert last_checkpoint(tmp_path) == str(tmp_path / "checkpoint-5")
     assert "checkpoint-10: no trainer_state.json" in caplog.text
+
+
+def test_the_stop_save_is_marked_in_the_jobs_timeline(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """In a SLURM job the stop's checkpoint marks `saved` in the job's timeline (the exit that
+    follows, until `slurmclock requeue`, is measured for the next allocation)."""
+    from slurmclock import JobTimeline
+
+    monkeypatch.setenv("SLURM_JOB_ID", "9")
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "0")
+    usr2 = At(7, lambda: os.kill(os.getpid(), signal.SIGUSR2))
+    _, timer, _ = train(tmp_path / "out", usr2)
+    assert timer.exit_code == EXIT_STOPPED
+    assert [e.name for e in JobTimeline().events()] == ["saved"]

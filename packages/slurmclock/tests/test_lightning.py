@@ -24,7 +24,7 @@ from lightning.fabric.plugins.environments import SLURMEnvironment  # noqa: E402
 from torch import nn  # noqa: E402
 from torchdata.stateful_dataloader import StatefulDataLoader  # noqa: E402
 
-from slurmclock import Deadline, TimeBudget  # noqa: E402
+from slurmclock import Deadline, JobTimeline, TimeBudget  # noqa: E402
 from slurmclock.lightning import EXIT_STOPPED, TimeAwareCallback  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::DeprecationWarning")
@@ -174,6 +174,9 @@ def test_takes_over_lightning_slurm_auto_requeue(
     assert isinstance(env, SLURMEnvironment) and env.auto_requeue is False
     assert timer.exit_code == EXIT_STOPPED and trainer.global_step == 5
     assert not list(tmp_path.glob("hpc_ckpt_*"))  # Lightning's own handler did not run
+    # The stop's checkpoint, durable, is marked in the job's timeline: the exit that follows
+    # until the requeue is measured for the next allocation (as pyrecover-train does).
+    assert [e.name for e in JobTimeline().events()][:1] == ["saved"]
     monkeypatch.delenv("SLURM_JOB_ID")
     monkeypatch.delenv("SLURM_NTASKS")
     resumed, _, _ = fit(tmp_path)

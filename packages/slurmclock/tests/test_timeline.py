@@ -120,3 +120,33 @@ def test_where_the_file_lives(tmp_path: Path) -> None:
     t = JobTimeline(env={"SLURM_JOB_ID": "9", "SLURM_CLUSTER_NAME": "daint", "HOME": "/h"})
     assert t.path == Path("/h/.cache/slurmclock/daint-9.jsonl")
     assert JobTimeline("55", directory=tmp_path, env={}).path == tmp_path / "job-55.jsonl"
+
+
+def test_the_trainer_callbacks_measure_their_exit_like_pyrecover_train(
+    tmp_path: Path, clock: Any
+) -> None:
+    """The Lightning and HF callbacks' policy marks `saved` once the stop's checkpoint is
+    durable; with `requeued` after it, the next allocation's budget keeps the measured exit free
+    instead of the 10 s guess."""
+    from slurmclock import Deadline
+    from slurmclock._trainers import StopPolicy
+
+    def policy(restart: int) -> StopPolicy:
+        return StopPolicy(
+            budget=None,
+            deadline=Deadline(None, "none"),
+            margin=None,
+            initial_save_estimate=60.0,
+            warmup_steps=0,
+            signals=("USR2",),
+            timeline=timeline(tmp_path, clock, restart),
+        )
+
+    first = policy(0)
+    assert first.budget.exit_estimate is None  # nothing measured: the initial guess stands
+    first.final_save_done()
+    clock.now += 3.0
+    timeline(tmp_path, clock, 0).mark("requeued")
+    second = policy(1)
+    assert len(second.budget.state_dict()["exits"]) == 1
+    assert second.budget.exit_estimate is not None and second.budget.exit_estimate < 10.0

@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterable
 from slurmclock.budget import Decision, TimeBudget
 from slurmclock.deadline import Deadline, DeadlineWatcher
 from slurmclock.signals import StopSignals, signal_number
+from slurmclock.timeline import JobTimeline
 
 log = logging.getLogger("slurmclock")
 
@@ -26,6 +27,11 @@ class StopPolicy:
     ``begin()`` at the start of training (installs the signal handlers), ``after_step()`` at each
     optimizer-step boundary (records the step, returns the decision), ``paused()`` after work that
     is not a step (a save) so it is not counted as one, ``end()`` puts the handlers back.
+
+    The budget it builds keeps the job's :class:`JobTimeline` (a no-op outside SLURM), as
+    pyrecover-train's does: ``final_save_done()`` marks ``saved`` when the stop's save is durable,
+    ``slurmclock requeue`` marks ``requeued``, and the next allocation's budget starts from that
+    measured exit instead of the initial guess.
     """
 
     def __init__(
@@ -38,6 +44,7 @@ class StopPolicy:
         warmup_steps: int,
         signals: Iterable[str | int],
         timer: Callable[[], float] = time.monotonic,
+        timeline: JobTimeline | None = None,
     ) -> None:
         self.signals = StopSignals(tuple(signals) or ("USR2", "TERM"), chain=False)
         if budget is None:
@@ -47,6 +54,7 @@ class StopPolicy:
                 initial_save_estimate=initial_save_estimate,
                 warmup_steps=warmup_steps,
                 signals=self.signals,
+                timeline=JobTimeline() if timeline is None else timeline,
             )
         elif budget.signals is None:
             budget.signals = self.signals
@@ -90,6 +98,12 @@ class StopPolicy:
 
     def time_save(self, seconds: float) -> None:
         self.budget.record_save(seconds)
+
+    def final_save_done(self) -> None:
+        """The stop's checkpoint is durable: what follows until the requeue is the exit that the
+        next allocation's budget keeps free (rank 0's timeline only writes)."""
+        if self.budget.timeline is not None:
+            self.budget.timeline.mark("saved")
 
     def end(self) -> None:
         self.signals.restore()

@@ -173,6 +173,8 @@ class TimeAwareCallback(TimeAware, TrainerCallback):
             self._save_started = None
         if state.is_world_process_zero:
             _store_budget(self.budget, _checkpoint_dir(args, state))
+        if self.stopped_early:
+            self.policy.final_save_done()
         self.policy.paused()
 
     def on_evaluate(

@@ -225,9 +225,11 @@ class TimeAwareCallback(TimeAware, Callback):
         if self.save_on_train_end and not self.stopped_early:
             self._save(trainer, durable=True)
         _wait(trainer)
+        if self.stopped_early and trainer.is_global_zero:
+            self.policy.final_save_done()
         if self.requeue and self.stopped_early and trainer.is_global_zero and in_slurm():
             # The handlers are still ours: the SIGTERM SLURM sends on requeue only raises a flag.
-            self.requeue_result = requeue()
+            self.requeue_result = requeue(timeline=self.budget.timeline)
             rank_zero_info(f"slurmclock: {self.requeue_result.message}")
         self.policy.end()
 
