@@ -229,6 +229,23 @@ requeue_job() {
     scontrol show job "$SLURM_JOB_ID" 2>/dev/null | grep -qE "(Restarts|RestartCnt)=$((restarts + 1))( |$)"
 }
 
+requeue_or_end() {  # $1: why the run ended with steps left
+    if [ "$REQUEUE" = 0 ] || { [ "$REQUEUE" = auto ] && [ -n "${SLURM_ARRAY_TASK_ID:-}${PYRECOVER_CHAIN:-}" ]; }; then
+        log "$1; not requeueing (the next array task / chained job resumes)"
+        exit 0
+    fi
+    if [ "$restarts" -ge "$MAX_RESTARTS" ]; then
+        log "$1, but already restarted $restarts times (MAX_RESTARTS): not requeueing"
+        exit 75
+    fi
+    log "$1: requeueing job $SLURM_JOB_ID to resume from the latest checkpoint"
+    if requeue_job; then
+        exit 0
+    fi
+    log "requeue failed: resubmit with --continue to resume"
+    exit 75
+}
+
 case $rc in
     0)
         log "training finished"
@@ -239,22 +256,14 @@ case $rc in
             log "stopped on request (SIGTERM: scancel, preemption or slurmclock stop): not requeueing; resubmit with --continue to resume"
             exit 0
         fi
-        if [ "$REQUEUE" = 0 ] || { [ "$REQUEUE" = auto ] && [ -n "${SLURM_ARRAY_TASK_ID:-}${PYRECOVER_CHAIN:-}" ]; }; then
-            log "stopped early with steps left; not requeueing (the next array task / chained job resumes)"
-            exit 0
-        fi
-        if [ "$restarts" -ge "$MAX_RESTARTS" ]; then
-            log "stopped early but already restarted $restarts times (MAX_RESTARTS): not requeueing"
-            exit 75
-        fi
-        log "stopped early with steps left: requeueing job $SLURM_JOB_ID to resume from the latest checkpoint"
-        if requeue_job; then
-            exit 0
-        fi
-        log "requeue failed: resubmit with --continue to resume"
-        exit 75
+        requeue_or_end "stopped early with steps left"
         ;;
     *)
+        if [ "$term" = limit ]; then
+            # SLURM ended the step at the time limit (an exit slower than the budget allowed, or
+            # a run without one): the checkpoints are verified, so the next allocation resumes.
+            requeue_or_end "the training step ended at the time limit (status $rc)"
+        fi
         log "training failed (status $rc): not requeueing"
         exit "$rc"
         ;;

@@ -192,6 +192,10 @@ if run == 0:
     info.update(final_reason=decision.reason, final_cause=decision.cause)
     with budget.save(final=True):
         time.sleep(0.3)
+    if os.environ["PROBE_MODE"] == "limit":  # an exit too slow for the budget: SLURM's TERM
+        (out / f"run{{run}}.json").write_text(json.dumps(info))
+        stop.restore()
+        time.sleep(300)
 else:
     info["samples"] = [[s.restart, s.seconds] for s in JobTimeline().exit_samples()]
 (out / f"run{{run}}.json").write_text(json.dumps(info))
@@ -222,16 +226,17 @@ def test_the_script_exports_the_lead_marks_the_end_and_honours_slurmclock_stop(
     job; it agrees with the end time SLURM gives, so the script does not even forward it (a
     trainer still importing would die of it) and the trainer trains on; the lead comes from the
     script's own #SBATCH line; the end of the run is marked and the next run reads it; (2)
-    `slurmclock stop JOBID` makes the trainer save and exit, and the job is not requeued."""
+    `slurmclock stop JOBID` makes the trainer save and exit, and the job is not requeued; (3) a
+    step that outlives the time limit after its final save is ended by SLURM and requeued."""
     bin_dir = str(Path(sys.executable).parent)  # slurmclock's CLI for the batch script
     jobs = {}
-    for name in ("requeue", "stop"):
+    for name in ("requeue", "stop", "limit"):
         out = tmp_path / name
         out.mkdir()
         env = _probe_env(tmp_path, name, bin_dir)
         jobs[name] = cluster.sbatch(
             SCRIPT,
-            "--time=3",
+            "--time=1" if name == "limit" else "--time=3",
             "--cpus-per-task=1",
             f"--output={out}/job.out",
             cwd=tmp_path,
@@ -266,3 +271,10 @@ def test_the_script_exports_the_lead_marks_the_end_and_honours_slurmclock_stop(
     assert stopped["final_reason"].startswith("stop: received SIGTERM"), stopped
     assert "received SIGTERM: forwarding to the training step" in log
     assert "stopped on request (SIGTERM" in log and "requeueing job" not in log
+
+    # (3) the final save is durable but the step outlives the time limit: SLURM's TERM ends it,
+    # and the script still requeues (the checkpoints are verified; the next run resumes).
+    info = cluster.wait_for(jobs["limit"], {"COMPLETED", "FAILED", "TIMEOUT"}, timeout=240)
+    log = (tmp_path / "limit" / "job.out").read_text()
+    assert info["JobState"] == "COMPLETED" and info["RestartCnt"] == "1", log
+    assert "ended at the time limit (status" in log and "requeueing job" in log, log

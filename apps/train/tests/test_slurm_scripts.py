@@ -23,7 +23,7 @@ CHAIN = SLURM_DIR / "submit-chain.sh"
 FAKE_SRUN = r"""#!/bin/bash
 # Records each call's arguments (and the signal lead it was given); runs staging commands
 # (bash -c); the training step exits with $FAKE_RC, or with FAKE_WAIT_TERM=1 waits for SIGTERM
-# and then exits 75, as the trainer does.
+# and then exits 75, as the trainer does (or $FAKE_TERM_RC: 143 = killed by it).
 n=$(find "$FAKE_DIR" -name 'srun.*.args' | wc -l)
 echo "${PYRECOVER_SIGNAL_LEAD-unset}" > "$FAKE_DIR/srun.$n.lead"
 echo $$ > "$FAKE_DIR/srun.pid"
@@ -32,7 +32,7 @@ mv "$FAKE_DIR/srun.$n.args.tmp" "$FAKE_DIR/srun.$n.args"
 while [ $# -gt 0 ] && [[ $1 == --* ]]; do shift; done
 if [ "${1:-}" = bash ]; then exec "$@"; fi
 if [ "${FAKE_WAIT_TERM:-0}" = 1 ]; then
-    trap 'exit 75' TERM
+    trap 'exit ${FAKE_TERM_RC:-75}' TERM
     trap 'echo USR2 >> "$FAKE_DIR/srun.signals"' USR2
     for _ in $(seq 1 600); do sleep 0.1; done
     exit 1
@@ -420,6 +420,27 @@ def test_slurms_sigterm_at_the_time_limit_still_requeues(fake: Path) -> None:
     assert proc.returncode == 0, out
     assert "requeueing job 4242" in out
     assert calls(fake) == ["scancel --signal=TERM 4242", "slurmclock requeue"]
+
+
+@pytest.mark.parametrize(("left", "requeued"), [("-3", True), ("120", False)])
+def test_a_step_killed_by_sigterm_is_requeued_only_at_the_time_limit(
+    fake: Path, left: str, requeued: bool
+) -> None:
+    """The step dies of SLURM's TERM (an exit slower than the first allocation's guess, a
+    trainer without a budget): at the time limit its verified checkpoints are resumed by the
+    next allocation; the same death on request (scancel) stays a failure, never requeued."""
+    proc = start_script(fake, FAKE_SLURMCLOCK_OUT=left, FAKE_TERM_RC="143")
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=60)
+    assert "training step exited with status 143" in out
+    if requeued:
+        assert proc.returncode == 0, out
+        assert "ended at the time limit (status 143): requeueing job 4242" in out
+        assert calls(fake) == ["scancel --signal=TERM 4242", "slurmclock requeue"]
+    else:
+        assert proc.returncode == 143, out
+        assert "training failed (status 143): not requeueing" in out
+        assert calls(fake) == ["scancel --signal=TERM 4242"]
 
 
 def test_usr2_is_forwarded_and_the_step_goes_on(fake: Path) -> None:

@@ -4,6 +4,8 @@ are checked here on any machine; the GPU bitwise resume itself runs in bench/gpu
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from collections.abc import Iterator
 
 import pytest
@@ -102,3 +104,35 @@ def test_cublas_setting_kept_when_deterministic_replaced_when_not(
     assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
     assert got.warn_only and torch.is_deterministic_algorithms_warn_only_enabled()
     assert "CUBLAS_WORKSPACE_CONFIG=':4096:2' replaced (not deterministic)" in got.describe()
+
+
+CHILD = """
+import sys, time
+import torch
+from ddpkit import set_determinism
+t = time.perf_counter()
+set_determinism("cpu")
+took = time.perf_counter() - t
+assert torch.are_deterministic_algorithms_enabled(), "not on"
+assert torch.is_deterministic_algorithms_warn_only_enabled(), "not warn only"
+assert "torch._inductor" not in sys.modules, "inductor imported"
+import torch._inductor.config as inductor
+assert inductor.deterministic is True, "a later compile would not be deterministic"
+set_determinism("cpu", False)
+assert inductor.deterministic is False and not torch.are_deterministic_algorithms_enabled()
+set_determinism("cpu", True)
+assert inductor.deterministic is True and torch.are_deterministic_algorithms_enabled()
+print(f"ok {took:.3f}")
+"""
+
+
+def test_turning_it_on_does_not_import_inductor_and_a_later_compile_still_sees_it() -> None:
+    """torch.use_deterministic_algorithms imports torch._inductor (dynamo, sympy: seconds of
+    every allocation's start-up); set_determinism must not, and inductor, once imported for a
+    torch.compile, must still be deterministic."""
+    env = {k: v for k, v in os.environ.items() if k != "TORCHINDUCTOR_DETERMINISTIC"}
+    out = subprocess.run(
+        [sys.executable, "-c", CHILD], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("ok "), out.stdout

@@ -187,7 +187,7 @@ def test_steady_cheap_saves_need_seconds_not_a_minute(clock: Any) -> None:
         budget.record_save(10.0 * (1 + 0.02 * rng.uniform(-1, 1)))
     bound = budget.save_estimate
     assert bound is not None and 10.2 < bound < 13.0
-    exit_and_slack = 10.0 + 5.0  # initial exit guess + slack: 15 s, not a 60 s margin
+    exit_and_slack = 5.0 + 5.0  # initial exit guess + slack: 10 s, not a 60 s margin
     assert budget.needed_to_stop() < bound + exit_and_slack + 0.01
 
 
@@ -505,7 +505,7 @@ def test_snapshot_is_json_ready(clock: Any) -> None:
     snap = json.loads(json.dumps(budget.snapshot()))
     assert snap["seconds_left"] == 500.0 and snap["deadline_source"] == "override"
     assert snap["step_estimate"] == 1.0 and snap["save_estimate"] is None
-    assert snap["needed_to_stop"] == 1.0 + 60.0 + 10.0 + 5.0
+    assert snap["needed_to_stop"] == 1.0 + 60.0 + 5.0 + 5.0
     assert snap["margin"] is None and snap["exit_estimate"] is None
 
 

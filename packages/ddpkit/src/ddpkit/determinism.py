@@ -20,11 +20,13 @@ practice for one topology and NCCL version but not documented as such.
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass, field
 
 import torch
 
 CUBLAS_ENV = "CUBLAS_WORKSPACE_CONFIG"
+INDUCTOR_ENV = "TORCHINDUCTOR_DETERMINISTIC"  # inductor's switch, read when it is imported
 CUBLAS_DETERMINISTIC = ":4096:8"
 _CUBLAS_OK = (":4096:8", ":16:8")  # the two values torch accepts as deterministic
 
@@ -76,7 +78,7 @@ def set_determinism(
         if on:
             cublas = _cublas_config(notes)
         _cuda_switches(on)
-    torch.use_deterministic_algorithms(on, warn_only=lenient if on else False)
+    _deterministic_algorithms(on, warn_only=lenient if on else False)
     return Determinism(
         device_type=dev.type,
         deterministic=on,
@@ -86,6 +88,22 @@ def set_determinism(
         cublas_workspace_config=cublas,
         notes=tuple(notes),
     )
+
+
+def _deterministic_algorithms(on: bool, *, warn_only: bool) -> None:
+    """``torch.use_deterministic_algorithms`` without its start-up cost.
+
+    torch's function imports ``torch._inductor`` (dynamo, sympy: 1.5-5 s of every allocation's
+    start-up) only to set inductor's own switch. An eager run never reads that switch; inductor
+    reads it from the environment when it is first imported, so a later ``torch.compile`` gets
+    the same setting. Once inductor is loaded, torch's own function is as cheap and is used.
+    """
+    setter = getattr(torch._C, "_set_deterministic_algorithms", None)
+    if "torch._inductor.config" in sys.modules or setter is None:
+        torch.use_deterministic_algorithms(on, warn_only=warn_only)
+        return
+    os.environ[INDUCTOR_ENV] = "1" if on else "0"
+    setter(on, warn_only=warn_only)
 
 
 def _cublas_config(notes: list[str]) -> str:

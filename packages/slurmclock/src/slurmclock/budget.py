@@ -298,7 +298,7 @@ class BudgetConfig:
     margin: float | None = None
     initial_step_estimate: float = 0.0
     initial_save_estimate: float = 60.0
-    initial_exit_estimate: float = 10.0
+    initial_exit_estimate: float = 5.0
     slack: float = 5.0
     warmup_steps: int = 2
     step_window: int = 50
@@ -382,7 +382,7 @@ class TimeBudget:
         margin: float | None = None,
         initial_step_estimate: float = 0.0,
         initial_save_estimate: float = 60.0,
-        initial_exit_estimate: float = 10.0,
+        initial_exit_estimate: float = 5.0,
         slack: float = 5.0,
         warmup_steps: int = 2,
         step_window: int = 50,
