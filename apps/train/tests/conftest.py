@@ -24,6 +24,16 @@ def _timelines_in_tmp(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path
         yield where
 
 
+@pytest.fixture(autouse=True)
+def _compile_cache_per_test(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An in-process run with --compile points TORCHINDUCTOR_CACHE_DIR at its experiment's
+    folder (process-wide, as it must be before torch.compile): undone after each test, so no
+    later test compiles into a removed temp folder. (setenv first: then delenv's undo also
+    removes a value set during the test.)"""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "")
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR")
+
+
 @pytest.fixture(scope="session")
 def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_corpus(tmp_path_factory.mktemp("corpus") / "corpus.parquet")

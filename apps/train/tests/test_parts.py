@@ -3,8 +3,10 @@ precision, metrics lines."""
 
 from __future__ import annotations
 
+import errno
 import importlib.util
 import math
+import os
 import sys
 from pathlib import Path
 
@@ -12,7 +14,7 @@ import pytest
 import torch
 
 import ddpkit
-from pyrecover_train import corpus, perf, precision, state
+from pyrecover_train import build, corpus, perf, precision, state
 from pyrecover_train.metrics import MetricsLog, fmt_duration, progress_line, read_events
 
 PLAY = """THE TRAGEDY OF TESTING
@@ -196,3 +198,31 @@ def test_the_save_schedule_takes_slurmclocks_young_daly_interval() -> None:
     assert not auto.due(4, evaluated=False)
     now[0] = 1e6
     assert auto.due(4, evaluated=False)
+
+
+def test_compile_cache_goes_beside_the_experiment(tmp_path: Path) -> None:
+    # conftest's _compile_cache_per_test: unset here, and what this sets is undone afterwards.
+    folder = tmp_path / "exp" / "compile-cache"
+    assert build.compile_cache(folder) == str(folder)
+    assert os.environ[build.COMPILE_CACHE_ENV] == str(folder)
+    assert folder.is_dir() and list(folder.iterdir()) == []  # the lock probe is gone
+
+
+def test_the_users_compile_cache_wins(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(build.COMPILE_CACHE_ENV, str(tmp_path / "mine"))
+    assert build.compile_cache(tmp_path / "exp" / "compile-cache") == str(tmp_path / "mine")
+    assert not (tmp_path / "exp").exists()
+
+
+def test_a_folder_without_locks_keeps_torchs_default(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    def refuse(*args: object) -> None:
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(build.fcntl, "flock", refuse)
+    folder = tmp_path / "exp" / "compile-cache"
+    assert build.compile_cache(folder) is None
+    assert build.COMPILE_CACHE_ENV not in os.environ
+    assert "cannot keep the compile cache in" in caplog.text and "No locks available" in caplog.text
+    assert list(folder.iterdir()) == []

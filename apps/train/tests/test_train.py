@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import random
+import shutil
 import signal
 import time
 from pathlib import Path
@@ -13,6 +14,7 @@ from pathlib import Path
 import pytest
 from train_helpers import (
     assert_bitwise_equal,
+    child_env,
     events,
     final_state,
     line_count,
@@ -503,6 +505,43 @@ def test_compile_and_fused_optimizer_say_when_unsupported(
     out = capsys.readouterr().out
     assert "--compile: torch.compile is not available here (Dynamo is not supported" in out
     assert "running eagerly" in out
+
+
+@pytest.mark.slow
+def test_compile_cache_beside_the_experiment_makes_the_next_allocation_compile_nothing(
+    corpus: Path, cache_dir: Path, tmp_path: Path
+) -> None:
+    """--compile keeps torch.compile's caches in the experiment's folder (on the file system
+    every allocation sees; torch's default is node-local /tmp): the resumed run, as a requeued
+    allocation on another node, finds every compiled graph there and writes nothing new."""
+    if not any(shutil.which(c) for c in ("g++", "c++", "clang++")):
+        pytest.fail("no C++ compiler: torch.compile cannot run on CPU (apt-get install g++)")
+    ckpt = tmp_path / "ckpt"
+    cache = ckpt / "default-exp" / "compile-cache"
+    env = child_env()  # without TORCHINDUCTOR_CACHE_DIR (conftest): the shipped default
+    flags = [*tiny_flags(corpus, cache_dir, ckpt), "--compile", "--warmup-steps", "1"]
+    first = run_cli([*flags, "--training-steps", "2"], env=env)
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert f"--compile: compile cache {cache} (a requeued allocation compiles warm)" in first.stdout
+    compiled = sorted(p.relative_to(cache) for p in cache.rglob("*") if p.is_file())
+    assert any(p.parts[0] == "fxgraph" for p in compiled), compiled
+    resume = [*flags, "--training-steps", "4", "--resume-from-checkpoint", "latest"]
+    again = run_cli(resume, env=env)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "resumed from step 2" in again.stdout
+    assert sorted(p.relative_to(cache) for p in cache.rglob("*") if p.is_file()) == compiled
+
+
+def test_a_refused_start_with_compile_leaves_no_cache_folder(
+    corpus: Path, cache_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """torch.compile makes its cache folder during set-up; a start refused after that (here by
+    the resume) still leaves nothing behind."""
+    ckpt = tmp_path / "ckpt"
+    argv = [*tiny_flags(corpus, cache_dir, ckpt), "--compile", "--resume-from-checkpoint", "7"]
+    assert main(argv) == 2
+    assert "no checkpoint for step 7" in capsys.readouterr().err
+    assert not ckpt.exists()
 
 
 def test_fused_optimizer_is_used_where_supported(

@@ -10,6 +10,7 @@ found here is a :class:`UsageError`: one line, exit 2, nothing written yet.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import logging
 import os
 import shutil
@@ -36,6 +37,8 @@ from .precision import Precision, PrecisionError, resolve_precision
 log = logging.getLogger("pyrecover_train")
 
 ASSUMED_SAVE_BANDWIDTH = 200e6  # bytes/s, for the first save-time estimate (then measured)
+COMPILE_CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"  # inductor's and its Triton kernels' caches
+COMPILE_CACHE = "compile-cache"  # their folder in the experiment's, unless the user set one
 
 
 @dataclass(slots=True)
@@ -112,8 +115,9 @@ def parts(
 
 def new_folders(cfg: TrainConfig) -> list[Path]:
     """The local folders of the experiment (and of its mirror) that do not exist yet, deepest
-    first: taking the writer lock creates them."""
-    out: list[Path] = []
+    first: taking the writer lock creates them (and ``--compile`` its cache folder)."""
+    cache = cfg.exp_dir / COMPILE_CACHE
+    out: list[Path] = [cache] if cfg.compile and not cache.exists() else []
     for url in filter(None, (cfg.store_url, cfg.checkpoint_mirror)):
         local = ckptstore.experiment_location(url, cfg.experiment_name, cfg.storage_options)
         folder = None if local.local_path is None else Path(local.local_path)
@@ -240,7 +244,7 @@ def _train_model(
         train_model = ddpkit.wrap_ddp(model, dist)
     if cfg.parallelism == "fsdp" or cfg.param_dtype or cfg.activation_checkpointing:
         log.info("%s", describe_parallelism(cfg, dist.world_size))
-    return _compile(train_model, dist.device) if cfg.compile else train_model
+    return _compile(train_model, dist.device, cfg.exp_dir) if cfg.compile else train_model
 
 
 def describe_parallelism(cfg: TrainConfig, world_size: int) -> str:
@@ -280,15 +284,54 @@ def _shard(
     )
 
 
-def _compile(module: nn.Module, device: torch.device) -> nn.Module:
+def _compile(module: nn.Module, device: torch.device, exp_dir: Path) -> nn.Module:
     if device.type == "cpu" and not any(shutil.which(c) for c in ("g++", "c++", "clang++")):
         log.warning("--compile: no C++ compiler found for the CPU backend; running eagerly")
         return module
+    cache = compile_cache(exp_dir / COMPILE_CACHE)  # before torch.compile: it reads the place
     try:
-        return torch.compile(module)  # type: ignore[return-value]
+        compiled = torch.compile(module)
     except RuntimeError as e:  # e.g. an unsupported Python version
         log.warning("--compile: torch.compile is not available here (%s); running eagerly", e)
         return module
+    if cache is not None:
+        log.info("--compile: compile cache %s (a requeued allocation compiles warm)", cache)
+    return compiled  # type: ignore[return-value]
+
+
+def compile_cache(folder: Path) -> str | None:
+    """Where torch.compile keeps what it compiled (call it before ``torch.compile``, which reads
+    and fixes the place): the user's ``TORCHINDUCTOR_CACHE_DIR``, else ``folder``, beside the
+    experiment on the file system every allocation sees. torch's default,
+    /tmp/torchinductor_USER, is local to a node and often wiped with the job: a requeued
+    allocation on another node would compile from scratch (bench/compile_cache.py). None:
+    torch's default stays (the folder refuses locks)."""
+    if own := os.environ.get(COMPILE_CACHE_ENV):
+        return own
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        _check_locks(folder)
+    except OSError as e:
+        log.warning(
+            "--compile: cannot keep the compile cache in %s (%s); using torch's node-local default",
+            folder,
+            e,
+        )
+        return None
+    os.environ[COMPILE_CACHE_ENV] = str(folder)
+    return str(folder)
+
+
+def _check_locks(folder: Path) -> None:
+    """inductor locks its cache entries (flock), which some shared file systems refuse."""
+    probe = folder / f".lock-probe-{os.getpid()}"
+    try:
+        with open(probe, "w") as f:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(f, fcntl.LOCK_UN)
+    finally:
+        with contextlib.suppress(OSError):
+            probe.unlink()
 
 
 def _optimizer(cfg: TrainConfig, model: nn.Module) -> torch.optim.Optimizer:
