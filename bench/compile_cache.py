@@ -10,9 +10,13 @@ Each round runs pyrecover-train three times, as separate processes, interleaved:
 
 * **first allocation**: a fresh experiment, an empty cache (what any run pays once);
 * **requeued, torch's default**: the resume of that experiment with ``TORCHINDUCTOR_CACHE_DIR``
-  at a fresh empty folder -- what a new node's ``/tmp`` gives;
+  at torch's default place;
 * **requeued, pyrecover-train**: the same resume with the shipped default (the experiment's
   ``compile-cache``, filled by the first allocation).
+
+Each run gets an empty ``TMPDIR``, as on a node the job has not run on: torch's default cache
+place is there, and so is inductor's precompiled C++ header (kept there whatever the cache
+place), which every new node builds again.
 
 Reported from each run's ``startup`` metrics event: the first step (where torch.compile
 compiles) and the whole start-up to the end of the first step. Headline: how many times faster
@@ -27,6 +31,7 @@ Writes bench/results/compile_cache.json.
 from __future__ import annotations
 
 import argparse
+import getpass
 import json
 import os
 import shutil
@@ -60,6 +65,12 @@ def trainer(args: list[str], env: dict[str, str]) -> None:
         raise SystemExit(f"pyrecover-train failed ({out.returncode}):\n{out.stdout}{out.stderr}")
 
 
+def node_tmp(work: Path, n: int) -> str:
+    folder = work / f"node{n}-tmp"
+    folder.mkdir(parents=True)
+    return str(folder)
+
+
 def startup_events(metrics: Path) -> list[dict[str, Any]]:
     rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
     return [r for r in rows if r.get("event") == "startup"]
@@ -76,10 +87,13 @@ def one_round(work: Path, corpus: Path, extra: list[str]) -> dict[str, dict[str,
     base = {k: v for k, v in os.environ.items() if k != ENV}
     base.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     resume = [*flags, "--resume-from-checkpoint", "latest", "--training-steps"]
-    trainer([*flags, "--training-steps", "2"], base)
-    node_tmp = work / "new-node-tmp"  # an empty /tmp on the node the job was requeued to
-    trainer([*resume, "4"], {**base, ENV: str(node_tmp)})
-    trainer([*resume, "6"], base)
+    # Every allocation on a new node: an empty TMPDIR (its /tmp), where torch's default cache
+    # place is and where inductor always keeps its precompiled C++ header.
+    trainer([*flags, "--training-steps", "2"], {**base, "TMPDIR": node_tmp(work, 0)})
+    tmp = node_tmp(work, 1)  # torch's own place there (pyrecover-train's unless one is set)
+    default = os.path.join(tmp, "torchinductor_" + getpass.getuser())
+    trainer([*resume, "4"], {**base, "TMPDIR": tmp, ENV: default})
+    trainer([*resume, "6"], {**base, "TMPDIR": node_tmp(work, 2)})
     events = startup_events(ckpt / "default-exp" / "metrics.jsonl")
     if len(events) != 3:
         raise SystemExit(f"expected 3 startup events, found {len(events)}")

@@ -518,15 +518,21 @@ def test_compile_cache_beside_the_experiment_makes_the_next_allocation_compile_n
         pytest.fail("no C++ compiler: torch.compile cannot run on CPU (apt-get install g++)")
     ckpt = tmp_path / "ckpt"
     cache = ckpt / "default-exp" / "compile-cache"
-    env = child_env()  # without TORCHINDUCTOR_CACHE_DIR (conftest): the shipped default
+
+    def new_node(n: int) -> dict[str, str]:
+        # An empty TMPDIR, as on a node the job has not run on (torch's default cache place and
+        # inductor's precompiled header live there); no TORCHINDUCTOR_CACHE_DIR (conftest).
+        (tmp_path / f"node{n}").mkdir()
+        return child_env(TMPDIR=str(tmp_path / f"node{n}"))
+
     flags = [*tiny_flags(corpus, cache_dir, ckpt), "--compile", "--warmup-steps", "1"]
-    first = run_cli([*flags, "--training-steps", "2"], env=env)
+    first = run_cli([*flags, "--training-steps", "2"], env=new_node(0))
     assert first.returncode == 0, first.stdout + first.stderr
     assert f"--compile: compile cache {cache} (a requeued allocation compiles warm)" in first.stdout
     compiled = sorted(p.relative_to(cache) for p in cache.rglob("*") if p.is_file())
     assert any(p.parts[0] == "fxgraph" for p in compiled), compiled
     resume = [*flags, "--training-steps", "4", "--resume-from-checkpoint", "latest"]
-    again = run_cli(resume, env=env)
+    again = run_cli(resume, env=new_node(1))
     assert again.returncode == 0, again.stdout + again.stderr
     assert "resumed from step 2" in again.stdout
     assert sorted(p.relative_to(cache) for p in cache.rglob("*") if p.is_file()) == compiled

@@ -127,7 +127,7 @@ def test_the_trainer_callbacks_measure_their_exit_like_pyrecover_train(
 ) -> None:
     """The Lightning and HF callbacks' policy marks `saved` once the stop's checkpoint is
     durable; with `requeued` after it, the next allocation's budget keeps the measured exit free
-    instead of the 10 s guess."""
+    instead of the 5 s guess."""
     from slurmclock import Deadline
     from slurmclock._trainers import StopPolicy
 
