@@ -228,6 +228,11 @@ SUITES: dict[str, Suite] = {
                     unit="%",
                 ),
                 Target(
+                    "slurmclock final save killed, early allocations (2nd, 6th), from 30 min",
+                    _agree("slurmclock_final_save_killed_max_early_from_30min"),
+                    unit="%",
+                ),
+                Target(
                     "Young/Daly auto / best fixed interval, worst case",
                     _agree("auto_vs_best_fixed_min"),
                 ),

@@ -14,10 +14,12 @@ decides when to stop and write the final checkpoint:
                       as the shipped trainer and sbatch script set it up: first save guess 1 s +
                       state bytes / 200 MB/s, 3 warm-up steps (--compile), the script's
                       ``--signal=B:USR2@300`` delivered 300-330 s before the end with
-                      PYRECOVER_SIGNAL_LEAD=300, and the budget state (steps, saves, exits) that
-                      the previous allocation stored in its checkpoint (a steady-state
-                      allocation); asked after every step, ``can_save()`` before every periodic
-                      save, as pyrecover-train does;
+                      PYRECOVER_SIGNAL_LEAD=300, and the budget state (steps, saves of each kind,
+                      exits) that the earlier allocations stored in the checkpoint (default: a
+                      steady state, every window full; ``--history N``: N earlier allocations);
+                      asked after every step, ``can_save(background=...)`` before every periodic
+                      save, each save recorded as blocking or background, as pyrecover-train
+                      does;
 * ``pyrecover-v0`` -- the original PyRecover rule: before each step, stop when the time left
                       < 6 x max step + 2 x max save (running maxima, so the compile step counts);
                       same first guesses as slurmclock;
@@ -33,13 +35,16 @@ killed, and how often the job was not requeued before L (final save + exit too l
 see the same random step, save and exit times in each trial (common random numbers), so
 differences are the rules', not the dice's.
 
+Early allocations -- slurmclock alone in a job's first, second and sixth allocation, when its
+budget has measured few saves (``--history`` simulates any one of them in part 1).
+
 Part 2 -- failures. Kills arrive at random (exponential, mean MTBF), each followed by a restart;
 the checkpoint interval is fixed (10 min, 1 h, 4 h) or ``auto``: Young/Daly sqrt(2 x save cost x
 MTBF) with the measured median save cost, as ``slurmclock.checkpoint_interval`` computes it (10 s
 assumed until the first save of each restart). Goodput = persisted work / wall time. Work is
 modelled as continuous (steps are much shorter than intervals); saves block.
 
-Pure Python + numpy, seeded; about a minute (``--quick``: a few seconds).
+Pure Python + numpy, seeded; a few minutes (``--quick``: a few seconds).
 
     python bench/simulate.py [--quick] [--trials N] [--seed S] [--margin SECONDS] [--out DIR]
 
@@ -82,9 +87,12 @@ SIGNAL_LEAD = 300.0  # submit-training-simple.sh: #SBATCH --signal=B:USR2@300, e
 SIGNAL_EARLY = 30.0  # SLURM sends the warning up to 30 s before LEAD (its timer's period)
 STOP_POLICIES = ("slurmclock", "pyrecover-v0", "submitit", "lightning-90s", "oracle")
 PEERS = ("pyrecover-v0", "submitit", "lightning-90s")
-# What an earlier allocation left in the checkpoint for the budget: its last steps, the saves of
-# earlier allocations (the state keeps 20) and the exits of the last 5 allocations.
-PRIOR_STEPS, PRIOR_SAVES, PRIOR_EXITS = 50, 20, 5
+# What the earlier allocations left in the checkpoint for the budget: the last 50 steps, the last
+# 20 saves of each kind (blocking: one final save per allocation; background: the periodic async
+# saves) and the exits of the last 5 allocations. By default the allocation simulated has
+# HISTORY earlier ones, enough to fill every window (a steady state); --history 1 is the job's
+# second allocation, --history 5 its sixth.
+PRIOR_STEPS, PRIOR_SAVES, PRIOR_EXITS, HISTORY = 50, 20, 5, 20
 INTERVAL_POLICIES: dict[str, float | str] = {
     "fixed 10 min": 10 * MINUTE,
     "fixed 1 h": HOUR,
@@ -241,15 +249,20 @@ def periodic_saves(sc: Scenario, rng: np.random.Generator, n: int) -> tuple[np.n
     return np.maximum(durable, block), block
 
 
-def prior_saves(sc: Scenario, length: float, rng: np.random.Generator) -> list[float]:
-    """The saves the budget state of earlier allocations of this length holds (its last 20):
-    per allocation its periodic saves (until durable), then its blocking final save."""
+def prior_saves(
+    sc: Scenario, length: float, rng: np.random.Generator, history: int
+) -> tuple[list[float], list[float]]:
+    """(blocking, background) saves that the budget state of ``history`` earlier allocations of
+    this length holds, the last PRIOR_SAVES of each kind: per allocation its periodic saves
+    (until durable; background when async) and its blocking final save."""
     per_allocation = max(0, int((length - sc.startup) // sc.periodic_every))
-    out: list[float] = []
-    while len(out) < PRIOR_SAVES:
-        out.extend(periodic_saves(sc, rng, per_allocation)[0].tolist())
-        out.append(float(lognormal(rng, sc.save_median, sc.save_sigma, 1)[0]))
-    return out[-PRIOR_SAVES:]
+    blocking: list[float] = []
+    background: list[float] = []
+    for _ in range(history):
+        periodic = periodic_saves(sc, rng, per_allocation)[0].tolist()
+        (background if sc.async_periodic else blocking).extend(periodic)
+        blocking.append(float(lognormal(rng, sc.save_median, sc.save_sigma, 1)[0]))
+    return blocking[-PRIOR_SAVES:], background[-PRIOR_SAVES:]
 
 
 # -- part 1: one allocation, four stop rules ---------------------------------------------------
@@ -268,7 +281,9 @@ class Outcome:
 class Trial:
     """The random draws of one allocation and the timeline all rules share until they stop."""
 
-    def __init__(self, sc: Scenario, length: float, rng: np.random.Generator) -> None:
+    def __init__(
+        self, sc: Scenario, length: float, rng: np.random.Generator, history: int = HISTORY
+    ) -> None:
         self.sc, self.length = sc, length
         low = sc.step_median * math.exp(-4 * sc.step_sigma)
         n = int(max(0.0, length - sc.startup) / low) + 2
@@ -286,13 +301,17 @@ class Trial:
         self.final_save = float(lognormal(rng, sc.save_median, sc.save_sigma, 1)[0])
         self.exit = float(lognormal(rng, sc.exit_median, sc.exit_sigma, 1)[0])
         self.signal_at = length - SIGNAL_LEAD - SIGNAL_EARLY * float(rng.random())
+        blocking, background = prior_saves(sc, length, rng, history)
+        exits = lognormal(rng, sc.exit_median, sc.exit_sigma, min(history, PRIOR_EXITS))
         self.prior_state = {  # what the previous allocation stored (TimeBudget.state_dict())
             "version": 1,
-            "steps": lognormal(rng, sc.step_median, sc.step_sigma, PRIOR_STEPS).tolist(),
-            "saves": prior_saves(sc, length, rng),
+            "steps": lognormal(
+                rng, sc.step_median, sc.step_sigma, PRIOR_STEPS if history else 0
+            ).tolist(),
+            "saves": blocking,
+            "background_saves": background,
             "exits": [
-                {"job": "sim", "restart": k, "seconds": float(x)}
-                for k, x in enumerate(lognormal(rng, sc.exit_median, sc.exit_sigma, PRIOR_EXITS))
+                {"job": "sim", "restart": k, "seconds": float(x)} for k, x in enumerate(exits)
             ],
         }
         # Save k (k >= 1) runs after step number k * every (index k * every - 1).
@@ -454,7 +473,7 @@ def slurmclock_rule(trial: Trial, margin: float | None = None, *, fast: bool = T
     for x in d[max(w, i0 - window) : i0]:
         budget.record_step(float(x))
     now = float(trial.t_start[i0])
-    saves = _Durable(budget)
+    saves = _Durable(budget, background=sc.async_periodic)
     for k in range(1, i0 // trial.every + 1):  # the periodic saves started before step i0
         seconds = float(trial.saves[k - 1])
         saves.started(float(trial.t_end[k * trial.every - 1]) + seconds, seconds, k * trial.every)
@@ -480,7 +499,7 @@ def slurmclock_rule(trial: Trial, margin: float | None = None, *, fast: bool = T
             return trial.result(saves.committed_by(L), i + 1, False)
         if (i + 1) % trial.every == 0:
             k, k_next = k_next, k_next + 1
-            if budget.can_save():
+            if budget.can_save(background=sc.async_periodic):
                 now = max(now, saves.in_flight_until())  # one save in flight: wait for it
                 saves.record_until(now)
                 started, now = now, now + float(trial.block[k - 1])
@@ -496,8 +515,8 @@ class _Durable:
     """Periodic saves started and not yet recorded: each is recorded (and its steps count as
     persisted) once durable, as the trainer learns it from the store."""
 
-    def __init__(self, budget: TimeBudget) -> None:
-        self.budget = budget
+    def __init__(self, budget: TimeBudget, *, background: bool) -> None:
+        self.budget, self.background = budget, background
         self.pending: list[tuple[float, float, int]] = []  # (durable at, seconds, steps)
         self.persisted = 0
 
@@ -507,7 +526,7 @@ class _Durable:
     def record_until(self, now: float) -> None:
         while self.pending and self.pending[0][0] <= now:
             _, seconds, self.persisted = self.pending.pop(0)
-            self.budget.record_save(seconds)
+            self.budget.record_save(seconds, background=self.background)
 
     def in_flight_until(self) -> float:
         return self.pending[-1][0] if self.pending else 0.0
@@ -524,23 +543,33 @@ def _first_close_step(trial: Trial, budget: TimeBudget) -> int:
     shared timeline holds). Simulating from there step by step gives the same decisions."""
     cfg, d = budget.config, trial.d
     prior_steps = trial.prior_state["steps"]
-    step_bound = np.maximum(_rolling_max(d, cfg.step_window), max(prior_steps))
+    step_bound = np.maximum(_rolling_max(d, cfg.step_window), max(prior_steps, default=0.0))
     # The decision after step i has recorded at most the periodic saves started before it
     # (i // every; fewer while an async one is still being written): the bound is the largest
-    # estimate over those prefixes.
+    # estimate over those prefixes, for the final save and (async) for a periodic one.
     seen = np.arange(len(d)) // trial.every
+    background = trial.sc.async_periodic
     tail = SaveTail(window=cfg.save_window, quantile=cfg.save_quantile)
     tail.load(trial.prior_state["saves"])
-    save_bound = [tail.value or cfg.initial_save_estimate]
+    tail.load(trial.prior_state["background_saves"], background=True)
+
+    def bounds() -> tuple[float, float]:
+        final = tail.bound() or cfg.initial_save_estimate
+        periodic = tail.bound(background=True) or cfg.initial_save_estimate
+        return final, periodic if background else 0.0
+
+    save_bound = [bounds()]
     for x in trial.saves[: int(seen[-1]) + 1]:
-        tail.add(float(x))
-        save_bound.append(tail.value or cfg.initial_save_estimate)
+        tail.add(float(x), background=background)
+        save_bound.append(bounds())
     end = (
         cfg.margin
         if cfg.margin is not None
         else (budget.exit_estimate or cfg.initial_exit_estimate) + cfg.slack
     )
-    bound = step_bound + np.maximum.accumulate(save_bound)[seen] + end
+    # can_save(background=True) keeps a periodic save's bound free on top of the stop's needs
+    worst = np.maximum.accumulate([final + periodic for final, periodic in save_bound])
+    bound = step_bound + worst[seen] + end
     close = np.nonzero(trial.length - trial.t_end < bound)[0]
     return int(close[0]) if len(close) else len(d) - 1
 
@@ -561,6 +590,7 @@ def time_limit_study(
     trials: int,
     seed: int,
     margin: float | None,
+    history: int = HISTORY,
 ) -> list[dict[str, Any]]:
     rules = stop_rules(margin)
     rows: list[dict[str, Any]] = []
@@ -569,7 +599,7 @@ def time_limit_study(
             rng = np.random.default_rng([seed, si, li])
             got: dict[str, list[Outcome]] = {name: [] for name in rules}
             for _ in range(trials):
-                trial = Trial(sc, length, rng)
+                trial = Trial(sc, length, rng, history)
                 for name, rule in rules.items():
                     got[name].append(rule(trial))
             for name, outs in got.items():
@@ -588,6 +618,59 @@ def time_limit_study(
                     }
                 )
     return rows
+
+
+EARLY_HISTORIES = (0, 1, 5)  # the job's first, second and sixth allocation
+EARLY_LENGTHS = (30 * MINUTE, HOUR, DAY)
+
+
+def early_study(
+    scenarios: Sequence[Scenario], trials: int, seed: int, margin: float | None
+) -> list[dict[str, Any]]:
+    """slurmclock in a job's early allocations, when the budget has measured few saves (the
+    tail bound then leans on its prior spread), against the steady state of part 1."""
+    rows: list[dict[str, Any]] = []
+    for si, sc in enumerate(scenarios):
+        for li, length in enumerate(EARLY_LENGTHS):
+            for history in EARLY_HISTORIES:
+                rng = np.random.default_rng([seed, si, li, history, 1])
+                outs, ceiling = [], []
+                for _ in range(trials):
+                    trial = Trial(sc, length, rng, history)
+                    outs.append(slurmclock_rule(trial, margin))
+                    ceiling.append(oracle_rule(trial).useful)
+                rows.append(
+                    {
+                        "scenario": sc.name,
+                        "allocation_s": length,
+                        "history": history,
+                        "goodput_mean": float(np.mean([o.useful for o in outs])) / length,
+                        "oracle_goodput_mean": float(np.mean(ceiling)) / length,
+                        "final_save_killed": float(np.mean([not o.final_ok for o in outs])),
+                        "trials": trials,
+                    }
+                )
+    return rows
+
+
+def print_early(erows: list[dict[str, Any]], rows: list[dict[str, Any]]) -> None:
+    steady = {(r["scenario"], r["allocation_s"]): r for r in rows if r["policy"] == "slurmclock"}
+    table: list[list[object]] = []
+    for key in dict.fromkeys((r["scenario"], r["allocation_s"]) for r in erows):
+        cells: list[object] = [key[0].split(",")[0], fmt_len(key[1])]
+        picked = [x for x in erows if (x["scenario"], x["allocation_s"]) == key]
+        picked += [steady[key]] if key in steady else []
+        cells += [
+            f"{r['goodput_mean'] * 100:5.1f}% / {r['final_save_killed'] * 100:4.1f}%"
+            for r in picked
+        ]
+        table.append(cells)
+    print_table(
+        "early allocations, slurmclock: goodput / final save killed "
+        f"(mean of {erows[0]['trials']} trials)",
+        ["profile", "allocation", *(f"history {h}" for h in EARLY_HISTORIES), "steady"],
+        table,
+    )
 
 
 # -- part 2: random failures, checkpoint intervals ---------------------------------------------
@@ -816,7 +899,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     quick_env = os.environ.get("BENCH_QUICK", "") not in ("", "0")
     ap.add_argument("--quick", action="store_true", default=quick_env, help="few trials")
-    ap.add_argument("--trials", type=int, default=None, help="trials per cell (default 200)")
+    ap.add_argument(
+        "--trials",
+        type=int,
+        default=None,
+        help="trials per cell (default 1000: the killed-save rates, ~0.5 %%, need them)",
+    )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument(
         "--margin",
@@ -824,24 +912,38 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=None,
         help="a fixed margin for slurmclock (--stop-margin); default: measured exit + slack",
     )
+    ap.add_argument(
+        "--history",
+        type=int,
+        default=HISTORY,
+        help=f"earlier allocations whose measurements the budget starts from (default {HISTORY}: "
+        "every window full; 0: the job's first allocation)",
+    )
     ap.add_argument("--out", default=None, help="results directory (default bench/results)")
     args = ap.parse_args(argv)
-    trials = args.trials or (20 if args.quick else 200)
+    trials = args.trials or (20 if args.quick else 1000)
     if trials < 1:
         ap.error("--trials must be >= 1")
+    if args.history < 0:
+        ap.error("--history must be >= 0")
     if args.margin is not None and not (math.isfinite(args.margin) and args.margin >= 0):
         ap.error("--margin must be a finite number of seconds >= 0")
     out = Path(args.out) if args.out else RESULTS
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    rows = time_limit_study(SCENARIOS, ALLOCATIONS, trials, args.seed, args.margin)
+    rows = time_limit_study(SCENARIOS, ALLOCATIONS, trials, args.seed, args.margin, args.history)
+    erows = early_study(SCENARIOS, trials, args.seed, args.margin)
     t1 = time.perf_counter()
     mrows = mtbf_study(
-        SCENARIOS, MTBFS, max(4, trials // 10), args.seed, span=10 if args.quick else 40
+        SCENARIOS, MTBFS, max(4, min(20, trials // 10)), args.seed, span=10 if args.quick else 40
     )
     t2 = time.perf_counter()
     print_tables(rows, mrows)
+    print_early(erows, rows)
     head = headline(rows, mrows)
+    head["slurmclock_final_save_killed_max_early_from_30min"] = max(
+        r["final_save_killed"] for r in erows
+    )
     print_table(
         "headline (worst case over scenarios and lengths / MTBFs)",
         ["figure", "value"],
@@ -858,8 +960,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             "trials": trials,
             "seed": args.seed,
             "margin_s": args.margin,
+            "history": args.history,
             "time_limits": rows,
             "failures": mrows,
+            "early": erows,
         },
         out,
     )

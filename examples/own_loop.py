@@ -100,7 +100,7 @@ def main() -> int:
                 opt.step()
             step += 1
             for done in store.saves_completed():  # async saves, timed until durable
-                budget.record_save(done.total_s)
+                budget.record_save(done.total_s, background=True)  # written while training
             decision = budget.should_stop()
             stop = dist.any_rank(bool(decision))
             if stop or step == STEPS:
@@ -109,7 +109,7 @@ def main() -> int:
                     store.save(step, state, metadata={"loss": loss.item()})  # blocking: durable
                 stopped = decision.reason if stop and step < STEPS else None
                 break
-            if step % SAVE_EVERY == 0 and budget.can_save():
+            if step % SAVE_EVERY == 0 and budget.can_save(background=True):
                 state["step"] = step
                 store.save(step, state, metadata={"loss": loss.item()}, blocking=False)
         store.close()  # waits for anything in flight; re-raises a background failure

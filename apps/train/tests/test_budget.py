@@ -291,3 +291,22 @@ def test_async_saves_reserve_their_snapshot_buffer_after_the_first_step(
     assert main(flags(corpus, cache_dir, tmp_path / "b", "--training-steps", "5")) == 0
     assert reserved == []
     assert not any(e["async"] for e in events(tmp_path / "b") if e["event"] == "save")
+
+
+def test_async_periodic_saves_are_timed_apart_from_the_final_save(
+    corpus: Path, cache_dir: Path, tmp_path: Path
+) -> None:
+    """A periodic async save is written while training goes on: the budget records it as a
+    background save, so it cannot inflate the final (blocking) save's bound; with blocking saves
+    only, both bounds come from the same saves."""
+    from pyrecover_train.cli import main
+
+    common = ("--training-steps", "5", "--checkpoint-frequency", "2")
+    assert main([*flags(corpus, cache_dir, tmp_path / "a", *common), "--async-checkpoint"]) == 0
+    budget = one(events(tmp_path / "a"), "stop")["budget"]
+    assert budget["saves_measured"] == 3  # steps 2 and 4 in the background, 5 blocking
+    assert budget["background_save_estimate"] != budget["save_estimate"]
+    assert main(flags(corpus, cache_dir, tmp_path / "b", *common)) == 0
+    budget = one(events(tmp_path / "b"), "stop")["budget"]
+    assert budget["saves_measured"] == 3
+    assert budget["background_save_estimate"] == budget["save_estimate"]  # none in background

@@ -220,6 +220,109 @@ def test_save_bound_covers_the_next_save_but_rarely_fails(sigma: float) -> None:
     assert over_max5 / trials > 0.12
 
 
+def test_background_saves_do_not_inflate_the_final_save_bound() -> None:
+    """An async save, timed until durable, shares the machine with training and takes longer
+    than the final save: kept apart, it leaves the final save's bound near the blocking saves'
+    own, where mixing both kinds into one fit gives a bound above the slower kind."""
+    rng = random.Random(3)
+    tail, mixed = SaveTail(), SaveTail()
+    for _ in range(20):
+        blocking, background = (m * math.exp(0.1 * rng.gauss(0, 1)) for m in (10.0, 25.0))
+        tail.add(blocking)
+        tail.add(background, background=True)
+        mixed.add(blocking)
+        mixed.add(background)
+    final, periodic = tail.bound(), tail.bound(background=True)
+    assert final is not None and periodic is not None and mixed.value is not None
+    assert 10.5 < final < 14.0 < 26.0 < periodic < 36.0
+    assert mixed.value > periodic  # the old way: one fit of both kinds
+    assert tail.value == final and tail.samples and tail.background_samples
+    assert "20 blocking saves (spread pooled with 20 background), median 9.8" in tail.describe()
+    assert "20 background saves (spread pooled with 20 blocking), median 2" in tail.describe(
+        background=True
+    )
+
+
+def test_the_spread_is_pooled_around_each_kinds_own_median() -> None:
+    tail = SaveTail(prior_spread=0.2, prior_weight=4.0)
+    for x in (10.0, 10.0, 10.0):
+        tail.add(x)
+        tail.add(3 * x, background=True)
+    # Each kind is steady around its own median: only the prior's spread is left, over
+    # (3 - 1) + (3 - 1) + 4 degrees of freedom.
+    assert tail.fit() == pytest.approx((10.0, math.sqrt(4 * 0.2**2 / 8)))
+    assert tail.fit(background=True) == pytest.approx((30.0, math.sqrt(4 * 0.2**2 / 8)))
+
+
+def test_a_kind_without_samples_borrows_the_other_kinds_median() -> None:
+    tail = SaveTail()
+    assert tail.bound() is None and tail.bound(background=True) is None
+    for x in (20.0, 22.0, 21.0):
+        tail.add(x, background=True)
+    assert tail.bound() == tail.bound(background=True)  # conservative: async saves are slower
+    assert "3 background saves (no blocking one yet)" in tail.describe()
+    tail.add(8.0)
+    assert tail.bound() is not None and tail.bound() < tail.bound(background=True)  # type: ignore[operator]
+
+
+def test_the_final_bound_stays_calibrated_beside_slower_background_saves() -> None:
+    """A 99.5 % prediction bound with two kinds: over many fits of 20 blocking + 20 background
+    log-normal saves (medians 90 s and 130 s, the same spread) the next blocking save exceeds
+    the final save's bound about 0.5 % of the time."""
+    rng = random.Random(5)
+    over, trials = 0, 3000
+    for _ in range(trials):
+        tail = SaveTail()
+        for _ in range(20):
+            tail.add(90.0 * math.exp(0.5 * rng.gauss(0, 1)))
+            tail.add(130.0 * math.exp(0.5 * rng.gauss(0, 1)), background=True)
+        over += 90.0 * math.exp(0.5 * rng.gauss(0, 1)) > (tail.bound() or 0)
+    assert over / trials < 0.012
+
+
+def test_can_save_in_the_background_keeps_the_stop_free(clock: Any) -> None:
+    """A background save must be durable before the stop comes due, or the final save would
+    wait for it: it needs its own bound on top of everything should_stop() keeps free."""
+    budget = budget_at(clock, 1000.0, margin=10.0, warmup_steps=0)
+    budget.record_step(1.0)
+    budget.record_save(100.0)
+    budget.record_save(200.0, background=True)
+    blocking = budget.can_save()
+    background = budget.can_save(background=True)
+    bg_bound = budget.background_save_estimate
+    assert bg_bound is not None and bg_bound > (budget.save_estimate or 0)
+    assert background.needed == pytest.approx(bg_bound + budget.needed_to_stop())
+    assert blocking.needed == pytest.approx((budget.save_estimate or 0) + 10.0)
+    assert "background save" in background.reason and "then the stop: next step" in (
+        background.reason
+    )
+    clock.advance(1000.0 - background.needed + 0.01)  # too late for a background save ...
+    assert not budget.can_save(background=True)
+    assert budget.can_save()  # ... a blocking one still fits
+    assert not budget.should_stop()
+
+
+def test_background_saves_travel_in_the_state_and_old_states_read_as_blocking(
+    clock: Any,
+) -> None:
+    budget = budget_at(clock, 3600.0)
+    for x in (10.0, 11.0):
+        budget.record_save(x)
+    for x in (30.0, 33.0, 31.0):
+        budget.record_save(x, background=True)
+    state = json.loads(json.dumps(budget.state_dict()))
+    assert state["saves"] == [10.0, 11.0] and state["background_saves"] == [30.0, 33.0, 31.0]
+    nxt = budget_at(clock, 3600.0)
+    nxt.load_state_dict(state)
+    assert nxt.save_estimate == pytest.approx(budget.save_estimate)
+    assert nxt.background_save_estimate == pytest.approx(budget.background_save_estimate)
+    old = budget_at(clock, 3600.0)  # a state from before the kinds: every save as blocking
+    old.load_state_dict({"version": 1, "saves": [10.0, 30.0], "exits": []})
+    assert old.background_save_estimate == old.save_estimate
+    with pytest.raises(ValueError, match=r"background_saves\[0\] must be a finite number"):
+        old.load_state_dict({"version": 1, "background_saves": [-1.0]})
+
+
 def test_exit_times_come_from_the_timeline_and_are_remembered(tmp_path: Path, clock: Any) -> None:
     def timeline(restart: int) -> JobTimeline:
         env = {"SLURM_JOB_ID": "77", "SLURM_RESTART_COUNT": str(restart)}

@@ -222,6 +222,38 @@ def torchrun(root: Path, *args: str) -> list[dict[str, str]]:
     return sorted(found, key=lambda r: r["rank"])
 
 
+def test_async_periodic_saves_are_timed_as_background_saves(tmp_path: Path) -> None:
+    """With a CheckpointIO that persists in the background (ckptstore's CkptStoreIO: it reports
+    ``saves_completed()``), periodic saves are recorded as background saves and the save the
+    callback waits for as a blocking one, so the final save's bound is not inflated by them."""
+    from types import SimpleNamespace
+
+    from lightning.pytorch.plugins.io import TorchCheckpointIO
+
+    class BackgroundIO(TorchCheckpointIO):
+        def __init__(self) -> None:
+            self.done: list[SimpleNamespace] = []
+
+        def save_checkpoint(self, checkpoint: dict, path: Any, storage_options: Any = None) -> None:
+            super().save_checkpoint(checkpoint, path, storage_options)
+            step = checkpoint["global_step"]
+            self.done.append(SimpleNamespace(step=step, total_s=1.0 if step == MAX_STEPS else 3.0))
+
+        def saves_completed(self) -> list[SimpleNamespace]:
+            done, self.done = self.done, []
+            return done
+
+        def wait(self) -> None:
+            pass
+
+    timer = TimeAwareCallback(tmp_path, every_n_steps=5, deadline=NO_DEADLINE)
+    fit(tmp_path, timer=timer, plugins=[BackgroundIO()])
+    state = timer.budget.state_dict()
+    assert state["background_saves"] == [3.0, 3.0]  # steps 5 and 10, written while training
+    assert state["saves"] == [1.0]  # the save at the end, waited for
+    assert (timer.budget.save_estimate or 0) < (timer.budget.background_save_estimate or 0)
+
+
 def test_ddp_one_rank_stopping_stops_all_and_resumes_bitwise(tmp_path: Path) -> None:
     straight = torchrun(tmp_path / "straight")
     stopped = torchrun(tmp_path / "run", "5")  # only rank 1 raises its flag after step 5

@@ -29,9 +29,11 @@ class SaveSchedule:
         budget: slurmclock.TimeBudget,
         *,
         saved_step: int | None,
+        background: bool = False,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.every_steps = cfg.checkpoint_frequency
+        self.background = background  # periodic saves are written while training goes on
         self.interval_setting = cfg.checkpoint_interval_seconds
         self.mtbf = cfg.mtbf
         self.save_at_eval = bool(cfg.keep_best)  # the best must have a measured val loss
@@ -50,8 +52,9 @@ class SaveSchedule:
         return interval is not None and self.clock() - self.last_time >= interval
 
     def may_start(self) -> slurmclock.Decision:
-        """Can a save started now be durable before the deadline (with the margin)?"""
-        return self.budget.can_save()
+        """Can a save started now be durable before the deadline (with the margin)? A
+        background save also before the stop comes due, so the final save never waits for it."""
+        return self.budget.can_save(background=self.background)
 
     def interval(self) -> float | None:
         """Seconds between time-based saves: fixed, Young/Daly (auto), or None (off)."""

@@ -139,8 +139,13 @@ class Trainer:
         self.start_step = self.state.step
         self.async_saves = build.async_saves(cfg, self.device)
         self.schedule = SaveSchedule(
-            cfg, self.budget, saved_step=self.state.step if self.resumed_from else None, clock=clock
+            cfg,
+            self.budget,
+            saved_step=self.state.step if self.resumed_from else None,
+            background=self.async_saves,
+            clock=clock,
         )
+        self._background_steps: set[int] = set()  # saves written while training went on
         self.profiler = StepProfiler(cfg, self.device, dist.rank)
         self.last_loss: float | None = None
         self.last_val: float | None = None
@@ -186,6 +191,8 @@ class Trainer:
         payload, metadata = self._checkpoint()
         self.store.save(self.state.step, payload, metadata=metadata, blocking=blocking)
         blocking_s = time.perf_counter() - t0
+        if not blocking:
+            self._background_steps.add(self.state.step)
         self.schedule.saved(self.state.step, blocking_s)
         extra: dict[str, Any] = {}
         if self.cfg.checkpoint_interval_seconds is not None:
@@ -306,8 +313,13 @@ class Trainer:
         for stats in self.store.saves_completed():
             self.console.event("saved", **stats.to_dict())
             if stats.target == "primary":
-                # Until durable: the final save must be complete before the kill.
-                self.budget.record_save(stats.total_s, final=stats.step == final_step)
+                # Until durable: the final save must be complete before the kill. A save written
+                # while training went on is slower than the final one: the budget keeps it apart.
+                background = stats.step in self._background_steps
+                self._background_steps.discard(stats.step)
+                self.budget.record_save(
+                    stats.total_s, final=stats.step == final_step, background=background
+                )
 
     # -- start, end -------------------------------------------------------------------------
 

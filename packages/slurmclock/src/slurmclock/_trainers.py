@@ -96,8 +96,9 @@ class StopPolicy:
         """The time since the last step boundary was not training (a save, an evaluation)."""
         self._last = self._timer()
 
-    def time_save(self, seconds: float) -> None:
-        self.budget.record_save(seconds)
+    def time_save(self, seconds: float, *, background: bool = False) -> None:
+        """A save's time until durable; ``background``: training went on meanwhile."""
+        self.budget.record_save(seconds, background=background)
 
     def final_save_done(self) -> None:
         """The stop's checkpoint is durable: what follows until the requeue is the exit that the

@@ -8,9 +8,12 @@
   stand in, then the latest warm-up step, then ``initial_step_estimate``.
 * *final save* -- a tail bound of the measured saves (until durable): the ``save_quantile``
   (default 99.5 %) prediction bound of a log-normal fitted to the last ``save_window`` saves,
-  whose spread is pooled with a prior of ``SAVE_PRIOR_SPREAD`` worth two saves. Steady saves get
-  a bound close to their median; a file system whose save times scatter gets a wide one. Before
-  any save is measured: ``initial_save_estimate``.
+  whose spread is pooled with a prior of ``SAVE_PRIOR_SPREAD`` worth ``SAVE_PRIOR_WEIGHT``
+  saves. Steady saves get a bound close to their median; a file system whose save times scatter
+  gets a wide one. Saves written in the background while training went on (async, timed until
+  durable) are slower than the final save, which has the machine to itself: they are kept
+  apart (``record_save(background=True)``), with their own median and a pooled spread, so they
+  do not inflate the final save's bound. Before any save is measured: ``initial_save_estimate``.
 * *exit* -- what the job needs after its final save is durable: process exit, ``srun``
   teardown and the batch script's ``scontrol requeue``. Measured per allocation from the
   timestamps in the job's :class:`~slurmclock.JobTimeline` (1.25 x the longest of the last
@@ -202,14 +205,19 @@ def t_quantile(q: float, df: float) -> float:
     return z + g1 / df + g2 / df**2 + g3 / df**3
 
 
-class SaveTail(_Estimate):
+class SaveTail:
     """A tail bound of save times: the ``quantile`` prediction bound of a log-normal.
 
-    Fitted to the last ``window`` samples: the spread of log-seconds is pooled with
-    ``prior_spread`` weighted as ``prior_weight`` samples, and the bound is Student's
-    prediction interval (``t * spread * sqrt(1 + 1/n)``), so few samples give a wide bound and
-    many steady ones a tight one. Save times are right-skewed (a busy file system makes a save 3x
-    slower, never 3x faster), which the log scale captures.
+    Fitted to the last ``window`` samples of each kind: saves that had the machine to
+    themselves (*blocking*, like the final save) and saves written while training went on
+    (*background*: an async save, timed until durable, which shares the host with the
+    training and takes longer). Each kind has its own median; the spread of log-seconds is
+    pooled over both kinds (each around its own mean) and with ``prior_spread`` weighted as
+    ``prior_weight`` samples, and the bound is Student's prediction interval (``t * spread *
+    sqrt(1 + 1/n)``, n the samples of the kind asked about), so few samples give a wide bound
+    and many steady ones a tight one. A kind with no sample yet borrows the other kind's
+    median. Save times are right-skewed (a busy file system makes a save 3x slower, never 3x
+    faster), which the log scale captures.
     """
 
     def __init__(
@@ -227,54 +235,88 @@ class SaveTail(_Estimate):
         if not (_number(prior_weight) and prior_weight > 0):
             raise ValueError(f"prior_weight must be a finite number > 0, got {prior_weight!r}")
         self.quantile, self.prior_spread, self.prior_weight = quantile, prior_spread, prior_weight
-        self._recent: deque[float] = deque(maxlen=window)
+        # background? -> the last ``window`` samples of that kind
+        self._recent: dict[bool, deque[float]] = {
+            False: deque(maxlen=window),
+            True: deque(maxlen=window),
+        }
+        self._bounds: dict[bool, float | None] = {}
         self.count = 0
 
-    def add(self, seconds: float) -> None:
+    def add(self, seconds: float, *, background: bool = False) -> None:
         self.count += 1
-        self._recent.append(seconds)
-        self._stale = True
+        self._recent[background].append(seconds)
+        self._bounds.clear()
 
-    def load(self, samples: Iterable[float]) -> None:
+    def load(self, samples: Iterable[float], *, background: bool = False) -> None:
         """Older samples (earlier allocations): they come before this run's in the window."""
-        mine = list(self._recent)
-        self._recent.clear()
-        self._recent.extend([*samples, *mine])
-        self._stale = True
+        recent = self._recent[background]
+        mine = list(recent)
+        recent.clear()
+        recent.extend([*samples, *mine])
+        self._bounds.clear()
 
     @property
     def samples(self) -> list[float]:
-        return list(self._recent)
+        """The blocking saves the bound uses (see :attr:`background_samples`)."""
+        return list(self._recent[False])
 
-    def fit(self) -> tuple[float, float] | None:
-        """(median seconds, pooled spread of log-seconds); None without samples."""
-        if not self._recent:
+    @property
+    def background_samples(self) -> list[float]:
+        return list(self._recent[True])
+
+    def _logs(self) -> dict[bool, list[float]]:
+        return {k: [math.log(max(x, 1e-3)) for x in v] for k, v in self._recent.items() if v}
+
+    def fit(self, *, background: bool = False) -> tuple[float, float] | None:
+        """(median seconds of the kind, pooled spread of log-seconds); None without samples."""
+        got = self._fit(background)
+        return None if got is None else got[:2]
+
+    def _fit(self, background: bool) -> tuple[float, float, int, float] | None:
+        """(median, pooled spread, samples behind the median, degrees of freedom)."""
+        logs = self._logs()
+        if not logs:
             return None
-        logs = [math.log(max(x, 1e-3)) for x in self._recent]
-        n = len(logs)
-        ss = statistics.variance(logs) * (n - 1) if n > 1 else 0.0
-        prior = self.prior_weight * self.prior_spread**2
-        return math.exp(statistics.fmean(logs)), math.sqrt(
-            (ss + prior) / (n - 1 + self.prior_weight)
-        )
+        ss = sum(statistics.variance(v) * (len(v) - 1) for v in logs.values() if len(v) > 1)
+        df = sum(len(v) - 1 for v in logs.values()) + self.prior_weight
+        spread = math.sqrt((ss + self.prior_weight * self.prior_spread**2) / df)
+        mine = logs.get(background) or logs[not background]  # none of this kind: the other's
+        return math.exp(statistics.fmean(mine)), spread, len(mine), df
 
-    def _compute(self) -> float | None:
-        fitted = self.fit()
-        if fitted is None:
-            return None
-        median, spread = fitted
-        n = len(self._recent)
-        t = t_quantile(self.quantile, n - 1 + self.prior_weight)
-        return median * math.exp(t * spread * math.sqrt(1 + 1 / n))
+    def bound(self, *, background: bool = False) -> float | None:
+        """The tail bound of the next save of the kind; None before any save was measured."""
+        if background not in self._bounds:
+            got = self._fit(background)
+            if got is None:
+                self._bounds[background] = None
+            else:
+                median, spread, n, df = got
+                t = t_quantile(self.quantile, df)
+                self._bounds[background] = median * math.exp(t * spread * math.sqrt(1 + 1 / n))
+        return self._bounds[background]
 
-    def describe(self) -> str:
-        fitted = self.fit()
-        if fitted is None:
+    @property
+    def value(self) -> float | None:
+        """The bound of a blocking save (the final one)."""
+        return self.bound()
+
+    def describe(self, *, background: bool = False) -> str:
+        got = self._fit(background)
+        if got is None:
             return "no save measured yet"
-        median, spread = fitted
+        median, spread, _, _ = got
+        kind, other_kind = ("background", "blocking") if background else ("blocking", "background")
+        own, other = len(self._recent[background]), len(self._recent[not background])
+        if not own:
+            what = f"{other} {other_kind} saves (no {kind} one yet)"
+        elif other:
+            what = f"{own} {kind} saves (spread pooled with {other} {other_kind})"
+        else:
+            what = f"{own} saves"
         return (
-            f"p{self.quantile * 100:g} bound of {len(self._recent)} saves, median "
-            f"{_fmt(median)} s, spread x{math.exp(spread):.2f}"
+            f"p{self.quantile * 100:g} bound of {what}, median {_fmt(median)} s, "
+            f"spread x{math.exp(spread):.2f}"
         )
 
 
@@ -445,25 +487,32 @@ class TimeBudget:
         self.record_step(self._timer() - start)
 
     @contextlib.contextmanager
-    def save(self, *, final: bool = False) -> Iterator[None]:
+    def save(self, *, final: bool = False, background: bool = False) -> Iterator[None]:
         """Time the body as one checkpoint save, until durable (not recorded if it raises).
 
         ``final=True``: the last save of this run; the timeline is marked ``saved`` at its end,
         so the exit that follows is measured (by ``slurmclock mark``/``requeue`` in the script).
+        ``background``: see :meth:`record_save`.
         """
         start = self._timer()
         yield
-        self.record_save(self._timer() - start, final=final)
+        self.record_save(self._timer() - start, final=final, background=background)
 
     def record_step(self, seconds: float) -> None:
         """Add a measured step duration."""
         if self._valid("step", seconds):
             self._steps.add(float(seconds))
 
-    def record_save(self, seconds: float, *, final: bool = False) -> None:
-        """Add a measured save duration (until the checkpoint is durable); see :meth:`save`."""
+    def record_save(self, seconds: float, *, final: bool = False, background: bool = False) -> None:
+        """Add a measured save duration (until the checkpoint is durable); see :meth:`save`.
+
+        ``background=True``: training went on while it was written (an async save, timed until
+        durable). Such saves take longer than one with the machine to itself, so they get their
+        own median: the final save's bound comes from blocking saves (from background ones only
+        until a blocking save was measured), the bound of a background save from background ones.
+        """
         if self._valid("save", seconds):
-            self._saves.add(float(seconds))
+            self._saves.add(float(seconds), background=background)
             self._parts_cache.clear()
         if final and self.timeline is not None:
             self.timeline.mark("saved", seconds=round(float(seconds), 3))
@@ -510,8 +559,14 @@ class TimeBudget:
 
     @property
     def save_estimate(self) -> float | None:
-        """Tail bound of a save's duration from measured saves; None before the first one."""
-        return self._saves.value
+        """Tail bound of a blocking save (the final one) from measured saves; None before the
+        first one."""
+        return self._saves.bound()
+
+    @property
+    def background_save_estimate(self) -> float | None:
+        """Tail bound of a background save, until durable; None before the first save."""
+        return self._saves.bound(background=True)
 
     @property
     def exit_estimate(self) -> float | None:
@@ -593,13 +648,13 @@ class TimeBudget:
 
     # -- deciding ---------------------------------------------------------------------------
 
-    def _save_part(self, name: str) -> _Part:
-        value = self._saves.value
+    def _save_part(self, name: str, *, background: bool = False) -> _Part:
+        value = self._saves.bound(background=background)
         if value is None:
             return _Part(
                 name, self.config.initial_save_estimate, "initial guess, no save measured yet"
             )
-        return _Part(name, value, self._saves.describe())
+        return _Part(name, value, self._saves.describe(background=background))
 
     def _step_part(self) -> _Part:
         step = self._steps.value
@@ -661,9 +716,20 @@ class TimeBudget:
         )
         return Decision(False, reason, left, needed)
 
-    def can_save(self) -> Decision:
-        """Can a save started now finish, with the exit after it, before the deadline?"""
-        needed, said = self._needed(with_step=False)
+    def can_save(self, *, background: bool = False) -> Decision:
+        """Can a save started now finish, with the exit after it, before the deadline?
+
+        ``background=True`` asks about a save written while training goes on (async): it must
+        be durable before the stop comes due, so that the final save does not wait for it --
+        it needs its own bound plus all that :meth:`should_stop` keeps free. When it does not
+        fit, skipping it loses nothing: the final save comes first.
+        """
+        if background:
+            part = self._save_part("background save", background=True)
+            stop, stop_said = self._needed(with_step=True)
+            needed, said = part.seconds + stop, f"{part} + then the stop: {stop_said}"
+        else:
+            needed, said = self._needed(with_step=False)
         d = self.deadline()
         left = None if d is None else d.seconds_left(self._clock())
         if left is None:
@@ -696,6 +762,7 @@ class TimeBudget:
             "seconds_left": None if d is None else d.seconds_left(self._clock()),
             "step_estimate": self.step_estimate,
             "save_estimate": self.save_estimate,
+            "background_save_estimate": self.background_save_estimate,
             "exit_estimate": self.exit_estimate,
             "steps_measured": self.steps_measured,
             "saves_measured": self.saves_measured,
@@ -709,11 +776,15 @@ class TimeBudget:
 
     def state_dict(self) -> dict[str, Any]:
         """The measured figures, JSON-ready: store it in the checkpoint's metadata and give it to
-        :meth:`load_state_dict` in the next allocation, which then starts from measured numbers."""
+        :meth:`load_state_dict` in the next allocation, which then starts from measured numbers.
+        ``saves`` are blocking saves, ``background_saves`` async ones (a state written before
+        the two were told apart has ``saves`` only, read as blocking: a wider bound, never a
+        tighter one)."""
         return {
             "version": STATE_VERSION,
             "steps": self._steps.samples,
             "saves": self._saves.samples,
+            "background_saves": self._saves.background_samples,
             "exits": [
                 {"job": job, "restart": restart, "seconds": seconds}
                 for (job, restart), seconds in self._exits.items()
@@ -738,9 +809,11 @@ class TimeBudget:
             )
         steps = _check_samples("steps", _list(state, "steps"))
         saves = _check_samples("saves", _list(state, "saves"))
+        background = _check_samples("background_saves", _list(state, "background_saves"))
         exits = [_exit_entry(i, e) for i, e in enumerate(_list(state, "exits"))]
         self._steps.load(steps)
         self._saves.load(saves)
+        self._saves.load(background, background=True)
         self._parts_cache.clear()
         mine = dict(self._exits)
         self._exits.clear()

@@ -123,6 +123,7 @@ class TimeAwareCallback(TimeAware, Callback):
         self.stopped_early = False
         self.requeue_result: RequeueResult | None = None
         self._saved_step: int | None = None
+        self._background_steps: set[int] = set()  # saves written while training went on
         self._seen_step: int | None = None
         self._rng_to_restore: list[dict[str, Any]] | None = None
         self._path: str | None = None
@@ -216,7 +217,9 @@ class TimeAwareCallback(TimeAware, Callback):
             trainer.should_stop = True
         elif self.every_n_steps and step % self.every_n_steps == 0:
             # Every rank must call save_checkpoint, or none: rank 0's clock decides for all.
-            fits = bool(self.budget.can_save()) if trainer.is_global_zero else False
+            fits = False
+            if trainer.is_global_zero:
+                fits = bool(self.budget.can_save(background=_async_io(trainer)))
             if trainer.strategy.broadcast(fits, src=0):
                 self._save(trainer, durable=False)
         self.policy.paused()
@@ -252,6 +255,8 @@ class TimeAwareCallback(TimeAware, Callback):
             if not hasattr(trainer.strategy.checkpoint_io, "saves_completed"):
                 # A plain CheckpointIO writes synchronously: this was the whole save.
                 self.policy.time_save(time.monotonic() - start)
+            elif not durable and _async_io(trainer):
+                self._background_steps.add(step)  # persisted while the next steps run
         if durable:
             _wait(trainer)
             self._collect_saves(trainer)
@@ -260,7 +265,9 @@ class TimeAwareCallback(TimeAware, Callback):
         completed = getattr(trainer.strategy.checkpoint_io, "saves_completed", None)
         if completed is not None and trainer.is_global_zero:
             for stats in completed():
-                self.policy.time_save(float(stats.total_s))
+                background = stats.step in self._background_steps
+                self._background_steps.discard(stats.step)
+                self.policy.time_save(float(stats.total_s), background=background)
 
 
 def _warn_if_prefetched(loaders: Any) -> None:
@@ -277,6 +284,12 @@ def _warn_if_prefetched(loaders: Any) -> None:
                 "skips one batch; give it a __len__ (batches per epoch) for an exact resume, e.g. "
                 "parquetlm.torch.SizedLoader(loader, length)"
             )
+
+
+def _async_io(trainer: pl.Trainer) -> bool:
+    """Does the CheckpointIO persist in the background (ckptstore's CkptStoreIO by default)?"""
+    io = trainer.strategy.checkpoint_io
+    return hasattr(io, "saves_completed") and not getattr(io, "blocking", False)
 
 
 def _finished(trainer: pl.Trainer) -> bool:
