@@ -118,6 +118,16 @@ def test_saves_completed_drains_stats(tmp_path: Path) -> None:
         assert store.saves_completed() == []
 
 
+def test_saves_completed_says_which_saves_ran_in_the_background(tmp_path: Path) -> None:
+    """A time budget keeps async saves (slower: the caller went on meanwhile) apart from
+    blocking ones; the stats say which was which."""
+    with CheckpointStore(str(tmp_path)) as store:
+        store.save(1, {"w": torch.ones(10)})
+        store.save(2, {"w": torch.ones(10)}, blocking=False)
+        store.wait()
+        assert [(s.step, s.background) for s in store.saves_completed()] == [(1, False), (2, True)]
+
+
 def test_a_script_that_ends_right_after_an_async_save_still_commits(tmp_path: Path) -> None:
     import subprocess
     import sys

@@ -145,7 +145,6 @@ class Trainer:
             background=self.async_saves,
             clock=clock,
         )
-        self._background_steps: set[int] = set()  # saves written while training went on
         self.profiler = StepProfiler(cfg, self.device, dist.rank)
         self.last_loss: float | None = None
         self.last_val: float | None = None
@@ -191,8 +190,6 @@ class Trainer:
         payload, metadata = self._checkpoint()
         self.store.save(self.state.step, payload, metadata=metadata, blocking=blocking)
         blocking_s = time.perf_counter() - t0
-        if not blocking:
-            self._background_steps.add(self.state.step)
         self.schedule.saved(self.state.step, blocking_s)
         extra: dict[str, Any] = {}
         if self.cfg.checkpoint_interval_seconds is not None:
@@ -315,10 +312,8 @@ class Trainer:
             if stats.target == "primary":
                 # Until durable: the final save must be complete before the kill. A save written
                 # while training went on is slower than the final one: the budget keeps it apart.
-                background = stats.step in self._background_steps
-                self._background_steps.discard(stats.step)
                 self.budget.record_save(
-                    stats.total_s, final=stats.step == final_step, background=background
+                    stats.total_s, final=stats.step == final_step, background=stats.background
                 )
 
     # -- start, end -------------------------------------------------------------------------

@@ -225,6 +225,7 @@ class SaveStats:
     url: str
     format: str = ""
     target: str = "primary"  # or "mirror"
+    background: bool = False  # persisted while the caller went on (an async save, a mirror copy)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

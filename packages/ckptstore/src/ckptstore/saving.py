@@ -255,8 +255,11 @@ class Saver:
                 durable_at=self._wall(),
                 url=self.loc.storage.url(save.ctx.step_dir),
                 format=self.format_name,
+                background=save.ctx.background,
             )
-        stats = dataclasses.replace(save.stats, blocking_s=handle.blocking_s)
+        stats = dataclasses.replace(
+            save.stats, blocking_s=handle.blocking_s, background=save.ctx.background
+        )
         self.hooks.committed(save.manifest, stats)
         return stats
 

@@ -310,6 +310,7 @@ class CheckpointStore:
             url=copy.url,
             format=m.format,
             target="mirror",
+            background=True,
         )
         assert self.mirror is not None
         with self._mutex:
