@@ -196,8 +196,13 @@ print(json.dumps({"path": str(cache.path), "tokens": cache.num_tokens}), flush=T
 def run_build(
     tmp_path: Path, src: Path, out: Path, kill_at: int, workers: int
 ) -> subprocess.Popen[str]:
+    # Written once: rewriting it while an earlier child is still reading it (it truncates first)
+    # would hand that child an empty script, which exits 0 and prints nothing.
     script = tmp_path / "build.py"
-    script.write_text(textwrap.dedent(BUILD))
+    if not script.exists():
+        tmp = tmp_path / "build.py.tmp"
+        tmp.write_text(textwrap.dedent(BUILD))
+        tmp.replace(script)
     return subprocess.Popen(
         [sys.executable, str(script), str(src), str(out), str(kill_at), str(workers)],
         stdout=subprocess.PIPE,
