@@ -18,18 +18,24 @@ decides when to stop and write the final checkpoint:
                       exits) that the earlier allocations stored in the checkpoint (default: a
                       steady state, every window full; ``--history N``: N earlier allocations);
                       asked after every step, ``can_save(background=...)`` before every periodic
-                      save, each save recorded as blocking or background, as pyrecover-train
-                      does;
+                      save, each save recorded as blocking or background, and after the final
+                      save its extra saves (``extra_save()``: train on, save again, abandon a
+                      save not durable when the exit must begin), as pyrecover-train does;
+* ``no-extra-saves`` -- slurmclock as pyrecover-train --no-extra-saves runs it (the same without
+                      extra saves: what they add);
 * ``pyrecover-v0`` -- the original PyRecover rule: before each step, stop when the time left
                       < 6 x max step + 2 x max save (running maxima, so the compile step counts);
                       same first guesses as slurmclock;
 * ``submitit``     -- stop at min(0.8 x L, L - 10 min), then save (the rule as given in issue 9);
 * ``lightning-90s``-- a signal 90 s before the end (Lightning's SLURM default), then save;
 * ``oracle``       -- knows every future duration: stops at the last step whose final save and
-                      exit still end before L. No rule can do better: the ceiling of each cell.
+                      exit still end before L. No rule that saves once at its stop can do
+                      better: the ceiling of each cell (extra saves, with their own draws, may
+                      pass it in a lucky trial).
 
 A rule whose final save does not finish before the kill loses everything since its last
-committed save. Reported per rule: goodput = time spent in steps that were persisted / L, lost
+committed save (the steps of an abandoned extra save count as lost work too: the next job redoes
+them). Reported per rule: goodput = time spent in steps that were persisted / L, lost
 work (steps computed but not persisted, redone by the next job), how often the final save was
 killed, and how often the job was not requeued before L (final save + exit too late). All rules
 see the same random step, save and exit times in each trial (common random numbers), so
@@ -85,7 +91,14 @@ ASSUMED_SAVE_BANDWIDTH = 200e6  # pyrecover-train's first guess of a save: 1 s +
 AUTO_ASSUMED_SAVE_COST = 10.0  # pyrecover-train's Young/Daly cost before a save was measured
 SIGNAL_LEAD = 300.0  # submit-training-simple.sh: #SBATCH --signal=B:USR2@300, exported as the lead
 SIGNAL_EARLY = 30.0  # SLURM sends the warning up to 30 s before LEAD (its timer's period)
-STOP_POLICIES = ("slurmclock", "pyrecover-v0", "submitit", "lightning-90s", "oracle")
+STOP_POLICIES = (
+    "slurmclock",
+    "no-extra-saves",
+    "pyrecover-v0",
+    "submitit",
+    "lightning-90s",
+    "oracle",
+)
 PEERS = ("pyrecover-v0", "submitit", "lightning-90s")
 # What the earlier allocations left in the checkpoint for the budget: the last 50 steps, the last
 # 20 saves of each kind (blocking: one final save per allocation; background: the periodic async
@@ -93,6 +106,7 @@ PEERS = ("pyrecover-v0", "submitit", "lightning-90s")
 # HISTORY earlier ones, enough to fill every window (a steady state); --history 1 is the job's
 # second allocation, --history 5 its sixth.
 PRIOR_STEPS, PRIOR_SAVES, PRIOR_EXITS, HISTORY = 50, 20, 5, 20
+EXTRA_SAVES = 4  # at most this many extra saves after the final one (the trainer: no limit)
 INTERVAL_POLICIES: dict[str, float | str] = {
     "fixed 10 min": 10 * MINUTE,
     "fixed 1 h": HOUR,
@@ -321,6 +335,8 @@ class Trial:
         self.t_end = sc.startup + self.cs + cum_block[done_before]
         self.t_start = self.t_end - d
         self.cum_block = cum_block
+        # Saves after the final one (slurmclock's extra saves): blocking, like the final save.
+        self.extra_saves = lognormal(rng, sc.save_median, sc.save_sigma, EXTRA_SAVES)
 
     # - shared bookkeeping -
 
@@ -445,12 +461,16 @@ class _FakeClock:
         return self.now
 
 
-def slurmclock_rule(trial: Trial, margin: float | None = None, *, fast: bool = True) -> Outcome:
+def slurmclock_rule(
+    trial: Trial, margin: float | None = None, *, fast: bool = True, extra: bool = True
+) -> Outcome:
     """Drive the real TimeBudget as pyrecover-train does: record each step, ask should_stop()
     after it, can_save() before a periodic save, record each save once it is durable (an async
     one some steps later, as the trainer finds it finished); the final save waits for a save
-    still in flight. SLURM's USR2 warning is raised on the budget's stop flag when it arrives.
-    ``fast``: skip, step-free, the part of the run where the budget cannot stop (same result)."""
+    still in flight, and is followed by extra saves while ``extra_save()`` plans one
+    (``extra=False``: pyrecover-train --no-extra-saves). SLURM's USR2 warning is raised on the
+    budget's stop flag when it arrives. ``fast``: skip, step-free, the part of the run where the
+    budget cannot stop (same result)."""
     sc, L, d = trial.sc, trial.length, trial.d
     clock = _FakeClock()
     flag = StopSignals(("USR2", "TERM"), clock=clock)  # not installed: raised by the simulator
@@ -494,9 +514,12 @@ def slurmclock_rule(trial: Trial, margin: float | None = None, *, fast: bool = T
         saves.record_until(now)
         if budget.should_stop():
             done = max(now, saves.in_flight_until()) + trial.final_save
-            if done <= L:
+            if done > L:
+                return trial.result(saves.committed_by(L), i + 1, False)
+            if not extra:
                 return trial.result(i + 1, i + 1, True, done)
-            return trial.result(saves.committed_by(L), i + 1, False)
+            persisted, computed, saved_at = _extra_saves(trial, budget, clock, i, done)
+            return trial.result(persisted, computed, True, saved_at)
         if (i + 1) % trial.every == 0:
             k, k_next = k_next, k_next + 1
             if budget.can_save(background=sc.async_periodic):
@@ -509,6 +532,32 @@ def slurmclock_rule(trial: Trial, margin: float | None = None, *, fast: bool = T
                 saves.record_until(now)
         i += 1
     raise RuntimeError("simulation ran out of drawn steps: raise the step count bound")
+
+
+def _extra_saves(
+    trial: Trial, budget: TimeBudget, clock: _FakeClock, i: int, now: float
+) -> tuple[int, int, float]:
+    """After the final save of step index ``i``, durable at ``now``: the trainer's extra saves
+    (train while a step fits the plan, save, abandon it at the plan's deadline). Returns (steps
+    persisted, steps computed, when the exit began: a durable save's end or the abandon)."""
+    persisted, saved_at = i + 1, now
+    for save in trial.extra_saves:
+        clock.now = now
+        plan = budget.extra_save()
+        if plan is None:
+            break
+        j = i
+        while plan.step_fits(now, budget.step_estimate or 0.0):
+            j += 1
+            now += float(trial.d[j])
+            budget.record_step(float(trial.d[j]))
+        if j == i:
+            break
+        if now + float(save) > plan.abandon_at:  # abandoned: the exit starts then
+            return persisted, j + 1, plan.abandon_at
+        now += float(save)  # not recorded: abandoned ones would be missing (a biased sample)
+        persisted, saved_at, i = j + 1, now, j
+    return persisted, i + 1, saved_at
 
 
 class _Durable:
@@ -577,6 +626,7 @@ def _first_close_step(trial: Trial, budget: TimeBudget) -> int:
 def stop_rules(margin: float | None) -> dict[str, Callable[[Trial], Outcome]]:
     return {
         "slurmclock": lambda t: slurmclock_rule(t, margin),
+        "no-extra-saves": lambda t: slurmclock_rule(t, margin, extra=False),
         "pyrecover-v0": pyrecover_v0_rule,
         "submitit": lambda t: signal_rule(t, min(0.8 * t.length, t.length - 10 * MINUTE)),
         "lightning-90s": lambda t: signal_rule(t, t.length - 90.0),

@@ -121,6 +121,7 @@ class TrainConfig:
     # Time.
     time_limit: float | None = None
     stop_margin: float | None = None
+    extra_saves: bool = True
     # Model, data, optimisation.
     model_size: str = "tiny"
     tokenizer: str = _TINY["tokenizer"]
@@ -477,6 +478,10 @@ _MARGIN_SHOWN = (
     "measured: 1.25 x the longest exit-and-requeue of the last 5 allocations (10 s until one is "
     "measured) + 5 s slack"
 )
+_EXTRA_HELP = (
+    "after a stop for time, when the final save ended early: train on and save again; a save "
+    "not durable when the exit must begin is abandoned (the final save stands)"
+)
 _ASYNC_HELP = (
     "periodic saves snapshot the state and persist it in the background; the final save blocks"
 )
@@ -587,6 +592,7 @@ FLAGS: tuple[Flag, ...] = (
         "time",
         Flag("time_limit", _duration, _TIME_LIMIT_HELP, shown="SLURM's deadline"),
         Flag("stop_margin", _duration, _MARGIN_HELP, shown=_MARGIN_SHOWN),
+        Flag("extra_saves", SWITCH, _EXTRA_HELP, shown="on", negatable=True),
     ),
     *_group(
         "model, data, optimisation",

@@ -6,6 +6,9 @@
               -> agree across ranks: stop? (time budget, stop signal) save? (schedule, budget)
               -> stop: final blocking save, wait for background saves, exit 75 (0 when done)
                  else: the periodic save, if due
+    after a stop for time: extra saves (train on, save again) while the budget plans one; an
+    extra save not durable when the exit must begin is abandoned: the process exits 75 at once
+    and the final save stands (abandon.py)
 
 Exit status: 0 finished --training-steps, 75 stopped early (requeue wanted), 1 error, 2 usage
 error. The save decision is agreed together with the stop decision so that every rank takes part
@@ -30,6 +33,7 @@ import ddpkit
 import slurmclock
 
 from . import build, logs
+from .abandon import AbandonAt
 from .config import TrainConfig, UsageError
 from .console import Console, LossWindow
 from .dryrun import dry_run
@@ -150,6 +154,9 @@ class Trainer:
         self.last_val: float | None = None
         self.evaluated_at: int | None = None
         self.stop_reason = ""
+        self.extra_steps: set[int] = set()  # steps of extra saves (not save-time samples)
+        self.saved_step = self.state.step  # of the newest durable checkpoint
+        self.window: LossWindow  # losses since the last progress line: made when the loop starts
 
     # -- the loop ---------------------------------------------------------------------------
 
@@ -162,17 +169,9 @@ class Trainer:
             log.info("already at step %d of %d: nothing to do", s.step, cfg.training_steps)
             return self._finish(ExitCode.FINISHED, "already finished", StopCause.NONE)
         self.interrupt.install()  # from here on Ctrl-C means "save and stop"
-        window = LossWindow(self.device, each=cfg.log_loss_to_csv)
+        self.window = LossWindow(self.device, each=cfg.log_loss_to_csv)
         while True:
-            t0 = time.perf_counter()
-            with self.profiler.around(s.step + 1), memory_guard(cfg, f"step {s.step + 1}"):
-                window.add(self.stepper.train_step())
-            s.step += 1
-            if s.step == self.start_step + 1:
-                self._first_step_done()
-            if s.step % cfg.log_every == 0 or s.step == cfg.training_steps:
-                self._progress(window.take())
-            self.budget.record_step(time.perf_counter() - t0)
+            self._train_step()
             evaluated = self._evaluate_if_due()
             self._record_finished_saves()
             cause, save_now = self._agree(evaluated)
@@ -180,8 +179,19 @@ class Trainer:
                 break
             if save_now:
                 self.save(kind="periodic", blocking=not self.async_saves)
-        self.console.loss_rows(s.step, window.take()[3])  # steps since the last progress line
         return self._stop(cause)
+
+    def _train_step(self) -> None:
+        cfg, s = self.cfg, self.state
+        t0 = time.perf_counter()
+        with self.profiler.around(s.step + 1), memory_guard(cfg, f"step {s.step + 1}"):
+            self.window.add(self.stepper.train_step())
+        s.step += 1
+        if s.step == self.start_step + 1:
+            self._first_step_done()
+        if s.step % cfg.log_every == 0 or s.step == cfg.training_steps:
+            self._progress(self.window.take())
+        self.budget.record_step(time.perf_counter() - t0)
 
     def save(self, *, kind: str, blocking: bool) -> None:
         """One checkpoint of the state now (the store snapshots it; async: persists later)."""
@@ -224,12 +234,64 @@ class Trainer:
         reason = f"reached --training-steps {cfg.training_steps}" if done else None
         reason = reason or self.stop_reason or "stop requested"
         log.info("step %d: %s (%s)", step, "finished" if done else "stopping early", reason)
+        self.console.loss_rows(step, self.window.take()[3])  # since the last progress line
         if self.schedule.unsaved(step):
             self.save(kind="final", blocking=True)
         self.store.wait()  # a background save still in flight must be durable before we exit
         self._record_finished_saves(final_step=step)
+        if cause == StopCause.TIME and not done and cfg.extra_saves:
+            self._extra_saves(reason)
+            done = self.state.step >= cfg.training_steps
+            reason = f"reached --training-steps {cfg.training_steps}" if done else reason
         exit_code = ExitCode.FINISHED if done else ExitCode.STOPPED
         return self._finish(exit_code, reason, StopCause.NONE if done else cause)
+
+    def _extra_saves(self, reason: str) -> None:
+        """The final save's bound keeps it safe, so it usually ends early: spend the rest on
+        training and another save while the budget plans one (rank 0's plan, for every rank).
+        A save still running when the exit must begin is abandoned: the process exits at once
+        (an abandoned save is as harmless as a SIGKILL mid-save) and the last durable one
+        stands. A stop signal ends the extra training, and an extra save, at once."""
+        s, cfg = self.state, self.cfg
+        while s.step < cfg.training_steps:
+            plan = self.dist.broadcast_object(self.budget.extra_save())
+            if plan is None:
+                return
+            log.info("step %d: %s", s.step, plan.reason)
+            start, signalled = s.step, False
+            while s.step < cfg.training_steps:
+                fits = plan.step_fits(time.time(), self.budget.step_estimate or 0.0)
+                signal = self.budget.stop_signal() is not None
+                stop, signalled_i = self.dist.agree(int(not fits or signal), int(signal))
+                if stop:
+                    signalled = bool(signalled_i)
+                    break
+                self._train_step()
+            self.console.loss_rows(s.step, self.window.take()[3])
+            if s.step == start or signalled:  # a stop signal: the exit, now
+                return
+            self.extra_steps.add(s.step)
+            with AbandonAt(
+                plan.abandon_at,
+                code=int(ExitCode.STOPPED),
+                on_abandon=lambda why: self._abandoned(why, reason),
+                interrupted=lambda: self.budget.stop_signal(),
+            ):
+                self.save(kind="extra", blocking=True)
+                self.store.wait()
+            self._record_finished_saves()
+
+    def _abandoned(self, why: str, reason: str) -> None:
+        """On the watchdog thread, just before the process exits 75: say so, everywhere."""
+        step, saved = self.state.step, self.saved_step
+        what = f"extra save of step {step} abandoned ({why}): step {saved} is the checkpoint"
+        log.warning("%s", what)
+        self.budget.extra_abandoned(step)
+        self.state.step = saved  # what the next allocation resumes from
+        try:
+            self._finish(ExitCode.STOPPED, f"{reason}; {what}", StopCause.TIME)
+        finally:
+            self.console.close()
 
     # -- steps, evaluation, saves -----------------------------------------------------------
 
@@ -310,6 +372,10 @@ class Trainer:
         for stats in self.store.saves_completed():
             self.console.event("saved", **stats.to_dict())
             if stats.target == "primary":
+                self.saved_step = max(self.saved_step, stats.step)
+            if stats.target == "primary" and stats.step in self.extra_steps:
+                self.budget.extra_saved(stats.total_s)  # the exit begins; not a save sample
+            elif stats.target == "primary":
                 # Until durable: the final save must be complete before the kill. A save written
                 # while training went on is slower than the final one: the budget keeps it apart.
                 self.budget.record_save(

@@ -23,6 +23,12 @@
 
 ``margin=`` (pyrecover-train's ``--stop-margin``) overrides *exit + slack* with a fixed number.
 
+The bound keeps the final save safe, so it usually ends well before it must: a save of median
+90 s and a wide spread gets ~330 s. ``extra_save()`` spends that time after the final save is
+durable: train on and save once more, abandoning that save (the final one stands) if it is not
+durable by the time the exit must begin. It picks how long to train to maximize the training
+time expected to be persisted (training time x chance that the save is in time).
+
 Warning signals are information: SLURM's ``--signal=B:USR2@LEAD`` arrives LEAD to LEAD+30 s
 before the end. With the lead known (``signal_lead=`` or ``PYRECOVER_SIGNAL_LEAD``), a warning
 that agrees with the known deadline changes nothing; without a known deadline it sets one
@@ -54,6 +60,7 @@ __all__ = [
     "SAVE_PRIOR_WEIGHT",
     "BudgetConfig",
     "Decision",
+    "ExtraSave",
     "RobustEstimate",
     "SaveTail",
     "StopFlag",
@@ -64,11 +71,14 @@ __all__ = [
 log = logging.getLogger("slurmclock")
 
 # Spread (standard deviation of log-seconds) assumed for save times before many are measured:
-# a save may take ~1.2x its median now and then. Weighted as four saves, so a few steady
-# measurements do not yet claim a steady file system.
-SAVE_PRIOR_SPREAD = 0.2
+# a save may take ~1.35x its median now and then. Weighted as four saves, so a few steady
+# measurements do not yet claim a steady file system. (x1.2 let a job's second allocation on a
+# file system whose saves scatter by x1.65 overrun the bound in 2-4% of allocations; the time
+# x1.35 keeps free on a steady one is mostly won back by extra saves.)
+SAVE_PRIOR_SPREAD = 0.3
 SAVE_PRIOR_WEIGHT = 4.0
 EXIT_FACTOR = 1.25  # the exit bound: this times the longest measured exit
+EXTRA_EXIT_FACTOR = 1.5  # after an extra save: this times the exit bound
 STATE_VERSION = 1
 LEAD_ENV = "PYRECOVER_SIGNAL_LEAD"
 
@@ -80,6 +90,27 @@ def _fmt(seconds: float, *, down: bool = False) -> str:
     if down:
         seconds = math.floor(seconds * 10**digits) / 10**digits
     return f"{seconds:.{digits}f}"
+
+
+@dataclass(frozen=True, slots=True)
+class ExtraSave:
+    """A save after the final one that may be abandoned (:meth:`TimeBudget.extra_save`).
+
+    Train while a step still ends by ``train_until`` (epoch seconds), then save; a save not
+    durable at ``abandon_at`` is abandoned (stop writing it, or exit the process: the final save
+    stands) so the exit still ends before the deadline. ``chance``: that the save is durable in
+    time; ``expected_gain``: the training seconds expected to be persisted by it.
+    """
+
+    train_until: float
+    abandon_at: float
+    chance: float
+    expected_gain: float
+    reason: str
+
+    def step_fits(self, now: float, step: float) -> bool:
+        """Does a step of ``step`` seconds started at ``now`` end by :attr:`train_until`?"""
+        return now + step <= self.train_until
 
 
 @dataclass(frozen=True, slots=True)
@@ -697,11 +728,10 @@ class TimeBudget:
 
     def should_stop(self) -> Decision:
         """Stop now? Yes on a stop signal, or when time left < step + save + exit + slack."""
-        arrivals = self._arrivals()
         needed, said = self._needed(with_step=True)
         d = self.deadline()
         left = None if d is None else d.seconds_left(self._clock())
-        stop_signal = next((n for n, _ in arrivals if not self._is_warning(n)), None)
+        stop_signal = self.stop_signal()
         if stop_signal is not None:
             when = "" if left is None else f"; {_fmt(left, down=True)} s left"
             return Decision(True, f"stop: received {stop_signal}{when}", left, needed, "signal")
@@ -739,6 +769,73 @@ class TimeBudget:
             return Decision(False, reason, left, needed)
         reason = f"save fits: {_fmt(left, down=True)} s left >= {_fmt(needed)} s = {said}"
         return Decision(True, reason, left, needed)
+
+    def extra_save(self, *, min_gain: float = 1.0) -> ExtraSave | None:
+        """After the final save is durable: train on and save once more? None when not worth it.
+
+        The time the final save's tail bound kept free and the save did not use would otherwise
+        be idle. Training ``x`` more seconds and then saving persists ``x`` if the save is
+        durable by ``abandon_at`` (deadline - exit - slack, or - margin), which happens with
+        probability F(room - x), F the fitted log-normal of blocking saves (its prediction
+        spread). The plan maximizes x * F(room - x) over whole steps; None when that is under
+        ``min_gain`` seconds or one step, on a stop signal, without a deadline, or before a
+        blocking save was measured. Call it again after an extra save is durable: the plan for
+        the time then left.
+        """
+        if self.stop_signal() is not None:
+            return None
+        d, fit, step = self.deadline(), self._saves._fit(False), self._steps.value
+        step = step if step is not None else self.config.initial_step_estimate
+        if d is None or d.end is None or fit is None or not step > 0:
+            return None
+        median, spread, n, _ = fit
+        sigma = max(spread * math.sqrt(1 + 1 / n), 1e-6)
+        # Nothing is left over for the exit once an extra save has used the time, as the final
+        # save's unused bound is for the stop: the exit part counts EXTRA_EXIT_FACTOR times.
+        end = sum(
+            p.seconds * (EXTRA_EXIT_FACTOR if p.name == "exit" else 1.0)
+            for p in self._end_parts("save")[1:]
+        )
+        now = self._clock()
+        abandon_at = d.end - end
+        room = abandon_at - now
+        whole = int(room // step)
+        if whole < 1:
+            return None
+        normal = statistics.NormalDist()
+        best = (0.0, 0.0, 0.0)  # (expected gain, train seconds, chance)
+        for k in sorted({max(1, round(whole * i / 256)) for i in range(1, 257)}):
+            x = k * step
+            if x >= room:
+                break
+            chance = normal.cdf((math.log(room - x) - math.log(median)) / sigma)
+            if x * chance > best[0]:
+                best = (x * chance, x, chance)
+        gain, x, chance = best
+        if gain < max(min_gain, step):
+            return None
+        reason = (
+            f"extra save: train {_fmt(x)} s more, then save (median {_fmt(median)} s); durable "
+            f"by the exit in {_fmt(room, down=True)} s with chance {chance:.0%}, else abandoned "
+            f"(the final save stands): {_fmt(gain)} s of training expected to be kept"
+        )
+        return ExtraSave(now + x, abandon_at, chance, gain, reason)
+
+    def extra_saved(self, seconds: float) -> None:
+        """An extra save is durable: the exit begins now (the timeline is marked ``saved``). Its
+        time is not a sample of the save tail: the abandoned ones would be missing from it, the
+        slow ones, which would make the final save's bound too tight."""
+        if self.timeline is not None:
+            self.timeline.mark("saved", seconds=round(float(seconds), 3), extra=True)
+
+    def extra_abandoned(self, step: int) -> None:
+        """An extra save (of ``step``) is abandoned: the exit begins now (timeline ``saved``)."""
+        if self.timeline is not None:
+            self.timeline.mark("saved", abandoned=int(step))
+
+    def stop_signal(self) -> str | None:
+        """The first stop signal received (a warning signal with a known lead is not one)."""
+        return next((n for n, _ in self._arrivals() if not self._is_warning(n)), None)
 
     def _signal_source(self, d: Deadline) -> str:
         if d.source != "signal":
