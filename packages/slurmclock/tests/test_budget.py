@@ -327,7 +327,10 @@ def test_an_extra_save_maximizes_the_training_it_expects_to_keep(clock: Any) -> 
     assert exit_bound == pytest.approx(10.0)
     assert plan.abandon_at == pytest.approx(clock.now + 260.0 - 1.5 * exit_bound - 5.0)
     room = plan.abandon_at - clock.now
-    median, spread = budget._saves.fit() or (0.0, 0.0)
+    tail = SaveTail()
+    for x in SCATTERED:
+        tail.add(x)
+    median, spread = tail.fit() or (0.0, 0.0)
     sigma = spread * math.sqrt(1 + 1 / len(SCATTERED))
     normal = statistics.NormalDist()
 

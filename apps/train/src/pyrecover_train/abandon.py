@@ -40,13 +40,8 @@ class AbandonAt:
         poll: float = 0.05,
         exit: Callable[[int], None] = os._exit,
     ) -> None:
-        self.at, self.code, self.poll = at, code, poll
-        self.on_abandon, self.interrupted, self.clock, self.exit = (
-            on_abandon,
-            interrupted,
-            clock,
-            exit,
-        )
+        self.at, self.code, self.poll, self.clock, self.exit = at, code, poll, clock, exit
+        self.on_abandon, self.interrupted = on_abandon, interrupted
         self._done = threading.Event()
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._watch, name="abandon-at", daemon=True)

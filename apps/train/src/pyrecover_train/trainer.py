@@ -19,6 +19,7 @@ periodic save due at the same step, since the final save covers it.
 from __future__ import annotations
 
 import enum
+import functools
 import logging
 import math
 import time
@@ -154,8 +155,6 @@ class Trainer:
         self.last_val: float | None = None
         self.evaluated_at: int | None = None
         self.stop_reason = ""
-        self.extra_steps: set[int] = set()  # steps of extra saves (not save-time samples)
-        self.saved_step = self.state.step  # of the newest durable checkpoint
         self.window: LossWindow  # losses since the last progress line: made when the loop starts
 
     # -- the loop ---------------------------------------------------------------------------
@@ -207,7 +206,7 @@ class Trainer:
         fields = {"kind": kind, "blocking_s": blocking_s, "async": not blocking, **extra}
         self.console.event("save", step=self.state.step, **fields)
         log.debug("step %d: %s save started (%.2f s blocking)", self.state.step, kind, blocking_s)
-        if kind != "final":  # the final one is recorded once every save is durable (_stop)
+        if kind == "periodic":  # the others are recorded by their caller, once durable
             self._record_finished_saves()
 
     def _agree(self, evaluated: bool) -> tuple[StopCause, bool]:
@@ -270,20 +269,19 @@ class Trainer:
             self.console.loss_rows(s.step, self.window.take()[3])
             if s.step == start or signalled:  # a stop signal: the exit, now
                 return
-            self.extra_steps.add(s.step)
-            with AbandonAt(
+            with AbandonAt(  # every save before it is durable: step `start` is the checkpoint
                 plan.abandon_at,
                 code=int(ExitCode.STOPPED),
-                on_abandon=lambda why: self._abandoned(why, reason),
-                interrupted=lambda: self.budget.stop_signal(),
+                on_abandon=functools.partial(self._abandoned, reason=reason, saved=start),
+                interrupted=self.budget.stop_signal,
             ):
                 self.save(kind="extra", blocking=True)
                 self.store.wait()
-            self._record_finished_saves()
+            self._record_finished_saves(extra_step=s.step)
 
-    def _abandoned(self, why: str, reason: str) -> None:
+    def _abandoned(self, why: str, reason: str, *, saved: int) -> None:
         """On the watchdog thread, just before the process exits 75: say so, everywhere."""
-        step, saved = self.state.step, self.saved_step
+        step = self.state.step
         what = f"extra save of step {step} abandoned ({why}): step {saved} is the checkpoint"
         log.warning("%s", what)
         self.budget.extra_abandoned(step)
@@ -365,15 +363,16 @@ class Trainer:
                 "one with a lower --learning-rate or --grad-clip"
             )
 
-    def _record_finished_saves(self, *, final_step: int | None = None) -> None:
+    def _record_finished_saves(
+        self, *, final_step: int | None = None, extra_step: int | None = None
+    ) -> None:
         """Durable saves refine the budget's save estimate. The final one (of ``final_step``,
         recorded once every save is durable) also marks ``saved`` in the job's timeline: what
-        follows it until the requeue is this allocation's exit, measured for the next one."""
+        follows it until the requeue is this allocation's exit, measured for the next one. An
+        extra one (of ``extra_step``) moves that mark and is not a save-time sample."""
         for stats in self.store.saves_completed():
             self.console.event("saved", **stats.to_dict())
-            if stats.target == "primary":
-                self.saved_step = max(self.saved_step, stats.step)
-            if stats.target == "primary" and stats.step in self.extra_steps:
+            if stats.target == "primary" and stats.step == extra_step:
                 self.budget.extra_saved(stats.total_s)  # the exit begins; not a save sample
             elif stats.target == "primary":
                 # Until durable: the final save must be complete before the kill. A save written

@@ -315,17 +315,37 @@ class SaveTail:
         mine = logs.get(background) or logs[not background]  # none of this kind: the other's
         return math.exp(statistics.fmean(mine)), spread, len(mine), df
 
+    def _predictive(self, background: bool) -> tuple[float, float, float] | None:
+        """(median, spread of the next save's log-seconds, degrees of freedom): the fit's spread
+        widened by the uncertainty of its median (``sqrt(1 + 1/n)``)."""
+        got = self._fit(background)
+        if got is None:
+            return None
+        median, spread, n, df = got
+        return median, spread * math.sqrt(1 + 1 / n), df
+
     def bound(self, *, background: bool = False) -> float | None:
         """The tail bound of the next save of the kind; None before any save was measured."""
         if background not in self._bounds:
-            got = self._fit(background)
+            got = self._predictive(background)
             if got is None:
                 self._bounds[background] = None
             else:
-                median, spread, n, df = got
-                t = t_quantile(self.quantile, df)
-                self._bounds[background] = median * math.exp(t * spread * math.sqrt(1 + 1 / n))
+                median, sigma, df = got
+                self._bounds[background] = median * math.exp(t_quantile(self.quantile, df) * sigma)
         return self._bounds[background]
+
+    def chance_within(self, seconds: float, *, background: bool = False) -> float | None:
+        """The chance that the next save of the kind is durable within ``seconds`` (the
+        log-normal prediction distribution); None before any save was measured."""
+        got = self._predictive(background)
+        if got is None:
+            return None
+        median, sigma, _ = got
+        if seconds <= 0:
+            return 0.0
+        z = (math.log(seconds) - math.log(median)) / max(sigma, 1e-6)
+        return statistics.NormalDist().cdf(z)
 
     @property
     def value(self) -> float | None:
@@ -784,12 +804,10 @@ class TimeBudget:
         """
         if self.stop_signal() is not None:
             return None
-        d, fit, step = self.deadline(), self._saves._fit(False), self._steps.value
+        d, fit, step = self.deadline(), self._saves.fit(), self._steps.value
         step = step if step is not None else self.config.initial_step_estimate
         if d is None or d.end is None or fit is None or not step > 0:
             return None
-        median, spread, n, _ = fit
-        sigma = max(spread * math.sqrt(1 + 1 / n), 1e-6)
         # Nothing is left over for the exit once an extra save has used the time, as the final
         # save's unused bound is for the stop: the exit part counts EXTRA_EXIT_FACTOR times.
         end = sum(
@@ -802,20 +820,19 @@ class TimeBudget:
         whole = int(room // step)
         if whole < 1:
             return None
-        normal = statistics.NormalDist()
         best = (0.0, 0.0, 0.0)  # (expected gain, train seconds, chance)
         for k in sorted({max(1, round(whole * i / 256)) for i in range(1, 257)}):
             x = k * step
             if x >= room:
                 break
-            chance = normal.cdf((math.log(room - x) - math.log(median)) / sigma)
+            chance = self._saves.chance_within(room - x) or 0.0
             if x * chance > best[0]:
                 best = (x * chance, x, chance)
         gain, x, chance = best
         if gain < max(min_gain, step):
             return None
         reason = (
-            f"extra save: train {_fmt(x)} s more, then save (median {_fmt(median)} s); durable "
+            f"extra save: train {_fmt(x)} s more, then save (median {_fmt(fit[0])} s); durable "
             f"by the exit in {_fmt(room, down=True)} s with chance {chance:.0%}, else abandoned "
             f"(the final save stands): {_fmt(gain)} s of training expected to be kept"
         )
