@@ -31,6 +31,9 @@ from slurmclock.durations import (
     check_seconds,
     checkpoint_interval,
     parse_duration,
+    parse_human_duration,
+    parse_slurm_time,
+    parse_time_limit,
     young_daly_interval,
 )
 from slurmclock.job import array_task, in_slurm, job_id, restart_count
@@ -73,7 +76,10 @@ __all__ = [
     "in_slurm",
     "job_id",
     "parse_duration",
+    "parse_human_duration",
+    "parse_slurm_time",
     "parse_time",
+    "parse_time_limit",
     "process_start_time",
     "requeue",
     "restart_count",

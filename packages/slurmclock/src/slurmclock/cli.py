@@ -34,7 +34,7 @@ from typing import Any
 from slurmclock import __version__
 from slurmclock.commands import CommandError, Runner, default_runner
 from slurmclock.deadline import DeadlineWatcher, parse_time
-from slurmclock.durations import check_seconds
+from slurmclock.durations import check_seconds, parse_time_limit
 from slurmclock.job import array_task, job_id, restart_count
 from slurmclock.requeue import requeue
 from slurmclock.timeline import EVENTS, JobTimeline
@@ -83,7 +83,8 @@ def _parser() -> argparse.ArgumentParser:
     deadline.add_argument("--end-time", help="override: the deadline as epoch seconds or ISO-8601")
     deadline.add_argument(
         "--time-limit",
-        help="override: a limit counted from now (seconds, 90m, 2h, or [D-]HH:MM:SS)",
+        help="override: a limit counted from now, as sbatch --time reads it (90 = 90 min, "
+        "1:30:00, 2-12:00; 0 or UNLIMITED: none) or with a unit (30s, 1h30m)",
     )
     parser = argparse.ArgumentParser(
         prog="slurmclock",
@@ -184,6 +185,15 @@ def _bad_input(args: argparse.Namespace, env: Mapping[str, str]) -> str | None:
         return str(e)
     if args.command not in ("status", "seconds-left", "end-time"):
         return None
+    for flag, value, reader in (
+        ("--end-time", args.end_time, parse_time),
+        ("--time-limit", args.time_limit, parse_time_limit),
+    ):
+        if value is not None:
+            try:
+                reader(value)
+            except ValueError as e:
+                return f"{flag}: {e}"
     # Training skips a malformed variable with a warning; here the user asked about it.
     for name in ("PYRECOVER_END_TIME", "SLURM_JOB_END_TIME"):
         raw = env.get(name, "").strip()

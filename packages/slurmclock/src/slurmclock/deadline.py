@@ -32,7 +32,12 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 
 from slurmclock.commands import CommandError, Runner, default_runner
-from slurmclock.durations import check_seconds, parse_duration
+from slurmclock.durations import (
+    check_seconds,
+    parse_duration,
+    parse_slurm_time,
+    parse_time_limit,
+)
 from slurmclock.job import job_id as _job_id
 
 __all__ = [
@@ -127,15 +132,13 @@ def parse_time(value: str | float) -> float:
 
 
 def _parse_limit(text: str) -> float | None:
-    """A SLURM time limit in seconds; inf for UNLIMITED; None when unknown or unreadable."""
+    """squeue's ``%l`` / scontrol's ``TimeLimit=`` in seconds; inf for no limit; None when
+    unknown or unreadable (``Partition_Limit``, ``INVALID``, garbage)."""
     t = text.strip()
-    if t.lower() in _UNLIMITED:
-        return math.inf
-    if t.lower() in _NO_TIME:
+    if t.lower() in _NO_TIME - _UNLIMITED:
         return None
     try:
-        # SLURM prints limits as [D-]HH:MM:SS or MM:SS; a bare number there means minutes.
-        return float(t) * 60 if t.isdigit() else parse_duration(t)
+        return parse_slurm_time(t)  # SLURM's own reading: [D-]HH:MM:SS, MM:SS, UNLIMITED
     except ValueError:
         return None
 
@@ -176,7 +179,9 @@ class DeadlineWatcher:
     ``poll_interval`` seconds without shelling out each step. When a poll fails (controller busy,
     command timed out) the last good deadline is kept.
 
-    ``end_time`` / ``time_limit`` override SLURM (see the module docstring for the order);
+    ``end_time`` / ``time_limit`` override SLURM (see the module docstring for the order; a
+    ``time_limit`` number is seconds, text a SLURM time string or a duration with a unit:
+    :func:`slurmclock.parse_time_limit`);
     ``env`` replaces ``os.environ``; ``runner`` runs squeue/scontrol (:mod:`slurmclock.commands`);
     ``clock`` returns epoch seconds. ``command_timeout`` bounds each squeue/scontrol call;
     an end time more than ``skew_tolerance`` seconds in the past is treated as clock skew.
@@ -241,9 +246,11 @@ class DeadlineWatcher:
                 self._warn("env", f"ignoring PYRECOVER_END_TIME: {e}")
         if time_limit is not None:
             try:
-                limit = parse_duration(time_limit)
+                limit = parse_time_limit(time_limit)
             except ValueError as e:
                 raise ValueError(f"time_limit: {e}") from None
+            if math.isinf(limit):
+                return Deadline(None, "time-limit", self.job_id)  # 0 / UNLIMITED: no limit
             if started_at is None:
                 # A fake clock has its own epoch: count from its now, not from /proc.
                 started_at = process_start_time() if self._clock is time.time else self._clock()
