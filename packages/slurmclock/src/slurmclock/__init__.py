@@ -26,6 +26,7 @@ from slurmclock.deadline import (
     find_deadline,
     parse_time,
     process_start_time,
+    watches_the_clock,
 )
 from slurmclock.durations import (
     check_seconds,
@@ -86,5 +87,6 @@ __all__ = [
     "signal_lead_from_env",
     "signal_number",
     "timeline_dir",
+    "watches_the_clock",
     "young_daly_interval",
 ]

@@ -59,6 +59,7 @@ def status(
         env=env,
         runner=runner,
         command_timeout=timeout,
+        background=False,  # one look: no thread
     )
     deadline = watcher.get()
     left = deadline.seconds_left(watcher.clock())
