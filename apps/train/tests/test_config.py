@@ -198,7 +198,7 @@ BAD = [
     (["--tokenizer", "gpt2-xl"], "unknown tokenizer 'gpt2-xl'"),
     (["--checkpoint-frequency", "-2"], "--checkpoint-frequency must be >= 0 (0 or -1 turns it"),
     (["--time-limit", "soon"], "is not a time limit"),
-    (["--time-limit", "-2"], "is out of range"),
+    (["--time-limit", "-2"], "'-2' is negative"),
     (["--time-limit", "0"], "'0' means no time limit; leave --time-limit out"),
     (["--stop-margin", "1:30"], "is a SLURM time string (2 min to sbatch --time)"),
     (["--checkpoint-interval-seconds", "often"], "neither seconds nor 'auto'"),

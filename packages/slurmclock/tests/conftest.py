@@ -74,6 +74,16 @@ def _timelines_in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return where
 
 
+@pytest.fixture(autouse=True)
+def _fresh_warnings() -> Iterator[None]:
+    """Environment values are named once per process; each test is a process of its own."""
+    from slurmclock import job
+
+    job._warned.clear()
+    yield
+    job._warned.clear()
+
+
 @pytest.fixture
 def clock() -> FakeClock:
     return FakeClock()

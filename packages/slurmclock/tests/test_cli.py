@@ -291,7 +291,7 @@ def test_stop_sends_term_to_the_batch_shell(capsys: pytest.CaptureFixture[str], 
     assert code == 0 and "asked job 1234 to save and stop" in out
     assert runner.calls == [("scancel", "--batch", "--signal=TERM", "1234")]
     code, _, err = run(capsys, "stop", "12;rm", env={}, runner=runner)
-    assert code == 2 and "is not a job id" in err
+    assert code == 2 and "is not a SLURM job id" in err
     failing = fakes.Runner(
         scancel=CommandError(["scancel"], "failed", "Invalid job id", returncode=1)
     )

@@ -117,7 +117,7 @@ def test_process_start_time_is_when_this_process_began() -> None:
 def test_override_beats_everything_and_never_shells_out(clock: Any, fakes: Any) -> None:
     runner = fakes.Runner(squeue=f"{fakes.iso(clock.now + 999)} 1:00:00")
     env = {**JOB, "PYRECOVER_END_TIME": str(clock.now + 50), "SLURM_JOB_END_TIME": "1"}
-    w = watcher(clock, runner, env, end_time=clock.now + 10, time_limit=20)
+    w = watcher(clock, runner, env, end_time=clock.now + 10)
     d = w.get()
     assert (d.end, d.source, d.job_id) == (clock.now + 10, "override", "42")
     assert runner.calls == []

@@ -138,11 +138,11 @@ def test_time_limit(value: Any, seconds: float) -> None:
     [
         (
             "-2",
-            "'-2' is out of range: SLURM's 32-bit arithmetic wraps it around (sbatch would "
-            "give 4294964417 minutes)",
+            "'-2' is negative (sbatch's 32-bit arithmetic would wrap it around to 4294964417 "
+            "minutes); give a limit in that range, or 0 / UNLIMITED for none",
         ),
-        ("99999999999", "out of range"),
-        ("2147483647", "wraps it around (sbatch would give no limit)"),
+        ("99999999999", "'99999999999' is over 24855 days"),
+        ("2147483647", "is over 24855 days (sbatch's 32-bit arithmetic would wrap it around to no"),
         ("soon", "is not a time limit: give it as sbatch --time does (90 = 90 min"),
         ("1:2:3:4", "is not a time limit: give it as sbatch --time does"),
         ("1x", "is not a time limit"),

@@ -37,7 +37,7 @@ from slurmclock.durations import (
     parse_time_limit,
     young_daly_interval,
 )
-from slurmclock.job import array_task, in_slurm, job_id, restart_count
+from slurmclock.job import array_task, check_job_id, in_slurm, job_id, restart_count
 from slurmclock.requeue import RequeueResult, requeue
 from slurmclock.signals import AnyFlag, StopSignals, signal_number
 from slurmclock.timeline import EVENTS, Event, ExitSample, JobTimeline, timeline_dir
@@ -70,6 +70,7 @@ __all__ = [
     "__version__",
     "allocation_start",
     "array_task",
+    "check_job_id",
     "check_seconds",
     "checkpoint_interval",
     "default_runner",

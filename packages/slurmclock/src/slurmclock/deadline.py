@@ -122,7 +122,7 @@ def parse_time(value: str | float) -> float:
         seconds = float(value)
     else:
         text = value.strip()
-        if re.fullmatch(r"[+-]?\d+(\.\d*)?", text):
+        if re.fullmatch(r"[+-]?[0-9]+(\.[0-9]*)?", text):  # ASCII: float() takes any digits
             seconds = float(text)
         else:
             if text[-1:] in {"Z", "z"}:  # fromisoformat takes "Z" only from Python 3.11
@@ -274,6 +274,11 @@ class DeadlineWatcher:
     def _static_deadline(
         self, end_time: float | str | None, time_limit: float | str | None, started_at: float | None
     ) -> Deadline | None:
+        if end_time is not None and time_limit is not None:
+            raise ValueError(
+                f"end_time={end_time!r} and time_limit={time_limit!r} both set the deadline; "
+                "give one of them"
+            )
         if end_time is not None:
             try:
                 return Deadline(parse_time(end_time), "override", self.job_id)

@@ -277,9 +277,10 @@ def parse_time_limit(value: str | float) -> float:
     )
     if exact is not None and not 0 <= exact <= _LARGEST:
         shown = "no limit" if math.isinf(seconds) else f"{seconds / 60:.0f} minutes"
+        what = "negative" if exact < 0 else f"over {_LARGEST // 86400} days"
         raise ValueError(
-            f"{value!r} is out of range: SLURM's 32-bit arithmetic wraps it around (sbatch would "
-            f"give {shown}); give 0 to {_LARGEST // 86400} days, or 0 / UNLIMITED for no limit"
+            f"{value!r} is {what} (sbatch's 32-bit arithmetic would wrap it around to {shown}); "
+            "give a limit in that range, or 0 / UNLIMITED for none"
         )
     return seconds
 
