@@ -491,3 +491,35 @@ def test_ctrl_c_while_squeue_hangs_is_one_line_and_130(tmp_path: Path) -> None:
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
     assert err.decode().strip() == "slurmclock: interrupted" and out == b""
+
+
+# -- what SLURM's commands print, when it is odd ------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("line", "end", "says"),
+    [
+        ("x" * 5000, None, "cannot read squeue's end time for job 5: 'xxxx"),
+        ("nan 1:00", None, "'nan' is neither epoch seconds nor ISO-8601"),
+        ("2030-03-17T20:00:00+99:00 1:00", None, "is neither epoch seconds nor ISO-8601"),
+        ("Unknown 1:00", None, "squeue gives job 5 no end time ('Unknown'); is it still pending?"),
+        ("\n\n", None, "squeue printed nothing for job 5 (job over?)"),
+        # A limit SLURM never prints (a bare 0, -5) is "unknown", never "no limit": the end
+        # time stands.
+        ("@END 0", "@END", ""),
+        ("@END -5", "@END", ""),
+        ("@END Partition_Limit", "@END", ""),
+        ("@END 7:00", "@END", ""),
+        ("@END UNLIMITED", None, ""),
+    ],
+)
+def test_odd_squeue_output_is_one_short_line(
+    fakes: Any, clock: Any, caplog: pytest.LogCaptureFixture, line: str, end: Any, says: str
+) -> None:
+    iso = fakes.iso(clock.now + 600)
+    runner = fakes.Runner(squeue=line.replace("@END", iso), scontrol="JobId=5 JobName=x")
+    d = DeadlineWatcher(env={"SLURM_JOB_ID": "5"}, runner=runner, clock=clock).get()
+    assert d.end == (None if end is None else clock.now + 600), d
+    if says:
+        assert says in caplog.text
+    assert all(len(r.getMessage()) < 300 for r in caplog.records), caplog.text

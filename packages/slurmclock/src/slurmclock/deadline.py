@@ -67,6 +67,8 @@ SOURCES = (
 # What squeue/scontrol print instead of a time when there is none (yet).
 _NO_TIME = {"", "unknown", "none", "n/a", "unlimited", "infinite", "invalid", "(null)"}
 _UNLIMITED = {"unlimited", "infinite"}
+# What squeue's %l and scontrol's TimeLimit= print for a limit: [D-][H:]MM:SS.
+_PRINTED_LIMIT = re.compile(r"([0-9]{1,7}-)?[0-9]{1,4}(:[0-9]{2}){1,2}")
 # SLURM 22.05 gives a job without a limit TimeLimit=365-00:00:00 and EndTime one year out.
 NO_LIMIT_SECONDS = 365 * 86400
 # How often SLURM is asked: the rank that watches the clock every 5 s (a shortened time limit
@@ -131,26 +133,30 @@ def parse_time(value: str | float) -> float:
                 seconds = datetime.fromisoformat(text).timestamp()
             except (ValueError, OverflowError, OSError):
                 raise ValueError(
-                    f"{value!r} is neither epoch seconds nor ISO-8601 "
+                    f"{_shown(value)} is neither epoch seconds nor ISO-8601 "
                     "(e.g. 1767225600 or 2026-01-01T00:00:00+01:00)"
                 ) from None
     if not math.isfinite(seconds) or not 0 < seconds < _LAST_TIME:
         raise ValueError(
-            f"{value!r} is not a valid time: epoch seconds must be > 0 and before the year 10000"
+            f"{_shown(value)} is not a valid time: epoch seconds must be > 0 and before the year "
+            "10000"
         )
     return seconds
+
+
+def _shown(value: object, limit: int = 60) -> str:
+    """``repr(value)``, cut short: a command's garbage must not become a screenful."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[: limit - 5]}...' ({len(str(value))} chars)"
 
 
 def _parse_limit(text: str) -> float | None:
     """squeue's ``%l`` / scontrol's ``TimeLimit=`` in seconds; inf for no limit; None when
     unknown or unreadable (``Partition_Limit``, ``INVALID``, garbage)."""
     t = text.strip()
-    if t.lower() in _NO_TIME - _UNLIMITED:
-        return None
-    try:
-        return parse_slurm_time(t)  # SLURM's own reading: [D-]HH:MM:SS, MM:SS, UNLIMITED
-    except ValueError:
-        return None
+    if t.lower() not in _UNLIMITED and not _PRINTED_LIMIT.fullmatch(t):
+        return None  # not what SLURM prints (a bare "0" or "-5" would read as no limit)
+    return parse_slurm_time(t)  # SLURM's own reading: [D-]HH:MM:SS, MM:SS, UNLIMITED
 
 
 _STARTED: dict[int, float] = {}  # pid -> start: computed once (a forked child has its own)
