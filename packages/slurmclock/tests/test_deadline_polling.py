@@ -292,3 +292,57 @@ class FixedSqueue:
 
     def __call__(self, argv: Sequence[str], timeout: float) -> str:
         return time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(self.end)) + " 10:00"
+
+
+class CallTimeSqueue(ThreadRunner):
+    """Answers with the end as it was when squeue was called (a real poll's snapshot)."""
+
+    delay = 0.0  # every poll takes this long: the next poll's answer is not there at once
+
+    def __call__(self, argv: Sequence[str], timeout: float) -> str:
+        end = self.end
+        self.threads.append(threading.current_thread().name)
+        self.release.wait(30)
+        time.sleep(self.delay)
+        self.polled.set()
+        return time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(end)) + " 10:00"
+
+
+def test_refresh_on_the_thread_answers_with_a_poll_started_after_it() -> None:
+    runner = CallTimeSqueue(time.time() + 3600)
+    w = DeadlineWatcher(env=JOB, runner=runner, poll_interval=1.0)
+    try:
+        w.get()
+        runner.release.clear()
+        w.get()  # the thread starts; its first poll (due in 1 s) will hang, holding the old end
+        _wait_for(lambda: len(runner.threads) >= 2)
+        runner.end = time.time() + 20  # the limit is cut while that poll is in flight
+        runner.delay = 0.5
+        threading.Timer(0.3, runner.release.set).start()
+        d = w.refresh(wait=20)  # must not take the in-flight poll's stale answer
+        assert (
+            d.end == int(runner.end) and threading.current_thread().name not in runner.threads[1:]
+        )
+    finally:
+        runner.release.set()
+        w.close()
+
+
+def test_refresh_waits_at_most_wait_seconds_for_a_hung_controller() -> None:
+    runner = ThreadRunner(time.time() + 3600)
+    w = DeadlineWatcher(env=JOB, runner=runner, poll_interval=60.0)
+    try:
+        first = w.get()
+        w.get()  # the thread starts and sleeps 60 s
+        runner.release.clear()  # the controller hangs
+        runner.end = time.time() + 20
+        started = time.monotonic()
+        assert w.refresh(wait=0.3) == first  # the old answer, after ~0.3 s, not 30 s
+        assert time.monotonic() - started < 10
+        runner.release.set()
+        _wait_for(lambda: w.get().end == int(runner.end))  # the thread's answer comes later
+        runner.end = time.time() + 10
+        assert w.refresh().end == int(runner.end)  # a healthy controller: the fresh answer
+    finally:
+        runner.release.set()
+        w.close()

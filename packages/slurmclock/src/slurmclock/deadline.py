@@ -78,6 +78,7 @@ CLOCK_RANK_POLL = 5.0
 OTHER_RANK_POLL = 60.0
 SLOW_FACTOR = 20.0
 MAX_BACKOFF = 300.0
+REFRESH_WAIT = 2.0  # seconds refresh() waits for the background thread's answer
 # 9999-12-31: beyond it datetime (and so ISO-8601) has no way to write a time.
 _LAST_TIME = 253402214400.0
 
@@ -332,15 +333,25 @@ class DeadlineWatcher:
         """Seconds until the deadline (negative once past); None without one."""
         return self.get().seconds_left(self._clock())
 
-    def refresh(self, now: float | None = None, *, force: bool = True) -> Deadline:
+    def refresh(
+        self, now: float | None = None, *, force: bool = True, wait: float = REFRESH_WAIT
+    ) -> Deadline:
         """Ask SLURM now (``force=False``: only when a poll is due); the current deadline.
 
         Call it when there is news from SLURM, e.g. on its warning signal (not inside the signal
-        handler: it runs squeue). With a background poll in flight, waits for it and asks again.
+        handler). With the background thread running, the thread asks and this waits at most
+        ``wait`` seconds for its answer (a hung controller does not hold the step; the answer
+        arrives with a later ``get()``); otherwise the poll runs here.
         """
         if self._static is not None:
             return self._static
-        with self._poller.lock:
+        if self.background and now is None and self._cached is not None and self._poller.alive:
+            self._poller.request(force=force, wait=wait)
+            return self._cached
+        return self._refresh_here(now, force=force)
+
+    def _refresh_here(self, now: float | None, *, force: bool) -> Deadline:
+        with self._poller.lock:  # one poll at a time (the thread's, or this one)
             now = self._clock() if now is None else now
             polled = self._polled_at
             fresh = polled is not None and 0 <= now - polled < self._interval
@@ -490,10 +501,8 @@ class DeadlineWatcher:
 
 
 class _Poller:
-    """A watcher's background thread: polls when due; ends with the watcher, close() or a fork.
-
-    The thread holds the watcher only weakly, so a dropped watcher stops polling.
-    """
+    """A watcher's background thread: polls when due or asked; ends with the watcher, close()
+    or a fork. The thread holds the watcher only weakly, so a dropped watcher stops polling."""
 
     def __init__(self, watcher: DeadlineWatcher) -> None:
         self._ref = weakref.ref(watcher)
@@ -502,50 +511,87 @@ class _Poller:
     def _reset(self) -> None:
         self._pid = os.getpid()
         self._lock = threading.Lock()
-        self._wake = threading.Event()
+        self._wake = threading.Event()  # stop(), or request(): look at the flags now
+        self._turn = threading.Condition()  # guards the request counters below
+        self._asked = 0  # requests made
+        self._answered = 0  # requests whose poll (started after them) is done
         self._thread: threading.Thread | None = None
+        self.forced = False  # request(force=True) pending
         self.stopped = False
+
+    def _forked(self) -> None:
+        if os.getpid() != self._pid:  # a forked child: the parent's thread and locks stay there
+            self._reset()
 
     @property
     def lock(self) -> threading.Lock:
-        if os.getpid() != self._pid:  # a forked child: the parent's thread and lock stay there
-            self._reset()
+        self._forked()
         return self._lock
 
+    @property
+    def alive(self) -> bool:
+        self._forked()
+        return self._thread is not None and self._thread.is_alive() and not self.stopped
+
     def ensure_running(self) -> None:
-        if os.getpid() != self._pid:
-            self._reset()
-        thread = self._thread
-        if self.stopped or (thread is not None and thread.is_alive()):
+        if self.stopped or self.alive:
             return
         self._thread = threading.Thread(
-            target=_poll_loop, args=(self._ref, self._wake), name="slurmclock-deadline", daemon=True
+            target=_poll_loop, args=(self._ref,), name="slurmclock-deadline", daemon=True
         )
         self._thread.start()
+
+    def request(self, *, force: bool, wait: float) -> None:
+        """Have the thread poll now (force) or when due; wait up to ``wait`` s for a poll that
+        started after this request."""
+        with self._turn:
+            self._asked += 1
+            mine = self._asked
+            self.forced = self.forced or force
+        self._wake.set()
+        with self._turn:
+            self._turn.wait_for(lambda: self._answered >= mine or self.stopped, timeout=wait)
+
+    def take(self) -> tuple[bool, int]:
+        """The thread, before a poll: (forced?, the requests this poll answers)."""
+        with self._turn:
+            force, self.forced = self.forced, False
+            return force, self._asked
+
+    def answered(self, upto: int) -> None:
+        with self._turn:
+            self._answered = max(self._answered, upto)
+            self._turn.notify_all()
 
     def stop(self) -> None:
         self.stopped = True
         self._wake.set()
+        with self._turn:
+            self._turn.notify_all()
 
 
-def _poll_loop(ref: weakref.ref[DeadlineWatcher], wake: threading.Event) -> None:
+def _poll_loop(ref: weakref.ref[DeadlineWatcher]) -> None:
     pid = os.getpid()
     while True:
         watcher = ref()
         if watcher is None or watcher._poller.stopped or os.getpid() != pid:
             return
+        poller = watcher._poller
         polled = watcher._polled_at
         due = 0.0 if polled is None else polled + watcher.next_poll_in - watcher.clock()
         del watcher  # not kept alive by this thread while it sleeps
-        if wake.wait(min(max(due, 0.05), MAX_BACKOFF)):
-            continue  # stop() or a fork: checked at the top
+        if poller._wake.wait(min(max(due, 0.05), MAX_BACKOFF)):
+            poller._wake.clear()
         watcher = ref()
-        if watcher is None or watcher._poller.stopped:
+        if watcher is None or poller.stopped:
             return
+        force, upto = poller.take()
         try:
-            watcher.refresh(force=False)
+            watcher._refresh_here(None, force=force)
         except Exception as e:  # a custom runner's bug must not kill the thread silently
             watcher._warn("poller", f"deadline poll failed: {type(e).__name__}: {e}")
+        finally:
+            poller.answered(upto)
         del watcher
 
 
