@@ -74,7 +74,7 @@ def test_the_time_the_final_save_left_is_trained_and_saved(
 ) -> None:
     ckpt = tmp_path / "ckpt"
     t0 = time.time()
-    r = run_cli([*flags(corpus, cache_dir, ckpt), "--time-limit", str(LIMIT)])
+    r = run_cli([*flags(corpus, cache_dir, ckpt), "--time-limit", f"{LIMIT:g}s"])
     took = time.time() - t0
     assert r.returncode == 75, r.stdout + r.stderr
     assert took < LIMIT, took  # the exit began in time: the process is gone before the limit
@@ -89,13 +89,19 @@ def test_the_time_the_final_save_left_is_trained_and_saved(
     assert stop["step"] == manifest.step and stop["cause"] == "time"
     # It resumes from there.
     again = run_cli(
-        [*flags(corpus, cache_dir, ckpt), "--resume-from-checkpoint", "latest", "--time-limit", "1"]
+        [
+            *flags(corpus, cache_dir, ckpt),
+            "--resume-from-checkpoint",
+            "latest",
+            "--time-limit",
+            "1s",
+        ]
     )
     assert again.returncode == 75, again.stdout + again.stderr
     assert f"resumed from step {manifest.step}" in again.stdout
 
     off = tmp_path / "off"
-    r = run_cli([*flags(corpus, cache_dir, off), "--time-limit", "8", "--no-extra-saves"])
+    r = run_cli([*flags(corpus, cache_dir, off), "--time-limit", "8s", "--no-extra-saves"])
     assert r.returncode == 75 and [k for k, _ in kinds(off)] == ["final"], r.stdout + r.stderr
 
 
@@ -107,9 +113,9 @@ def test_an_extra_save_not_durable_in_time_is_abandoned_and_the_final_one_stands
     script = tmp_path / "slow_extra.py"
     script.write_text(textwrap.dedent(SLOW_EXTRA))
     base = flags(corpus, cache_dir, ckpt)
-    args = [*base, "--time-limit", str(LIMIT)]
+    args = [*base, "--time-limit", f"{LIMIT:g}s"]
     if how == "SIGTERM":  # a final save of 3 s of a 10 s bound: the extra one has seconds
-        args = [*base, "--time-limit", str(LIMIT + 6), "--default-ckpt-time", "10"]
+        args = [*base, "--time-limit", f"{LIMIT + 6:g}s", "--default-ckpt-time", "10"]
     env = child_env(FINAL_SAVE_S="3" if how == "SIGTERM" else "0")
     cmd = [sys.executable, str(script), *args]
     t0 = time.time()
@@ -154,7 +160,7 @@ def test_an_extra_save_not_durable_in_time_is_abandoned_and_the_final_one_stands
     stop = [e for e in events(ckpt) if e["event"] == "stop"][-1]
     assert stop["step"] == final and "abandoned" in stop["reason"] and stop["exit_code"] == 75
     # The next allocation resumes from the final save; the half-written step is no obstacle.
-    again = run_cli([*base, "--resume-from-checkpoint", "latest", "--time-limit", "1"])
+    again = run_cli([*base, "--resume-from-checkpoint", "latest", "--time-limit", "1s"])
     assert again.returncode == 75, again.stdout + again.stderr
     assert f"resumed from step {final}" in again.stdout
 
@@ -164,7 +170,7 @@ def test_extra_saves_on_two_ranks_sharded_durable_and_abandoned(
 ) -> None:
     """torchrun, gloo, DCP: every rank follows rank 0's plan, so the sharded extra save is
     collective; one rank's stalled write abandons it on both, and one process resumes."""
-    kw = ("--use-torch-distributed-ckpt", "--time-limit", str(LIMIT + 4))
+    kw = ("--use-torch-distributed-ckpt", "--time-limit", f"{LIMIT + 4:g}s")
     ok = tmp_path / "ok"
     r = run_torchrun(["--distributed", *flags(corpus, cache_dir, ok, *kw)])
     assert "exitcode  : 75" in r.stderr, r.stdout[-3000:] + r.stderr[-3000:]  # both ranks
@@ -191,7 +197,7 @@ def test_extra_saves_on_two_ranks_sharded_durable_and_abandoned(
                 "--distributed",
                 *base,
                 "--time-limit",
-                str(LIMIT + 4),
+                f"{LIMIT + 4:g}s",
             ],
             capture_output=True,
             text=True,
@@ -207,6 +213,6 @@ def test_extra_saves_on_two_ranks_sharded_durable_and_abandoned(
     assert said is not None, out[-4000:]
     manifest, _ = final_state(stalled)
     assert manifest.step == int(said[2]) < int(said[1]) and manifest.world_size == 2
-    again = run_cli([*base, "--resume-from-checkpoint", "latest", "--time-limit", "1"])
+    again = run_cli([*base, "--resume-from-checkpoint", "latest", "--time-limit", "1s"])
     assert again.returncode == 75, again.stdout + again.stderr
     assert f"resumed from step {manifest.step}" in again.stdout

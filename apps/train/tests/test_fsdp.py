@@ -236,7 +236,7 @@ def test_fsdp_in_one_process_with_bf16_weights_resumes_bitwise(
     extra = ["--param-dtype", "bf16", "--activation-checkpointing", "--training-steps", "6"]
     a, b = tmp_path / "a", tmp_path / "b"
     assert main(fsdp_flags(corpus, cache_dir, a, *extra)) == 0
-    r = run_cli([*fsdp_flags(corpus, cache_dir, b, *extra), "--time-limit", "1"])
+    r = run_cli([*fsdp_flags(corpus, cache_dir, b, *extra), "--time-limit", "1s"])
     assert r.returncode == 75, r.stdout + r.stderr
     resume = ["--resume-from-checkpoint", "latest"]
     assert main(fsdp_flags(corpus, cache_dir, b, *extra, *resume)) == 0

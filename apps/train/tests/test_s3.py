@@ -34,7 +34,7 @@ def test_s3_checkpoints_resume_and_mirror(
         "s3exp",
     )
     env = child_env(**moto.env())
-    first = run_cli([*args, "--time-limit", "1", "--stop-margin", "0"], env=env, cwd=tmp_path)
+    first = run_cli([*args, "--time-limit", "1s", "--stop-margin", "0"], env=env, cwd=tmp_path)
     assert first.returncode == 75, first.stdout + first.stderr
     done = run_cli([*args, "--resume-from-checkpoint", "latest"], env=env, cwd=tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr

@@ -88,7 +88,7 @@ def test_array_and_afterany_chain_resume_without_requeue(
 ) -> None:
     """The two documented alternatives for clusters that forbid requeue, side by side: a job
     array run one task at a time (--array=1-4%1) and a chain of 4 jobs (submit-chain.sh,
-    --dependency=afterany). Each job trains one step (--time-limit 1 is spent by start-up), stops
+    --dependency=afterany). Each job trains one step (--time-limit 1s is spent by start-up), stops
     for time (exit 75), is not requeued, and the next one resumes; the 4th finds the training
     done (3 steps) and exits at once."""
     ckpt = tmp_path / "ckpt"
@@ -112,7 +112,7 @@ def test_array_and_afterany_chain_resume_without_requeue(
         assert info.get("Requeue") == "0", info
 
 
-CHAINED = ["--time-limit", "1", "--stop-margin", "0", "--training-steps", "3"]
+CHAINED = ["--time-limit", "1s", "--stop-margin", "0", "--training-steps", "3"]
 
 
 def _submit_array_and_chain(

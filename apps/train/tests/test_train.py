@@ -125,13 +125,13 @@ def test_bitwise_resume_after_stops_and_kills(
     metrics = ckpt / "default-exp" / "metrics.jsonl"
     rnd = random.Random(1234 if mode == "blocking" else 4321)
     # Graceful stop for time: a 1 s limit is spent by start-up, so the run stops after one step.
-    r = run_cli([*base, "--time-limit", "1", "--stop-margin", "0"])
+    r = run_cli([*base, "--time-limit", "1s", "--stop-margin", "0"])
     assert r.returncode == 75, r.stdout + r.stderr
     assert "stopping early (stop:" in r.stdout
     interrupt(resume, metrics, "kill", rnd)
     if mode == "blocking":
         interrupt(resume, metrics, "usr2", rnd)
-        r = run_cli([*resume, "--time-limit", "1", "--stop-margin", "0"])
+        r = run_cli([*resume, "--time-limit", "1s", "--stop-margin", "0"])
         assert r.returncode == 75, r.stdout + r.stderr
     interrupt(resume, metrics, "kill", rnd)
     r = run_cli(resume)
@@ -675,7 +675,7 @@ def test_a_late_stop_signal_does_not_turn_a_clean_stop_into_a_kill(
     saved. Signals that arrive from the stop until the process is gone must leave exit 75."""
     ckpt = tmp_path / "ckpt"
     metrics = ckpt / "default-exp" / "metrics.jsonl"
-    proc = start_cli([*flags(corpus, cache_dir, ckpt), "--time-limit", "1", "--stop-margin", "0"])
+    proc = start_cli([*flags(corpus, cache_dir, ckpt), "--time-limit", "1s", "--stop-margin", "0"])
     sent = 0
     try:
         while not (metrics.exists() and any(e["event"] == "stop" for e in events(ckpt))):

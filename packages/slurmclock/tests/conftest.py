@@ -74,6 +74,16 @@ def _timelines_in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return where
 
 
+@pytest.fixture(autouse=True)
+def _fresh_warnings() -> Iterator[None]:
+    """Environment values are named once per process; each test is a process of its own."""
+    from slurmclock import job
+
+    job._warned.clear()
+    yield
+    job._warned.clear()
+
+
 @pytest.fixture
 def clock() -> FakeClock:
     return FakeClock()
@@ -91,12 +101,22 @@ def fakes() -> Any:
     return Fakes
 
 
-def _load_localslurm() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("localslurm", LOCALSLURM)
+def _load(path: Path, name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def _load_localslurm() -> ModuleType:
+    return _load(LOCALSLURM, "localslurm")
+
+
+@pytest.fixture(scope="session")
+def time_table_tool() -> ModuleType:
+    """tests/slurm_time_table.py: asks a SLURM how it reads --time strings."""
+    return _load(Path(__file__).with_name("slurm_time_table.py"), "slurm_time_table")
 
 
 @pytest.fixture(scope="session")

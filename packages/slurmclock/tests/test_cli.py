@@ -159,9 +159,24 @@ def test_usage_errors_exit_2(capsys: pytest.CaptureFixture[str], argv: list[str]
 def test_bad_override_values_exit_2_with_one_line(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, err = run(capsys, "status", "--end-time", "someday", env={})
     assert code == 2 and out == ""
-    assert err.count("\n") == 1 and err.startswith("slurmclock: error: end_time:")
+    assert err.count("\n") == 1 and err.startswith("slurmclock: error: --end-time: 'someday'")
     code, _, err = run(capsys, "seconds-left", "--time-limit", "a while", env={})
-    assert code == 2 and "time_limit: 'a while' is not a duration" in err
+    assert code == 2 and "--time-limit: 'a while' is not a time limit: give it as sbatch" in err
+
+
+@pytest.mark.parametrize(
+    ("limit", "left"), [("90", 5400), ("0:30", 60), ("30s", 30), ("1:00:00", 3600)]
+)
+def test_time_limit_is_read_as_sbatch_time(
+    capsys: pytest.CaptureFixture[str], limit: str, left: int
+) -> None:
+    code, out, _ = run(capsys, "seconds-left", "--time-limit", limit, env={})
+    assert code == 0 and left - 2 <= int(out) <= left
+
+
+def test_time_limit_0_is_no_deadline(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run(capsys, "seconds-left", "--time-limit", "0", env={})
+    assert (code, out) == (1, "") and "no deadline (source: time-limit)" in err
 
 
 def test_version(capsys: pytest.CaptureFixture[str]) -> None:
@@ -276,7 +291,7 @@ def test_stop_sends_term_to_the_batch_shell(capsys: pytest.CaptureFixture[str], 
     assert code == 0 and "asked job 1234 to save and stop" in out
     assert runner.calls == [("scancel", "--batch", "--signal=TERM", "1234")]
     code, _, err = run(capsys, "stop", "12;rm", env={}, runner=runner)
-    assert code == 2 and "is not a job id" in err
+    assert code == 2 and "is not a SLURM job id" in err
     failing = fakes.Runner(
         scancel=CommandError(["scancel"], "failed", "Invalid job id", returncode=1)
     )

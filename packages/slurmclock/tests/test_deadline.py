@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import subprocess
 import sys
 import time
@@ -20,6 +21,7 @@ from slurmclock import (
     parse_time,
     process_start_time,
 )
+from slurmclock.deadline import _parse_limit
 
 JOB = {"SLURM_JOB_ID": "42"}
 
@@ -74,18 +76,15 @@ def test_parse_time_rejects_garbage_with_a_hint(bad: Any) -> None:
         ("15m", 900.0),
         ("30s", 30.0),
         ("2d", 172800.0),
-        ("1:30:00", 5400.0),
-        ("05:00", 300.0),
-        ("1-00:00:00", 86400.0),
-        ("2-12", 216000.0),
-        ("1-02:03", 93780.0),
     ],
 )
-def test_parse_duration(text: Any, seconds: float) -> None:
-    assert parse_duration(text) == seconds
+def test_parse_duration_is_the_human_reader(text: Any, seconds: float) -> None:
+    assert parse_duration(text) == seconds  # the 0.1 name, kept for compatibility
 
 
-@pytest.mark.parametrize("bad", ["", "soon", "1:2:3:4", "-5", "5x", float("inf"), -1])
+@pytest.mark.parametrize(
+    "bad", ["", "soon", "1:2:3:4", "-5", "5x", float("inf"), -1, "1:30:00", "1-00:00:00"]
+)
 def test_parse_duration_rejects_garbage(bad: Any) -> None:
     with pytest.raises(ValueError, match="duration"):
         parse_duration(bad)
@@ -118,7 +117,7 @@ def test_process_start_time_is_when_this_process_began() -> None:
 def test_override_beats_everything_and_never_shells_out(clock: Any, fakes: Any) -> None:
     runner = fakes.Runner(squeue=f"{fakes.iso(clock.now + 999)} 1:00:00")
     env = {**JOB, "PYRECOVER_END_TIME": str(clock.now + 50), "SLURM_JOB_END_TIME": "1"}
-    w = watcher(clock, runner, env, end_time=clock.now + 10, time_limit=20)
+    w = watcher(clock, runner, env, end_time=clock.now + 10)
     d = w.get()
     assert (d.end, d.source, d.job_id) == (clock.now + 10, "override", "42")
     assert runner.calls == []
@@ -150,6 +149,39 @@ def test_time_limit_counts_from_started_at(clock: Any, fakes: Any) -> None:
     assert (d.end, d.source, d.job_id) == (clock.now + 90, "time-limit", None)
 
 
+@pytest.mark.parametrize(
+    ("limit", "seconds"),
+    [("90", 5400.0), ("0:30", 60.0), ("1-0", 86400.0), ("30s", 30.0), (30, 30.0), (2.5, 2.5)],
+)
+def test_a_time_limit_string_is_read_as_sbatch_reads_it(
+    clock: Any, fakes: Any, limit: Any, seconds: float
+) -> None:
+    d = watcher(clock, fakes.Runner(), {}, time_limit=limit, started_at=1000.0).get()
+    assert (d.end, d.source) == (1000.0 + seconds, "time-limit")
+
+
+@pytest.mark.parametrize("limit", ["0", "0:00", "UNLIMITED", "infinite", "-1", math.inf])
+def test_a_time_limit_of_0_or_unlimited_means_no_deadline(
+    clock: Any, fakes: Any, limit: Any
+) -> None:
+    runner = fakes.Runner(squeue=f"{fakes.iso(clock.now + 60)} 1:00")
+    d = watcher(clock, runner, JOB, time_limit=limit).get()
+    assert d == Deadline(None, "time-limit", "42") and runner.calls == []
+
+
+@pytest.mark.parametrize(
+    ("limit", "seconds"),
+    [("7:00", 420.0), ("1:00:00", 3600.0), ("2-00:00:00", 172800.0), ("59:60", 3600.0)],
+)
+def test_squeues_time_limit_is_read_as_slurm_prints_it(
+    clock: Any, fakes: Any, limit: str, seconds: float
+) -> None:
+    """squeue prints %l as [D-][H:]MM:SS: "7:00" is 7 minutes, not 7 hours."""
+    assert _parse_limit(limit) == seconds
+    assert _parse_limit("UNLIMITED") == math.inf
+    assert _parse_limit("Partition_Limit") is None and _parse_limit("INVALID") is None
+
+
 def test_time_limit_counts_from_process_start_by_default() -> None:
     d = DeadlineWatcher(time_limit=3600, env={}).get()
     assert d.end is not None
@@ -160,7 +192,9 @@ def test_time_limit_counts_from_process_start_by_default() -> None:
 def test_bad_arguments_raise_with_a_fix(clock: Any, fakes: Any) -> None:
     with pytest.raises(ValueError, match="end_time: 'tomorrow' is neither"):
         DeadlineWatcher(end_time="tomorrow")
-    with pytest.raises(ValueError, match="time_limit: 'forever' is not a duration"):
+    with pytest.raises(
+        ValueError, match="time_limit: 'forever' is not a time limit: give it as sbatch"
+    ):
         DeadlineWatcher(time_limit="forever")
     with pytest.raises(ValueError, match="poll_interval must be >= 1 s"):
         DeadlineWatcher(poll_interval=0.1)

@@ -44,7 +44,7 @@ DEADLINE_PROBE = (
 import subprocess
 from slurmclock import DeadlineWatcher
 
-w = DeadlineWatcher(poll_interval=1.0)
+w = DeadlineWatcher(poll_interval=1.0, background=False)  # polls inside get(): counted
 first = w.get()
 for _ in range(1000):
     w.get()  # a thousand "steps" inside one poll interval
@@ -59,6 +59,36 @@ while not (OUT / "go").exists() and time.monotonic() < end:
 time.sleep(1.2)  # let the poll interval pass
 second = w.get()
 write("second.json", {"end": second.end, "source": second.source, "polls": w.polls})
+"""
+)
+
+# The shipped defaults (a background poll every 5 s on rank 0): how soon is a limit cut with
+# `scontrol update` seen? Every get() is timed too: the loop's own hiccups on a busy machine.
+SHORTENED_PROBE = (
+    PRELUDE
+    + """
+from slurmclock import DeadlineWatcher
+
+w = DeadlineWatcher()
+first = w.get()
+write("first.json", {"end": first.end, "poll_interval": w.poll_interval,
+                     "background": w.background})
+limit = time.monotonic() + 400
+gap, slowest_get, polls = 0.0, 0.0, []
+last = time.monotonic()
+while time.monotonic() < limit:
+    started = time.monotonic()
+    d = w.get()
+    slowest_get = max(slowest_get, time.monotonic() - started)
+    gap, last = max(gap, started - last), started
+    if w.last_poll_seconds is not None:
+        polls.append(w.last_poll_seconds)
+    if d.end != first.end:
+        write("seen.json", {"end": d.end, "seen_at": time.time(), "loop_gap": gap,
+                            "slowest_get": slowest_get, "slowest_poll": max(polls),
+                            "polls": w.polls})
+        break
+    time.sleep(0.05)
 """
 )
 
@@ -260,6 +290,7 @@ def jobs(cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Jo
     }
     specs: dict[str, tuple[str, list[str]]] = {
         "deadline": (DEADLINE_PROBE, ["--time=3"]),
+        "shortened": (SHORTENED_PROBE, ["--time=30"]),
         # W=45 s of a 60 s job: the warning comes 15-45 s after the start (30 s timer).
         "batch_signal": (
             readme_forwarding_script(f"{PY} {probe}"),
@@ -309,6 +340,36 @@ def test_deadline_in_a_job_equals_scontrol_and_sees_an_extension(
     second = job.wait("second.json")
     assert second["end"] == extended and second["source"] == "squeue"
     assert second["polls"] == 2
+
+
+def test_a_shortened_limit_is_seen_within_the_poll_interval(
+    cluster: Any, jobs: dict[str, Job]
+) -> None:
+    """scontrol update TimeLimit= cuts a running job to under 2 minutes: the watcher with the
+    shipped defaults sees the new end within its 5 s poll interval, plus what was measured on
+    the way (the update command itself, the slowest squeue, the probe loop's longest gap)."""
+    job = jobs["shortened"]
+    first = job.wait("first.json")
+    assert first["background"] and first["poll_interval"] == 5.0, first
+    started = datetime.fromisoformat(cluster.job(job.id)["StartTime"]).timestamp()
+    minutes = int((time.time() - started + 40) // 60) + 1  # ends 40-100 s from now
+    before = time.time()
+    cluster.run(["scontrol", "update", f"JobId={job.id}", f"TimeLimit={minutes}"])
+    updated = time.time()
+    new_end = job.end_time()
+    assert new_end == started + minutes * 60 and new_end < first["end"], job.diagnostics()
+    seen = job.wait("seen.json", timeout=120)
+    latency = seen["seen_at"] - before
+    interval = max(5.0, 20 * seen["slowest_poll"])  # the watcher waits longer after a slow poll
+    allowance = interval + (updated - before) + seen["slowest_poll"] + 2 * seen["loop_gap"]
+    print(
+        f"limit cut to {new_end - updated:.0f} s left: seen {latency:.2f} s after the update "
+        f"(allowed {allowance:.2f} s; slowest squeue {seen['slowest_poll']:.3f} s, slowest "
+        f"get() {seen['slowest_get'] * 1000:.2f} ms, {seen['polls']} polls)"
+    )
+    assert seen["end"] == new_end, seen
+    assert latency <= allowance, seen
+    cluster.run(["scancel", job.id])
 
 
 def test_a_job_without_time_limit_has_no_deadline(cluster: Any, jobs: dict[str, Job]) -> None:

@@ -22,7 +22,7 @@ from typing import Any
 
 import ckptstore
 import parquetlm
-from slurmclock import parse_duration
+from slurmclock import parse_human_duration, parse_time_limit
 
 from .model import PRESETS
 
@@ -453,9 +453,21 @@ def _json_object(text: str) -> dict[str, Any]:
 
 def _duration(text: str) -> float:
     try:
-        return parse_duration(text)
+        return parse_human_duration(text)
     except ValueError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _time_limit(text: str) -> float:
+    try:
+        seconds = parse_time_limit(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    if math.isinf(seconds):  # SLURM's "no limit": here there would be nothing to stop before
+        raise argparse.ArgumentTypeError(
+            f"{text!r} means no time limit; leave --time-limit out to use SLURM's end time"
+        )
+    return seconds
 
 
 # --- the table of flags ---------------------------------------------------------------------------
@@ -467,8 +479,8 @@ _STORAGE_HELP = (
     '\'{"endpoint_url": "http://127.0.0.1:9000"}\''
 )
 _TIME_LIMIT_HELP = (
-    "stop before this long after the process started, instead of SLURM's end time: seconds "
-    "(5400), 90m, 2h, or SLURM's [D-]HH:MM:SS (2-3:04 = 2 days 3 h 4 min)"
+    "stop before this long after the process started, instead of SLURM's end time: as sbatch "
+    "--time reads it (90 = 90 min, 1:30:00, 2-12:00) or with a unit (30s, 1h30m)"
 )
 _MARGIN_HELP = (
     "seconds kept free after the final save, for the exit and requeue (replaces the measured "
@@ -590,7 +602,7 @@ FLAGS: tuple[Flag, ...] = (
     ),
     *_group(
         "time",
-        Flag("time_limit", _duration, _TIME_LIMIT_HELP, shown="SLURM's deadline"),
+        Flag("time_limit", _time_limit, _TIME_LIMIT_HELP, shown="SLURM's deadline"),
         Flag("stop_margin", _duration, _MARGIN_HELP, shown=_MARGIN_SHOWN),
         Flag("extra_saves", SWITCH, _EXTRA_HELP, shown="on", negatable=True),
     ),
@@ -667,7 +679,12 @@ def _default_text(flag: Flag) -> str | None:
     return f"{default:g}" if isinstance(default, float) else str(default)
 
 
-_METAVARS: dict[Callable[[str], Any], str] = {_whole: "N", _finite: "X", _duration: "DURATION"}
+_METAVARS: dict[Callable[[str], Any], str] = {
+    _whole: "N",
+    _finite: "X",
+    _duration: "DURATION",
+    _time_limit: "TIME",
+}
 
 
 def spellings(name: str) -> list[str]:

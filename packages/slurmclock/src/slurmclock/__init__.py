@@ -26,14 +26,18 @@ from slurmclock.deadline import (
     find_deadline,
     parse_time,
     process_start_time,
+    watches_the_clock,
 )
 from slurmclock.durations import (
     check_seconds,
     checkpoint_interval,
     parse_duration,
+    parse_human_duration,
+    parse_slurm_time,
+    parse_time_limit,
     young_daly_interval,
 )
-from slurmclock.job import array_task, in_slurm, job_id, restart_count
+from slurmclock.job import array_task, check_job_id, in_slurm, job_id, restart_count
 from slurmclock.requeue import RequeueResult, requeue
 from slurmclock.signals import AnyFlag, StopSignals, signal_number
 from slurmclock.timeline import EVENTS, Event, ExitSample, JobTimeline, timeline_dir
@@ -66,6 +70,7 @@ __all__ = [
     "__version__",
     "allocation_start",
     "array_task",
+    "check_job_id",
     "check_seconds",
     "checkpoint_interval",
     "default_runner",
@@ -73,12 +78,16 @@ __all__ = [
     "in_slurm",
     "job_id",
     "parse_duration",
+    "parse_human_duration",
+    "parse_slurm_time",
     "parse_time",
+    "parse_time_limit",
     "process_start_time",
     "requeue",
     "restart_count",
     "signal_lead_from_env",
     "signal_number",
     "timeline_dir",
+    "watches_the_clock",
     "young_daly_interval",
 ]

@@ -25,6 +25,7 @@ import json
 import logging
 import math
 import os
+import re
 import signal
 import sys
 import time
@@ -34,8 +35,8 @@ from typing import Any
 from slurmclock import __version__
 from slurmclock.commands import CommandError, Runner, default_runner
 from slurmclock.deadline import DeadlineWatcher, parse_time
-from slurmclock.durations import check_seconds
-from slurmclock.job import array_task, job_id, restart_count
+from slurmclock.durations import check_seconds, parse_time_limit
+from slurmclock.job import array_task, check_job_id, job_id, job_id_problem, restart_count
 from slurmclock.requeue import requeue
 from slurmclock.timeline import EVENTS, JobTimeline
 
@@ -59,6 +60,7 @@ def status(
         env=env,
         runner=runner,
         command_timeout=timeout,
+        background=False,  # one look: no thread
     )
     deadline = watcher.get()
     left = deadline.seconds_left(watcher.clock())
@@ -83,7 +85,8 @@ def _parser() -> argparse.ArgumentParser:
     deadline.add_argument("--end-time", help="override: the deadline as epoch seconds or ISO-8601")
     deadline.add_argument(
         "--time-limit",
-        help="override: a limit counted from now (seconds, 90m, 2h, or [D-]HH:MM:SS)",
+        help="override: a limit counted from now, as sbatch --time reads it (90 = 90 min, "
+        "1:30:00, 2-12:00; 0 or UNLIMITED: none) or with a unit (30s, 1h30m)",
     )
     parser = argparse.ArgumentParser(
         prog="slurmclock",
@@ -136,7 +139,15 @@ def main(
     logger = logging.getLogger("slurmclock")
     logger.addHandler(handler)
     try:
-        return _run(args, env, runner)
+        code = _run(args, env, runner)
+        sys.stdout.flush()  # a closed pipe shows here, not at exit
+        return code
+    except BrokenPipeError:  # `slurmclock ... | head -1`: the reader is done; so are we
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + signal.SIGPIPE
+    except KeyboardInterrupt:
+        print("slurmclock: interrupted", file=sys.stderr)
+        return 128 + signal.SIGINT
     finally:
         logger.removeHandler(handler)
 
@@ -146,8 +157,9 @@ def _run(args: argparse.Namespace, env: Mapping[str, str] | None, runner: Runner
     if problem:
         print(f"slurmclock: error: {problem}", file=sys.stderr)
         return 2
-    if args.job_id:
-        env = {**(os.environ if env is None else env), "SLURM_JOB_ID": args.job_id}
+    if args.job_id is not None:
+        job = check_job_id(args.job_id, "--job-id")
+        env = {**(os.environ if env is None else env), "SLURM_JOB_ID": job}
     command = _COMMANDS.get(args.command)
     if command is not None:
         return command(args, env, runner)
@@ -163,6 +175,7 @@ def _run(args: argparse.Namespace, env: Mapping[str, str] | None, runner: Runner
     except ValueError as e:
         print(f"slurmclock: error: {e}", file=sys.stderr)
         return 2
+    _warn_if_past(info)
     if args.command == "status":
         print(json.dumps(info) if args.json else _human(info))
         return 0
@@ -180,10 +193,32 @@ def _bad_input(args: argparse.Namespace, env: Mapping[str, str]) -> str | None:
     """One line naming what is wrong and how to fix it, or None."""
     try:
         check_seconds("--timeout", args.timeout, positive=True)
+        if args.job_id is not None:
+            check_job_id(args.job_id, "--job-id")
     except ValueError as e:
         return str(e)
+    if args.timeout > MAX_TIMEOUT:
+        return f"--timeout {args.timeout:g} is more than {MAX_TIMEOUT:.0f} s; give fewer seconds"
+    if args.job_id is None and args.command != "stop":
+        problem = job_id_problem(env)
+        if problem:
+            return f"{problem}; unset it, or pass --job-id"
     if args.command not in ("status", "seconds-left", "end-time"):
         return None
+    if args.end_time is not None and args.time_limit is not None:
+        return (
+            f"--end-time {args.end_time!r} and --time-limit {args.time_limit!r} both set the "
+            "deadline; give one of them"
+        )
+    for flag, value, reader in (
+        ("--end-time", args.end_time, parse_time),
+        ("--time-limit", args.time_limit, parse_time_limit),
+    ):
+        if value is not None:
+            try:
+                reader(value)
+            except ValueError as e:
+                return f"{flag}: {e}"
     # Training skips a malformed variable with a warning; here the user asked about it.
     for name in ("PYRECOVER_END_TIME", "SLURM_JOB_END_TIME"):
         raw = env.get(name, "").strip()
@@ -211,9 +246,18 @@ def _mark(args: argparse.Namespace, env: Mapping[str, str] | None, runner: Runne
     for item in args.info:
         key, sep, value = item.partition("=")
         if not sep or not key.isidentifier() or key in ("event", "time", "restart"):
-            print(f"slurmclock: error: {item!r} is not KEY=VALUE (e.g. rc=75)", file=sys.stderr)
+            print(
+                f"slurmclock: error: {item[:60]!r} is not KEY=VALUE (e.g. rc=75)", file=sys.stderr
+            )
             return 2
-        info[key] = int(value) if value.lstrip("-").isdigit() else value
+        if len(item) > MAX_INFO:  # the next allocation reads every line back
+            print(
+                f"slurmclock: error: {key}=... is {len(item)} characters; a timeline detail "
+                f"takes at most {MAX_INFO}",
+                file=sys.stderr,
+            )
+            return 2
+        info[key] = int(value) if re.fullmatch(r"-?[0-9]{1,18}", value) else value
     timeline = JobTimeline(env=env)
     if timeline.path is None:
         print("slurmclock: not marked: not in a SLURM job (SLURM_JOB_ID is unset)", file=sys.stderr)
@@ -244,12 +288,16 @@ def _timeline(
                         {"restart": x.restart, "seconds": x.seconds, "exit_s": x.exit_s}
                         for x in exits
                     ],
+                    "unreadable_lines": timeline.unreadable,
+                    "read_error": timeline.read_error,
                 }
             )
         )
         return 0
     print(f"timeline of job {timeline.job_id}: {timeline.path}")
-    if not events:
+    if timeline.read_error is not None:
+        print(f"  (cannot read it: {timeline.read_error})")
+    elif not events and not timeline.unreadable:
         print("  (no events yet)")
     for e in events:
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(e.time))
@@ -258,13 +306,18 @@ def _timeline(
     for x in exits:
         part = "" if x.exit_s is None else f" (exit {x.exit_s:.2f} s)"
         print(f"  run {x.restart}: {x.seconds:.2f} s from the final save to the end{part}")
+    if timeline.unreadable:
+        n, shown = len(timeline.unreadable), ", ".join(map(str, timeline.unreadable[:10]))
+        more = ", ..." if n > 10 else ""
+        print(f"  ({n} unreadable line{'s' if n > 1 else ''} skipped: line {shown}{more})")
     return 0
 
 
 def _stop(args: argparse.Namespace, env: Mapping[str, str] | None, runner: Runner | None) -> int:
-    job = args.stop_job.strip()
-    if not job.replace("_", "").isdigit():
-        print(f"slurmclock: error: {job!r} is not a job id (e.g. 1234 or 1234_7)", file=sys.stderr)
+    try:
+        job = check_job_id(args.stop_job, "JOBID")
+    except ValueError as e:
+        print(f"slurmclock: error: {e}", file=sys.stderr)
         return 2
     run = default_runner if runner is None else runner
     try:
@@ -280,6 +333,18 @@ def _stop(args: argparse.Namespace, env: Mapping[str, str] | None, runner: Runne
 
 
 _COMMANDS = {"requeue": _requeue, "mark": _mark, "timeline": _timeline, "stop": _stop}
+MAX_TIMEOUT = 3600.0  # seconds to wait for squeue/scontrol: beyond it, nobody is waiting
+MAX_INFO = 1000  # characters of one KEY=VALUE of `slurmclock mark`
+
+
+def _warn_if_past(info: Mapping[str, Any]) -> None:
+    left = info["seconds_left"]
+    if left is not None and left < 0:
+        print(
+            f"slurmclock: warning: the deadline {info['deadline']} (from {info['source']}) "
+            f"passed {-left:.0f} s ago",
+            file=sys.stderr,
+        )
 
 
 @contextlib.contextmanager

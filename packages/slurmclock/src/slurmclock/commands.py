@@ -8,12 +8,19 @@ returns canned ``squeue``/``scontrol`` output (or raises), so no test sleeps or 
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import subprocess
 from collections.abc import Mapping, Sequence
 from typing import Protocol
 
-__all__ = ["CommandError", "Runner", "SubprocessRunner", "default_runner"]
+__all__ = ["CommandError", "Runner", "SubprocessRunner", "default_runner", "last_line"]
+
+
+def last_line(text: str) -> str:
+    """The last non-empty line of a command's output: SLURM's clients end with the line that
+    says why (``squeue: fatal: ...``), after lines of detail a one-line message does not need."""
+    return next((ln.strip() for ln in reversed(text.splitlines()) if ln.strip()), "")
 
 
 class CommandError(Exception):
@@ -56,7 +63,7 @@ class SubprocessRunner:
         self.env = dict(env) if env is not None else None
 
     def __call__(self, argv: Sequence[str], timeout: float) -> str:
-        cmd = " ".join(argv)
+        cmd = shlex.join(argv)
         path = (self.env or os.environ).get("PATH")
         if not argv or shutil.which(argv[0], path=path) is None:
             name = argv[0] if argv else "(empty command)"
@@ -76,7 +83,7 @@ class SubprocessRunner:
         except OSError as e:  # vanished between which() and exec, not executable, ...
             raise CommandError(argv, "missing", f"could not run `{cmd}`: {e}") from e
         if proc.returncode != 0:
-            err = proc.stderr.strip() or proc.stdout.strip() or "no output"
+            err = last_line(proc.stderr) or last_line(proc.stdout) or "no output"
             raise CommandError(
                 argv,
                 "failed",

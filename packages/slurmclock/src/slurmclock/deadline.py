@@ -26,13 +26,20 @@ import logging
 import math
 import os
 import re
+import threading
 import time
+import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
 from slurmclock.commands import CommandError, Runner, default_runner
-from slurmclock.durations import check_seconds, parse_duration
+from slurmclock.durations import (
+    check_seconds,
+    parse_duration,
+    parse_slurm_time,
+    parse_time_limit,
+)
 from slurmclock.job import job_id as _job_id
 
 __all__ = [
@@ -43,6 +50,7 @@ __all__ = [
     "parse_duration",
     "parse_time",
     "process_start_time",
+    "watches_the_clock",
 ]
 
 log = logging.getLogger("slurmclock")
@@ -59,8 +67,18 @@ SOURCES = (
 # What squeue/scontrol print instead of a time when there is none (yet).
 _NO_TIME = {"", "unknown", "none", "n/a", "unlimited", "infinite", "invalid", "(null)"}
 _UNLIMITED = {"unlimited", "infinite"}
+# What squeue's %l and scontrol's TimeLimit= print for a limit: [D-][H:]MM:SS.
+_PRINTED_LIMIT = re.compile(r"([0-9]{1,7}-)?[0-9]{1,4}(:[0-9]{2}){1,2}")
 # SLURM 22.05 gives a job without a limit TimeLimit=365-00:00:00 and EndTime one year out.
 NO_LIMIT_SECONDS = 365 * 86400
+# How often SLURM is asked: the rank that watches the clock every 5 s (a shortened time limit
+# is acted on in time), the others every minute; a poll that took t s waits >= 20 t after it;
+# failing polls double the wait, up to 300 s.
+CLOCK_RANK_POLL = 5.0
+OTHER_RANK_POLL = 60.0
+SLOW_FACTOR = 20.0
+MAX_BACKOFF = 300.0
+REFRESH_WAIT = 2.0  # seconds refresh() waits for the background thread's answer
 # 9999-12-31: beyond it datetime (and so ISO-8601) has no way to write a time.
 _LAST_TIME = 253402214400.0
 
@@ -107,7 +125,7 @@ def parse_time(value: str | float) -> float:
         seconds = float(value)
     else:
         text = value.strip()
-        if re.fullmatch(r"[+-]?\d+(\.\d*)?", text):
+        if re.fullmatch(r"[+-]?[0-9]+(\.[0-9]*)?", text):  # ASCII: float() takes any digits
             seconds = float(text)
         else:
             if text[-1:] in {"Z", "z"}:  # fromisoformat takes "Z" only from Python 3.11
@@ -116,28 +134,30 @@ def parse_time(value: str | float) -> float:
                 seconds = datetime.fromisoformat(text).timestamp()
             except (ValueError, OverflowError, OSError):
                 raise ValueError(
-                    f"{value!r} is neither epoch seconds nor ISO-8601 "
+                    f"{_shown(value)} is neither epoch seconds nor ISO-8601 "
                     "(e.g. 1767225600 or 2026-01-01T00:00:00+01:00)"
                 ) from None
     if not math.isfinite(seconds) or not 0 < seconds < _LAST_TIME:
         raise ValueError(
-            f"{value!r} is not a valid time: epoch seconds must be > 0 and before the year 10000"
+            f"{_shown(value)} is not a valid time: epoch seconds must be > 0 and before the year "
+            "10000"
         )
     return seconds
 
 
+def _shown(value: object, limit: int = 60) -> str:
+    """``repr(value)``, cut short: a command's garbage must not become a screenful."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[: limit - 5]}...' ({len(str(value))} chars)"
+
+
 def _parse_limit(text: str) -> float | None:
-    """A SLURM time limit in seconds; inf for UNLIMITED; None when unknown or unreadable."""
+    """squeue's ``%l`` / scontrol's ``TimeLimit=`` in seconds; inf for no limit; None when
+    unknown or unreadable (``Partition_Limit``, ``INVALID``, garbage)."""
     t = text.strip()
-    if t.lower() in _UNLIMITED:
-        return math.inf
-    if t.lower() in _NO_TIME:
-        return None
-    try:
-        # SLURM prints limits as [D-]HH:MM:SS or MM:SS; a bare number there means minutes.
-        return float(t) * 60 if t.isdigit() else parse_duration(t)
-    except ValueError:
-        return None
+    if t.lower() not in _UNLIMITED and not _PRINTED_LIMIT.fullmatch(t):
+        return None  # not what SLURM prints (a bare "0" or "-5" would read as no limit)
+    return parse_slurm_time(t)  # SLURM's own reading: [D-]HH:MM:SS, MM:SS, UNLIMITED
 
 
 _STARTED: dict[int, float] = {}  # pid -> start: computed once (a forked child has its own)
@@ -169,17 +189,27 @@ def _process_start_time() -> float:
 
 
 class DeadlineWatcher:
-    """Finds the job's deadline and re-reads it from SLURM at most every ``poll_interval`` s.
+    """Finds the job's deadline and keeps it fresh: SLURM is re-read every few seconds.
 
-    ``get()`` is cheap enough to call every training step: between polls it returns the cached
-    :class:`Deadline`, so ``scontrol update TimeLimit=`` extensions are seen within
-    ``poll_interval`` seconds without shelling out each step. When a poll fails (controller busy,
-    command timed out) the last good deadline is kept.
+    ``get()`` is cheap enough to call every training step: it returns the last answer. A
+    ``scontrol update TimeLimit=`` (shortened or extended) is seen within ``poll_interval``
+    seconds plus one ``squeue``: by default 5 s on the rank that watches the clock (global rank
+    0: ``RANK``, else ``SLURM_PROCID``, ``OMPI_COMM_WORLD_RANK``, ``PMI_RANK``; a process without
+    them) and 60 s on the other ranks, which the "any rank stops" agreement overrules anyway.
 
-    ``end_time`` / ``time_limit`` override SLURM (see the module docstring for the order);
-    ``env`` replaces ``os.environ``; ``runner`` runs squeue/scontrol (:mod:`slurmclock.commands`);
-    ``clock`` returns epoch seconds. ``command_timeout`` bounds each squeue/scontrol call;
-    an end time more than ``skew_tolerance`` seconds in the past is treated as clock skew.
+    With the real clock (no ``clock=``) the polls run on a background thread (``background``),
+    so a training step never waits for the controller, not even when it hangs. An injected
+    clock polls inside ``get()``, deterministically. A slow SLURM is asked less often: after a
+    poll that took ``t`` seconds the next waits at least ``20 t`` (at most 5 % of the time in
+    squeue), and failed polls back off by doubling, up to 300 s; the last good deadline is kept
+    meanwhile. :meth:`refresh` polls at once (on a warning signal: news from SLURM).
+
+    ``end_time`` / ``time_limit`` override SLURM (see the module docstring for the order; a
+    ``time_limit`` number is seconds, a string a SLURM time string or ``30s``-style duration:
+    :func:`slurmclock.parse_time_limit`); ``env`` replaces ``os.environ``; ``runner`` runs
+    squeue/scontrol (:mod:`slurmclock.commands`); ``clock`` returns epoch seconds.
+    ``command_timeout`` bounds each squeue/scontrol call; an end time more than
+    ``skew_tolerance`` seconds in the past is treated as clock skew.
     """
 
     def __init__(
@@ -188,13 +218,17 @@ class DeadlineWatcher:
         end_time: float | str | None = None,
         time_limit: float | str | None = None,
         started_at: float | None = None,
-        poll_interval: float = 60.0,
+        poll_interval: float | None = None,
         env: Mapping[str, str] | None = None,
         runner: Runner | None = None,
         clock: Callable[[], float] | None = None,
         command_timeout: float = 10.0,
         skew_tolerance: float = 300.0,
+        background: bool | None = None,
     ) -> None:
+        self._env: Mapping[str, str] = os.environ if env is None else env
+        if poll_interval is None:
+            poll_interval = CLOCK_RANK_POLL if watches_the_clock(self._env) else OTHER_RANK_POLL
         if not check_seconds("poll_interval", poll_interval) >= 1.0:
             raise ValueError(
                 f"poll_interval must be >= 1 s (the SLURM controller is shared; polling it every "
@@ -205,19 +239,38 @@ class DeadlineWatcher:
         self.skew_tolerance = check_seconds("skew_tolerance", skew_tolerance)
         if started_at is not None:
             check_seconds("started_at", started_at)
-        self._env: Mapping[str, str] = os.environ if env is None else env
         self._runner = default_runner if runner is None else runner
         self._clock = time.time if clock is None else clock
+        self.background = clock is None if background is None else bool(background)
         self.job_id = _job_id(self._env)
         self.polls = 0  # SLURM polls done (each runs squeue, maybe scontrol)
+        self.last_poll_seconds: float | None = None  # how long the last poll took
+        self._interval = self.poll_interval  # until the next poll; grows when SLURM is slow
+        self._failures = 0
         self._warned: set[str] = set()
         self._cached: Deadline | None = None
         self._polled_at: float | None = None
+        self._poller = _Poller(self)
         self._static = self._static_deadline(end_time, time_limit, started_at)
 
     @property
     def clock(self) -> Callable[[], float]:
         return self._clock
+
+    def __getstate__(self) -> dict[str, object]:
+        # A copy (deepcopy, pickle: trainers copy callbacks) gets its own thread and lock.
+        state = self.__dict__.copy()
+        del state["_poller"]
+        return state
+
+    def __setstate__(self, state: dict[str, object]) -> None:
+        self.__dict__.update(state)
+        self._poller = _Poller(self)
+
+    @property
+    def next_poll_in(self) -> float:
+        """Seconds from the last poll to the next one (``poll_interval``, or more: back-off)."""
+        return self._interval
 
     def _warn(self, key: str, message: str) -> None:
         # Once per kind of problem: a broken squeue must not print a line every poll.
@@ -228,6 +281,11 @@ class DeadlineWatcher:
     def _static_deadline(
         self, end_time: float | str | None, time_limit: float | str | None, started_at: float | None
     ) -> Deadline | None:
+        if end_time is not None and time_limit is not None:
+            raise ValueError(
+                f"end_time={end_time!r} and time_limit={time_limit!r} both set the deadline; "
+                "give one of them"
+            )
         if end_time is not None:
             try:
                 return Deadline(parse_time(end_time), "override", self.job_id)
@@ -238,12 +296,17 @@ class DeadlineWatcher:
             try:
                 return Deadline(parse_time(raw), "PYRECOVER_END_TIME", self.job_id)
             except ValueError as e:
-                self._warn("env", f"ignoring PYRECOVER_END_TIME: {e}")
+                self._warn(
+                    "env",
+                    f"ignoring PYRECOVER_END_TIME={raw[:60]!r}: {e}; asking SLURM for the end time",
+                )
         if time_limit is not None:
             try:
-                limit = parse_duration(time_limit)
+                limit = parse_time_limit(time_limit)
             except ValueError as e:
                 raise ValueError(f"time_limit: {e}") from None
+            if math.isinf(limit):
+                return Deadline(None, "time-limit", self.job_id)  # 0 / UNLIMITED: no limit
             if started_at is None:
                 # A fake clock has its own epoch: count from its now, not from /proc.
                 started_at = process_start_time() if self._clock is time.time else self._clock()
@@ -251,32 +314,65 @@ class DeadlineWatcher:
         return None
 
     def get(self) -> Deadline:
-        """The current deadline; polls SLURM only when the last poll is ``poll_interval`` old."""
+        """The current deadline. Polls in here only without a background thread, when due."""
         if self._static is not None:
             return self._static
+        cached = self._cached
+        if cached is None:
+            return self.refresh()  # the first answer: before the first step
+        if self.background:
+            if self.job_id is not None:
+                self._poller.ensure_running()
+            return cached
         now = self._clock()
-        if (
-            self._cached is not None
-            and self._polled_at is not None
-            and 0 <= now - self._polled_at < self.poll_interval  # clock went back: re-poll
-        ):
-            return self._cached
+        if self._polled_at is not None and 0 <= now - self._polled_at < self._interval:
+            return cached  # (a clock that went back polls at once)
         return self.refresh(now)
 
     def seconds_left(self) -> float | None:
         """Seconds until the deadline (negative once past); None without one."""
         return self.get().seconds_left(self._clock())
 
-    def refresh(self, now: float | None = None) -> Deadline:
-        """Poll now, whatever the time since the last poll."""
+    def refresh(
+        self, now: float | None = None, *, force: bool = True, wait: float = REFRESH_WAIT
+    ) -> Deadline:
+        """Ask SLURM now (``force=False``: only when a poll is due); the current deadline.
+
+        Call it when there is news from SLURM, e.g. on its warning signal (not inside the signal
+        handler). With the background thread running, the thread asks and this waits at most
+        ``wait`` seconds for its answer (a hung controller does not hold the step; the answer
+        arrives with a later ``get()``); otherwise the poll runs here.
+        """
         if self._static is not None:
             return self._static
-        now = self._clock() if now is None else now
+        if self.background and now is None and self._cached is not None and self._poller.alive:
+            self._poller.request(force=force, wait=wait)
+            return self._cached
+        return self._refresh_here(now, force=force)
+
+    def _refresh_here(self, now: float | None, *, force: bool) -> Deadline:
+        with self._poller.lock:  # one poll at a time (the thread's, or this one)
+            now = self._clock() if now is None else now
+            polled = self._polled_at
+            fresh = polled is not None and 0 <= now - polled < self._interval
+            if not force and fresh and self._cached is not None:
+                return self._cached
+            return self._poll(now)
+
+    def close(self) -> None:
+        """Stop the background thread (it also ends with the watcher or the process); get()
+        then polls inline again, when due."""
+        self.background = False
+        self._poller.stop()
+
+    def _poll(self, now: float) -> Deadline:
         previous, self._polled_at = self._cached, now
         if self.job_id is None:
             self._cached = Deadline(None, "none", None)
             return self._cached
         found = self._from_slurm(self.job_id, now, first=previous is None)
+        took = max(0.0, self._clock() - now)
+        self._schedule(took, ok=found is not None)
         if found is None:
             if previous is not None and previous.source != "none":
                 self._warn(
@@ -284,10 +380,37 @@ class DeadlineWatcher:
                 )
                 return previous
             found = Deadline(None, "none", self.job_id)
-        if previous is not None and previous.end != found.end and found.end is not None:
-            log.info("deadline of job %s moved: %s -> %s", self.job_id, previous, found)
+        self._announce(previous, found)
         self._cached = found
         return found
+
+    def _schedule(self, took: float, *, ok: bool) -> None:
+        """When to poll next: a slow or failing SLURM is asked less often."""
+        self.last_poll_seconds = took
+        if ok:
+            self._failures = 0
+            slow = min(SLOW_FACTOR * took, max(self.poll_interval, OTHER_RANK_POLL))
+            self._interval = max(self.poll_interval, slow)
+        else:
+            self._failures += 1
+            backoff = self.poll_interval * 2.0 ** min(self._failures, 10)
+            self._interval = min(backoff, max(self.poll_interval, MAX_BACKOFF))
+
+    def _announce(self, previous: Deadline | None, found: Deadline) -> None:
+        if previous is None or previous.end == found.end:
+            return
+        if previous.end is not None and (found.end is None or found.end > previous.end):
+            log.info("deadline of job %s moved later: %s -> %s", self.job_id, previous, found)
+        elif previous.end is not None and found.end is not None:
+            log.warning(
+                "deadline of job %s moved %.0f s earlier: %s -> %s (time limit shortened?)",
+                self.job_id,
+                previous.end - found.end,
+                previous,
+                found,
+            )
+        else:
+            log.info("deadline of job %s: %s -> %s", self.job_id, previous, found)
 
     def _from_slurm(self, job: str, now: float, *, first: bool) -> Deadline | None:
         # SLURM_JOB_END_TIME answers the first poll without a subprocess; it never changes, so
@@ -375,6 +498,115 @@ class DeadlineWatcher:
             )
             return None
         return found
+
+
+class _Poller:
+    """A watcher's background thread: polls when due or asked; ends with the watcher, close()
+    or a fork. The thread holds the watcher only weakly, so a dropped watcher stops polling."""
+
+    def __init__(self, watcher: DeadlineWatcher) -> None:
+        self._ref = weakref.ref(watcher)
+        self._reset()
+
+    def _reset(self) -> None:
+        self._pid = os.getpid()
+        self._lock = threading.Lock()
+        self._wake = threading.Event()  # stop(), or request(): look at the flags now
+        self._turn = threading.Condition()  # guards the request counters below
+        self._asked = 0  # requests made
+        self._answered = 0  # requests whose poll (started after them) is done
+        self._thread: threading.Thread | None = None
+        self.forced = False  # request(force=True) pending
+        self.stopped = False
+
+    def _forked(self) -> None:
+        if os.getpid() != self._pid:  # a forked child: the parent's thread and locks stay there
+            self._reset()
+
+    @property
+    def lock(self) -> threading.Lock:
+        self._forked()
+        return self._lock
+
+    @property
+    def alive(self) -> bool:
+        self._forked()
+        return self._thread is not None and self._thread.is_alive() and not self.stopped
+
+    def ensure_running(self) -> None:
+        if self.stopped or self.alive:
+            return
+        self._thread = threading.Thread(
+            target=_poll_loop, args=(self._ref,), name="slurmclock-deadline", daemon=True
+        )
+        self._thread.start()
+
+    def request(self, *, force: bool, wait: float) -> None:
+        """Have the thread poll now (force) or when due; wait up to ``wait`` s for a poll that
+        started after this request."""
+        with self._turn:
+            self._asked += 1
+            mine = self._asked
+            self.forced = self.forced or force
+        self._wake.set()
+        with self._turn:
+            self._turn.wait_for(lambda: self._answered >= mine or self.stopped, timeout=wait)
+
+    def take(self) -> tuple[bool, int]:
+        """The thread, before a poll: (forced?, the requests this poll answers)."""
+        with self._turn:
+            force, self.forced = self.forced, False
+            return force, self._asked
+
+    def answered(self, upto: int) -> None:
+        with self._turn:
+            self._answered = max(self._answered, upto)
+            self._turn.notify_all()
+
+    def stop(self) -> None:
+        self.stopped = True
+        self._wake.set()
+        with self._turn:
+            self._turn.notify_all()
+
+
+def _poll_loop(ref: weakref.ref[DeadlineWatcher]) -> None:
+    pid = os.getpid()
+    while True:
+        watcher = ref()
+        if watcher is None or watcher._poller.stopped or os.getpid() != pid:
+            return
+        poller = watcher._poller
+        polled = watcher._polled_at
+        due = 0.0 if polled is None else polled + watcher.next_poll_in - watcher.clock()
+        del watcher  # not kept alive by this thread while it sleeps
+        if poller._wake.wait(min(max(due, 0.05), MAX_BACKOFF)):
+            poller._wake.clear()
+        watcher = ref()
+        if watcher is None or poller.stopped:
+            return
+        force, upto = poller.take()
+        try:
+            watcher._refresh_here(None, force=force)
+        except Exception as e:  # a custom runner's bug must not kill the thread silently
+            watcher._warn("poller", f"deadline poll failed: {type(e).__name__}: {e}")
+        finally:
+            poller.answered(upto)
+        del watcher
+
+
+def watches_the_clock(env: Mapping[str, str] | None = None) -> bool:
+    """Is this the process that watches the job's clock: global rank 0, or not one of several?
+
+    The rank comes from ``RANK`` (torchrun), else ``SLURM_PROCID`` (srun), else
+    ``OMPI_COMM_WORLD_RANK`` (Open MPI), else ``PMI_RANK`` (MPICH, Intel MPI).
+    """
+    e = os.environ if env is None else env
+    for name in ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK"):
+        value = e.get(name, "").strip()
+        if value:
+            return value == "0"
+    return True
 
 
 # Keys whose value runs to the end of its line and may hold spaces (JobName=my job.sh).

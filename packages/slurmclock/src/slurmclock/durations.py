@@ -1,9 +1,19 @@
-"""Durations as people and SLURM write them, and the checkpoint interval they lead to.
+"""Two kinds of time spans, two readers -- and the checkpoint interval they lead to.
 
-:func:`parse_duration` is the one reader of durations in PyRecover: a number of seconds, a unit
-form (``90s``, ``15m``, ``2h``, ``1d``, ``1.5h``) or SLURM's own forms with SLURM's meaning
-(``MM:SS``, ``HH:MM:SS``, ``D-HH``, ``D-HH:MM``, ``D-HH:MM:SS``: ``2-3:04`` is 2 days 3 hours
-4 minutes). A bare number is seconds (unlike ``sbatch --time``, where it is minutes).
+A **SLURM time string** (``sbatch --time``, ``squeue %l``, ``scontrol``'s ``TimeLimit=``) is read
+by :func:`parse_slurm_time` exactly as SLURM 22.05 reads it (``time_str2mins`` in SLURM's
+``src/common/parse_time.c``, checked against a live ``sbatch`` by the table test): minutes,
+minutes:seconds, hours:minutes:seconds, days-hours, days-hours:minutes, days-hours:minutes:seconds;
+a bare number is minutes; no field has an upper bound (``59:60`` is an hour, ``1:75`` 2 min 15 s);
+seconds are rounded *up* to whole minutes; ``0`` (any form adding up to 0), ``-1``, ``UNLIMITED``
+and ``INFINITE`` (any case) mean no limit.
+
+A **human duration** (``--stop-margin 90s``, ``PYRECOVER_SIGNAL_LEAD=5m``) is read by
+:func:`parse_human_duration`: seconds (``5400``, ``1.5``) or units (``90s``, ``15m``, ``2h``,
+``1.5h``, ``1d``, ``1h30m``). It refuses SLURM's colon forms, so the two never get mixed up.
+
+:func:`parse_time_limit` reads a time limit given by a user (``--time-limit``): a SLURM time string
+with SLURM's meaning, or a human duration *with a unit* (``30s``: what SLURM's minutes cannot say).
 
 :func:`checkpoint_interval` is Young/Daly's rule for how often to save under random failures.
 """
@@ -15,13 +25,43 @@ import re
 import statistics
 from collections.abc import Sequence
 
-__all__ = ["check_seconds", "checkpoint_interval", "parse_duration", "young_daly_interval"]
+__all__ = [
+    "check_seconds",
+    "checkpoint_interval",
+    "parse_duration",
+    "parse_human_duration",
+    "parse_slurm_time",
+    "parse_time_limit",
+    "young_daly_interval",
+]
 
-_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
-_HINT = (
-    "give seconds (5400), a unit (90s, 15m, 2h, 1.5h, 1d) or SLURM's [D-]HH:MM:SS "
-    "(2-3:04 = 2 days 3 h 4 min)"
+_UNITS = {
+    "s": 1.0,
+    "sec": 1.0,
+    "secs": 1.0,
+    "m": 60.0,
+    "min": 60.0,
+    "mins": 60.0,
+    "h": 3600.0,
+    "hr": 3600.0,
+    "hrs": 3600.0,
+    "d": 86400.0,
+}
+_NUMBER = r"(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)"
+_PART = re.compile(rf"({_NUMBER})\s*([a-z]+)\s*")
+_HUMAN_HINT = "give seconds (5400, 1.5) or a unit (90s, 15m, 2h, 1.5h, 1d, 1h30m)"
+_SLURM_HINT = (
+    "SLURM reads minutes, minutes:seconds, hours:minutes:seconds, days-hours, "
+    "days-hours:minutes or days-hours:minutes:seconds (0, UNLIMITED or INFINITE: no limit)"
 )
+# SLURM's 32-bit sentinels (slurm.h): INFINITE = 0xffffffff, NO_VAL = 0xfffffffe, as int.
+_C_INFINITE, _C_NO_VAL = -1, -2
+_LIMIT_HINT = (
+    "give it as sbatch --time does (90 = 90 min, 1:30:00, 2-12:00; 0 or UNLIMITED: no limit) "
+    "or with a unit (30s, 1h30m)"
+)
+_INT32_MAX = 2**31 - 1
+_LARGEST = _INT32_MAX - 59  # seconds whose rounding up to minutes does not wrap around either
 
 
 def check_seconds(name: str, value: object, *, positive: bool = False) -> float:
@@ -39,45 +79,210 @@ def check_seconds(name: str, value: object, *, positive: bool = False) -> float:
     return seconds
 
 
-def parse_duration(value: str | float) -> float:
-    """Seconds from a number of seconds, a unit form or SLURM's ``[D-]HH:MM:SS`` forms.
+# -- human durations -------------------------------------------------------------------------
 
-    Minutes and seconds after a colon must be below 60 (``1:75`` is a typo, not 2:15); the
-    leading field is free (``90:00`` = 90 minutes, as SLURM reads it). One ValueError with the
-    accepted forms for anything else, NaN, infinity and negatives included.
+
+def parse_human_duration(value: str | float) -> float:
+    """Seconds from a number of seconds or a unit form (``90s``, ``1.5h``, ``1h30m``).
+
+    Units ``s``/``sec``, ``m``/``min``, ``h``/``hr``, ``d``, any case, each at most once and
+    largest first. A SLURM time string (``1:30``, ``1-00:00:00``) is refused with a pointer to
+    :func:`parse_slurm_time`: in SLURM ``1:30`` is 2 minutes, not 90 s. One ValueError for
+    anything else, NaN, infinity and negatives included.
     """
-    if isinstance(value, bool):
-        raise ValueError(f"{value!r} is not a duration: {_HINT}")
-    if isinstance(value, (int, float)):
-        seconds = float(value)
-    elif isinstance(value, str):
-        seconds = _parse_text(value.strip(), value)
-    else:
-        raise ValueError(f"{value!r} is not a duration: {_HINT}")
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise ValueError(f"{value!r} is not a duration: {_HUMAN_HINT}")
+    seconds = _human_text(value) if isinstance(value, str) else float(value)
     if not math.isfinite(seconds) or seconds < 0:
         raise ValueError(f"duration {value!r} must be a finite number of seconds >= 0")
     return seconds
 
 
-def _parse_text(text: str, original: str) -> float:
-    m = re.fullmatch(r"(\d+(?:\.\d*)?|\.\d+)\s*([smhdSMHD]?)", text)
-    if m:
-        return float(m.group(1)) * _UNITS.get(m.group(2).lower(), 1.0)
-    m = re.fullmatch(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+(?:\.\d+)?))?", text)
-    if not m or (m.group(1) is None and m.group(3) is None):
-        raise ValueError(f"{original!r} is not a duration: {_HINT}")
-    days, first, second, third = m.groups()
-    later = [float(x) for x in (second, third) if x is not None]
-    if any(x >= 60 for x in later):
+def _human_text(value: str) -> float:
+    text = value.strip().lower()
+    if re.fullmatch(_NUMBER, text):
+        return float(text)
+    if re.fullmatch(rf"-\s*{_NUMBER}\s*[a-z]*", text):
+        raise ValueError(f"duration {value!r} must be a finite number of seconds >= 0")
+    if text and re.fullmatch(r"[0-9:-]+", text):
         raise ValueError(
-            f"{original!r} is not a duration: minutes and seconds after ':' must be below 60"
+            f"{value!r} is a SLURM time string{_as_slurm_reads_it(text)}; a duration here is "
+            f"seconds or has a unit: 5400, 90s, 1h30m"
         )
-    if days is not None:  # D-HH, D-HH:MM, D-HH:MM:SS
-        hms = [float(first), *later, 0.0, 0.0][:3]
-        return int(days) * 86400 + hms[0] * 3600 + hms[1] * 60 + hms[2]
-    if third is not None:  # HH:MM:SS
-        return float(first) * 3600 + float(second) * 60 + float(third)
-    return float(first) * 60 + float(second)  # MM:SS
+    total, pos = 0.0, 0
+    seen: list[int] = []
+    order = "smhd"
+    while pos < len(text):
+        m = _PART.match(text, pos)
+        unit = _UNITS.get(m.group(2)) if m else None
+        if m is None or unit is None:
+            raise ValueError(f"{value!r} is not a duration: {_HUMAN_HINT}")
+        rank = order.index(m.group(2)[0])
+        if seen and rank >= seen[-1]:
+            raise ValueError(
+                f"{value!r} is not a duration: give each unit once, largest first (1h30m)"
+            )
+        seen.append(rank)
+        total += float(m.group(1)) * unit
+        pos = m.end()
+    if not seen:
+        raise ValueError(f"{value!r} is not a duration: {_HUMAN_HINT}")
+    return total
+
+
+def _as_slurm_reads_it(text: str) -> str:
+    try:
+        seconds = parse_slurm_time(text)
+    except ValueError:
+        return ""
+    if math.isinf(seconds):
+        return " (no limit to sbatch --time)"
+    return f" ({seconds / 60:.0f} min to sbatch --time)"
+
+
+# Compatible name from slurmclock 0.1 (its colon forms are SLURM time strings now).
+parse_duration = parse_human_duration
+
+
+# -- SLURM time strings ----------------------------------------------------------------------
+
+
+def parse_slurm_time(text: str) -> float:
+    """Seconds of the time limit SLURM gives ``sbatch --time=TEXT``; ``math.inf`` for no limit.
+
+    Exactly SLURM 22.05's ``time_str2mins`` (and sbatch's "0 means no limit"), its 32-bit C
+    arithmetic included: values past 2**31 s wrap around as they do in SLURM (``-2`` is
+    4294964417 minutes there); :func:`parse_time_limit` refuses those instead. A one-line
+    ValueError where sbatch says "Invalid --time specification".
+    """
+    if not isinstance(text, str):
+        raise ValueError(f"{text!r} is not a SLURM time string: {_SLURM_HINT}")
+    minutes = _time_str2mins(text)
+    if minutes is None:
+        raise ValueError(f"{text!r} is not a SLURM time: {_SLURM_HINT}")
+    if minutes in (0, _C_INFINITE):
+        return math.inf
+    return float((minutes & 0xFFFFFFFF) * 60)  # the controller keeps a uint32 of minutes
+
+
+def _time_str2mins(text: str) -> int | None:
+    """SLURM's ``time_str2mins`` as a C int; None for NO_VAL (rejected)."""
+    if text.lower() in _NO_LIMIT_WORDS:
+        return _C_INFINITE
+    fields = _slurm_fields(text)
+    if fields is None:
+        return None
+    # sscanf's %d is strtol (saturating at the long range) cast to int; then int arithmetic.
+    longs = [max(-(2**63), min(2**63 - 1, f)) for f in fields]
+    secs = _c_int(sum(f * k for f, k in zip(longs, _FIELD_SECONDS, strict=True)))
+    if secs in (_C_NO_VAL, _C_INFINITE):
+        return None if secs == _C_NO_VAL else _C_INFINITE
+    return _c_div(_c_int(secs + 59), 60)  # ROUNDUP(secs, 60), C's truncating division
+
+
+_NO_LIMIT_WORDS = ("-1", "infinite", "unlimited")
+_FIELD_SECONDS = (86400, 3600, 60, 1)
+
+
+def _slurm_fields(text: str) -> tuple[int, int, int, int] | None:
+    """(days, hours, minutes, seconds) as SLURM lays them out; None where SLURM refuses."""
+    if not _valid_timespec(text):
+        return None
+    if "-" in text:  # sscanf(text, "%d-%d:%d:%d"): days-[hours[:minutes[:seconds]]]
+        d, h, m, s = (*_scan_ints(text, "-::"), 0, 0, 0)[:4]
+        return d, h, m, s
+    fields = _scan_ints(text, "::")
+    if len(fields) == 3:  # hours:minutes:seconds
+        return 0, fields[0], fields[1], fields[2]
+    return 0, 0, fields[0], fields[1] if len(fields) > 1 else 0  # minutes[:seconds]
+
+
+def _valid_timespec(text: str) -> bool:
+    """SLURM's ``_is_valid_timespec``: digits, at most one '-' (before any ':'), two ':'."""
+    if not text or any(c not in "0123456789-:" for c in text):
+        return False
+    groups = len(re.findall(r"[0-9]+", text))
+    dash, colon = text.count("-"), text.count(":")
+    if groups == 0 or dash > 1 or colon > 2 or (dash and text.index("-") > text.find(":") >= 0):
+        return False
+    need = {1: 3, 2: 4} if dash else {1: 2, 2: 3}
+    return groups >= need.get(colon, 0)
+
+
+def _scan_ints(text: str, separators: str) -> list[int]:
+    """``sscanf``'s ``%d`` fields between the literal ``separators``; stops at a mismatch."""
+    fields: list[int] = []
+    pos = 0
+    for i in range(len(separators) + 1):
+        if i:
+            if not text.startswith(separators[i - 1], pos):
+                break
+            pos += 1
+        m = _INT.match(text, pos)
+        if m is None:
+            break
+        fields.append(int(m.group()))
+        pos = m.end()
+    return fields
+
+
+_INT = re.compile(r"[+-]?[0-9]+")
+
+
+def _c_int(value: int) -> int:
+    """``value`` as a 32-bit two's-complement C int (wraps around like SLURM's arithmetic)."""
+    value &= 0xFFFFFFFF
+    return value - 2**32 if value > _INT32_MAX else value
+
+
+def _c_div(a: int, b: int) -> int:
+    """C's integer division, which truncates toward zero (Python's ``//`` floors)."""
+    q = abs(a) // abs(b)
+    return q if (a >= 0) == (b > 0) else -q
+
+
+# -- a time limit given by a user ------------------------------------------------------------
+
+
+def parse_time_limit(value: str | float) -> float:
+    """Seconds of a user's time limit (``--time-limit``); ``math.inf`` for no limit.
+
+    A number is seconds (the Python API). Text is a SLURM time string with SLURM's meaning
+    (:func:`parse_slurm_time`: ``90`` is 90 minutes, ``0:30`` one minute, ``0`` no limit) or a
+    human duration with a unit (``30s``, ``1h30m``). Values SLURM's 32-bit arithmetic wraps
+    around (negative, or over 2**31 s: about 68 years) are refused instead of read as SLURM
+    would read them.
+    """
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise ValueError(f"{value!r} is not a time limit: {_LIMIT_HINT}")
+    if not isinstance(value, str):
+        if math.isinf(value) and value > 0:
+            return math.inf
+        return check_seconds("time limit", value)
+    text = value.strip()
+    if re.search(r"[a-zA-Z]", text) and text.lower() not in ("infinite", "unlimited"):
+        try:
+            return parse_human_duration(text)
+        except ValueError as e:
+            if "must be" in str(e):  # negative: that message is the clearer one
+                raise
+            raise ValueError(f"{value!r} is not a time limit: {_LIMIT_HINT}") from None
+    try:
+        seconds = parse_slurm_time(text)
+    except ValueError:
+        raise ValueError(f"{value!r} is not a time limit: {_LIMIT_HINT}") from None
+    fields = None if text.lower() in _NO_LIMIT_WORDS else _slurm_fields(text)
+    exact = (
+        None if fields is None else sum(f * k for f, k in zip(fields, _FIELD_SECONDS, strict=True))
+    )
+    if exact is not None and not 0 <= exact <= _LARGEST:
+        shown = "no limit" if math.isinf(seconds) else f"{seconds / 60:.0f} minutes"
+        what = "negative" if exact < 0 else f"over {_LARGEST // 86400} days"
+        raise ValueError(
+            f"{value!r} is {what} (sbatch's 32-bit arithmetic would wrap it around to {shown}); "
+            "give a limit in that range, or 0 / UNLIMITED for none"
+        )
+    return seconds
 
 
 def young_daly_interval(save_cost_s: float, mtbf_s: float) -> float:

@@ -8,10 +8,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from slurmclock.commands import CommandError, Runner, default_runner
+from slurmclock.commands import CommandError, Runner, default_runner, last_line
 from slurmclock.durations import check_seconds
+from slurmclock.job import check_job_id, restart_count
 from slurmclock.job import job_id as _job_id
-from slurmclock.job import restart_count
 
 if TYPE_CHECKING:
     from slurmclock.timeline import JobTimeline
@@ -54,7 +54,10 @@ def requeue(
     next allocation knows how long the end of this one took.
     """
     timeout = check_seconds("timeout", timeout, positive=True)
-    job = job_id or _job_id(env)
+    try:
+        job = check_job_id(job_id, "job_id") if job_id is not None else _job_id(env)
+    except ValueError as e:
+        return RequeueResult(False, f"not requeued: {e}")
     if not job:
         return RequeueResult(
             False, "not requeued: not in a SLURM job (SLURM_JOB_ID is unset); pass the job id"
@@ -81,8 +84,8 @@ def requeue(
 
 
 def _explain(job: str, e: CommandError) -> str:
-    text = (e.stderr or str(e)).strip()
-    low = text.lower()
+    text = last_line(e.stderr) or str(e)  # one line; the whole output for the checks below
+    low = f"{e.stderr} {e}".lower()
     if e.kind == "missing":
         return (
             f"not requeued: job {job}: scontrol not found on PATH (inside a container?); requeue "

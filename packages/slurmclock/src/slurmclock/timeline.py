@@ -18,14 +18,19 @@ event         written by
 The file is ``$SLURMCLOCK_DIR/CLUSTER-JOBID.jsonl`` (default directory
 ``$XDG_CACHE_HOME/slurmclock`` or ``~/.cache/slurmclock``: it must be on a file system every node
 of the job sees, as ``$HOME`` usually is). One JSON object per line, appended; a line that does
-not parse is skipped. Writing never raises: a timeline is a measurement, not a reason to fail.
+not parse is skipped and counted (:attr:`JobTimeline.unreadable`, one warning naming the file
+and the lines). Writing never raises: a timeline is a measurement, not a reason to fail. The job
+id and ``SLURM_CLUSTER_NAME`` in the file name are checked first: nothing escapes the directory.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
+import math
 import os
+import re
 import socket
 import time
 from collections.abc import Callable, Mapping
@@ -34,8 +39,8 @@ from pathlib import Path
 from typing import Any
 
 from slurmclock.durations import check_seconds
+from slurmclock.job import _warn_once, check_job_id, restart_count
 from slurmclock.job import job_id as _job_id
-from slurmclock.job import restart_count
 
 __all__ = ["EVENTS", "Event", "ExitSample", "JobTimeline", "timeline_dir"]
 
@@ -92,11 +97,13 @@ class JobTimeline:
         clock: Callable[[], float] | None = None,
     ) -> None:
         e = os.environ if env is None else env
-        self.job_id = job_id or _job_id(e)
+        self.job_id = check_job_id(job_id, "job_id") if job_id is not None else _job_id(e)
         self.restart = restart_count(e)
         self.directory = Path(directory) if directory is not None else timeline_dir(e)
-        cluster = e.get("SLURM_CLUSTER_NAME", "").strip()
+        cluster = _cluster_name(e)
         self._name = f"{cluster}-{self.job_id}" if cluster else f"job-{self.job_id}"
+        self.unreadable: list[int] = []  # line numbers the last events() could not read
+        self.read_error: str | None = None  # why the last events() could not read the file
         rank = (e.get("RANK") or e.get("SLURM_PROCID") or "0").strip()
         self.writer = rank in ("", "0")
         self._clock = time.time if clock is None else clock
@@ -135,7 +142,12 @@ class JobTimeline:
             finally:
                 os.close(fd)
         except OSError as e:
-            self._warn(f"cannot write the job timeline {path}: {e}; set SLURMCLOCK_DIR")
+            # mkdir of a path that is a file says "File exists": say what is wrong instead.
+            reason = "Not a directory" if e.errno == errno.EEXIST else (e.strerror or str(e))
+            self._warn(
+                f"cannot write the job timeline {path}: {reason}; going on without it "
+                "(set SLURMCLOCK_DIR to a writable folder every node of the job sees)"
+            )
             return False
         return True
 
@@ -144,14 +156,28 @@ class JobTimeline:
         path = self.path
         if path is None:
             return []
+        self.read_error = None
         try:
             text = path.read_text(errors="replace")
         except FileNotFoundError:
             return []
         except OSError as e:
-            self._warn(f"cannot read the job timeline {path}: {e}")
+            self.read_error = e.strerror or str(e)
+            self._warn(f"cannot read the job timeline {path}: {self.read_error}")
             return []
-        return [ev for ev in map(_parse, text.splitlines()) if ev is not None]
+        events, self.unreadable = [], []
+        for number, line in enumerate(text.splitlines(), 1):
+            event = _parse(line)
+            if event is not None:
+                events.append(event)
+            elif line.strip():
+                self.unreadable.append(number)
+        if self.unreadable:
+            _warn_once(
+                f"skipped {_lines(self.unreadable)} of the job timeline {path} that are not "
+                "timeline events (damaged or written by something else)"
+            )
+        return events
 
     def exit_samples(self) -> list[ExitSample]:
         """Per finished run: the time from its last ``saved`` to ``requeued`` (else ``exited``).
@@ -188,4 +214,28 @@ def _parse(line: str) -> Event | None:
         return None
     if not isinstance(name, str) or not isinstance(restart, int) or isinstance(restart, bool):
         return None
+    if not math.isfinite(at) or at < 0 or restart < 0:  # NaN, Infinity: json takes them
+        return None
     return Event(name, at, restart, record)
+
+
+def _lines(numbers: list[int]) -> str:
+    shown = ", ".join(map(str, numbers[:5])) + (", ..." if len(numbers) > 5 else "")
+    return f"{len(numbers)} line{'s' if len(numbers) > 1 else ''} ({shown})"
+
+
+_CLUSTER = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+
+
+def _cluster_name(env: Mapping[str, str]) -> str | None:
+    """``SLURM_CLUSTER_NAME`` when it can be part of a file name (it is, from SLURM)."""
+    cluster = env.get("SLURM_CLUSTER_NAME", "").strip()
+    if not cluster:
+        return None
+    if _CLUSTER.fullmatch(cluster) is None:
+        _warn_once(
+            f"SLURM_CLUSTER_NAME={cluster[:40]!r} cannot be part of a file name (letters, digits, "
+            "'_', '.', '-'); naming the job's timeline job-JOBID.jsonl instead"
+        )
+        return None
+    return cluster
