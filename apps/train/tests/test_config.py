@@ -10,7 +10,6 @@ import pytest
 from pyrecover_train.cli import main
 from pyrecover_train.config import (
     FLAGS,
-    PRESET_DEFAULTS,
     TrainConfig,
     UsageError,
     _duration,
@@ -19,6 +18,7 @@ from pyrecover_train.config import (
     config_from_args,
     parse_duration,
 )
+from pyrecover_train.sizes import preset_defaults
 
 ORIGINAL_FLAGS = [
     "--dataset",
@@ -72,7 +72,7 @@ def test_no_arguments_is_the_tiny_cpu_run() -> None:
     # where ckptstore lays the experiment out: an absolute folder
     assert cfg.exp_dir == Path.cwd() / "checkpoints/default-exp"
     assert cfg.metrics_path == Path.cwd() / "checkpoints/default-exp/metrics.jsonl"
-    for key, value in PRESET_DEFAULTS["tiny"].items():
+    for key, value in preset_defaults("tiny").items():
         assert getattr(cfg, key) == value
     assert cfg.explicit == ()
 
@@ -388,4 +388,5 @@ def test_help_shows_one_spelling_and_says_what_preset_and_report_are(
     assert len(listed) > 40 and not [f for f in listed if "_" in f], listed
     assert "pyrecover-train report EXP_DIR" in out and "import-checkpoint" in out
     assert "'default: preset' = the default depends on --model-size" in out
-    assert "(default: preset: tiny 128, 125m and up 2048)" in " ".join(out.split())
+    assert "(default: preset: tiny 128, small 256, 125m and up 2048)" in " ".join(out.split())
+    assert "(default: preset: tiny/small fp32, 125m and up bf16)" in " ".join(out.split())
