@@ -3,7 +3,8 @@
 Each flag is written once, as a field of :class:`TrainConfig`: its type, default, help text,
 aliases, choices and check sit in that field's declaration; the parser, ``--help`` and the
 per-value validation are generated from them. Checks that involve two flags are methods of the
-config.
+config (contradictions with no sane run are errors; those that leave one are
+:meth:`TrainConfig.warnings`).
 
 Every flag of the original PyRecover is accepted verbatim with its meaning, in both the dash and
 the underscore spelling (``--sequence-length`` and ``--sequence_length``); help shows the dash
@@ -513,6 +514,23 @@ class TrainConfig:
             raise ValueError("--eval-every needs a held-out split: pass --val-fraction > 0")
         if self.keep_best and not self.eval_every:
             raise ValueError("--keep-best ranks checkpoints by validation loss: set --eval-every N")
+        limit, margin = self.time_limit, self.stop_margin
+        if limit is not None and margin is not None and margin >= limit:
+            raise ValueError(
+                f"--stop-margin {margin:g} s keeps all of --time-limit {limit:g} s free: nothing "
+                "is left to train; give a margin below the limit (or leave it out: measured)"
+            )
+        if self.checkpoint_mirror and _same_place(self, self.checkpoint_mirror):
+            raise ValueError(
+                f"--checkpoint-mirror {self.checkpoint_mirror} is the checkpoint location "
+                "itself: give a second location (another disk or bucket), or drop the mirror"
+            )
+
+    def warnings(self) -> list[str]:
+        """Contradictions between flags that still leave a sane run (a short test run, say):
+        one line each, said once when the run starts. Flags the user did not give are not
+        blamed, except where the run would surprise them (the warm-up)."""
+        return [line for rule in WARNINGS if (line := rule(self)) is not None]
 
     @property
     def store_url(self) -> str:
@@ -655,6 +673,16 @@ def _check_store(cfg: TrainConfig) -> None:
             raise ValueError(f"{flag} {url}: {first_line(e)}") from None
 
 
+def _same_place(cfg: TrainConfig, mirror: str) -> bool:
+    """Does the mirror resolve to the experiment's own folder? (No I/O; a URL that cannot be
+    resolved is left to :func:`_check_store`.)"""
+    try:
+        there = ckptstore.experiment_location(mirror, cfg.experiment_name, cfg.storage_options)
+        return there.url == cfg.experiment_url
+    except (ValueError, ImportError, ckptstore.CheckpointError):
+        return False
+
+
 def first_line(e: BaseException) -> str:
     text = str(e).strip()
     return text.splitlines()[0] if text else type(e).__name__
@@ -787,3 +815,75 @@ def _derived_defaults(values: dict[str, Any], given: dict[str, Any]) -> dict[str
     if "checkpoint_interval_seconds" in given and "checkpoint_frequency" not in given:
         out["checkpoint_frequency"] = 0  # a time interval replaces the step frequency
     return out
+
+
+# --- contradictions that leave a sane run: said once when the run starts --------------------------
+
+
+def _warmup_past_the_end(cfg: TrainConfig) -> str | None:
+    warmup, steps, lr = cfg.warmup_steps, cfg.training_steps, cfg.learning_rate
+    if warmup <= steps:
+        return None
+    whose = "" if "warmup_steps" in cfg.explicit else " (the default)"
+    return (
+        f"--warmup-steps {warmup}{whose} > --training-steps {steps}: the learning rate never "
+        f"reaches --learning-rate {lr:g} (at most {lr * steps / warmup:.3g}, {steps}/{warmup} of "
+        "it); give --warmup-steps below --training-steps (0 = no warm-up)"
+    )
+
+
+def _frequency_past_the_end(cfg: TrainConfig) -> str | None:
+    every, steps = cfg.checkpoint_frequency, cfg.training_steps
+    if "checkpoint_frequency" not in cfg.explicit or not every or every <= steps:
+        return None
+    return (
+        f"--checkpoint-frequency {every} > --training-steps {steps}: no periodic save falls in "
+        "the run (the final save still comes); give N <= --training-steps, or 0 to say so"
+    )
+
+
+def _profile_outside_the_run(cfg: TrainConfig) -> str | None:
+    if not cfg.profile:
+        given = [_flag(n) for n in ("profile_step_start", "profile_step_end") if n in cfg.explicit]
+        if not given:
+            return None
+        return f"{' and '.join(given)} without --profile: nothing is profiled; add --profile"
+    start, steps = cfg.profile_step_start, cfg.training_steps
+    if start <= steps:
+        return None
+    return (
+        f"--profile-step-start {start} > --training-steps {steps}: no step is profiled; give "
+        f"steps within 1-{steps}"
+    )
+
+
+def _mtbf_unused(cfg: TrainConfig) -> str | None:
+    if "mtbf" not in cfg.explicit or cfg.checkpoint_interval_seconds == "auto":
+        return None
+    return (
+        "--mtbf is read by --checkpoint-interval-seconds auto only: it changes nothing here; "
+        "add --checkpoint-interval-seconds auto, or drop --mtbf"
+    )
+
+
+def _validation_unused(cfg: TrainConfig) -> str | None:
+    if cfg.eval_every:
+        return None
+    if "val_fraction" in cfg.explicit and cfg.val_fraction:
+        return (
+            f"--val-fraction {cfg.val_fraction:g} holds out data that no validation uses "
+            "(--eval-every is 0): that share is not trained on; give --eval-every N, or drop "
+            "--val-fraction"
+        )
+    if "eval_batches" in cfg.explicit:
+        return "--eval-batches changes nothing with --eval-every 0 (no validation runs)"
+    return None
+
+
+WARNINGS: tuple[Callable[[TrainConfig], str | None], ...] = (
+    _warmup_past_the_end,
+    _frequency_past_the_end,
+    _profile_outside_the_run,
+    _mtbf_unused,
+    _validation_unused,
+)
