@@ -447,3 +447,13 @@ def test_a_contradiction_with_a_sane_run_is_one_warning(argv: list[str], said: s
 )
 def test_consistent_flags_and_the_presets_say_nothing(argv: list[str]) -> None:
     assert config_from_args(argv).warnings() == []
+
+
+def test_help_states_the_stop_margin_slurmclock_uses(capsys: pytest.CaptureFixture[str]) -> None:
+    """The shown default is read from slurmclock's defaults (it said 10 s after they were 5)."""
+    from slurmclock import BudgetConfig
+
+    assert main(["--help"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    b = BudgetConfig()
+    assert f"({b.initial_exit_estimate:g} s until one is measured) + {b.slack:g} s slack" in text

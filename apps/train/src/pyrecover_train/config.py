@@ -27,7 +27,7 @@ from typing import Any
 
 import ckptstore
 import parquetlm
-from slurmclock import parse_duration
+from slurmclock import BudgetConfig, parse_duration
 
 from .sizes import DEFAULT_SIZE, PRESET_FLAGS, SIZES, describe_preset, preset_defaults
 
@@ -244,9 +244,11 @@ _MARGIN_HELP = (
     "seconds kept free after the final save, for the exit and requeue (replaces the measured "
     "exit + slack)"
 )
+_BUDGET = BudgetConfig()  # slurmclock's defaults: help cannot drift from them
 _MARGIN_SHOWN = (
-    "measured: 1.25 x the longest exit-and-requeue of the last 5 allocations (10 s until one is "
-    "measured) + 5 s slack"
+    f"measured: 1.25 x the longest exit-and-requeue of the last {_BUDGET.exit_window} "
+    f"allocations ({_BUDGET.initial_exit_estimate:g} s until one is measured) + "
+    f"{_BUDGET.slack:g} s slack"
 )
 _EXTRA_HELP = (
     "after a stop for time, when the final save ended early: train on and save again; a save "
