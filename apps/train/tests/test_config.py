@@ -205,7 +205,6 @@ BAD = [
     (["--storage-options", "[1]"], "must be a JSON object"),
     (["--no-such-flag"], "unrecognized arguments"),
     # Two flags that leave no sane run (issue 24): an error naming both.
-    (["--time-limit", "60", "--stop-margin", "1m"], "--stop-margin 60 s keeps all of --time-limit"),
     (["--checkpoint-mirror", "CKPT"], "is the checkpoint location itself: give a second"),
     (["--param-dtype", "bf16", "--model-dtype", "fp32"], "--param-dtype bf16 computes in bf16"),
     (["--min-lr", "1", "--learning-rate", "0.1"], "--min-lr must be between 0 and --learning-rate"),
@@ -417,6 +416,10 @@ WARNED = [
     ),
     (["--profile-step-start", "3"], "--profile-step-start without --profile: nothing is profiled"),
     (["--mtbf", "2h"], "--mtbf is read by --checkpoint-interval-seconds auto only"),
+    (
+        ["--time-limit", "60", "--stop-margin", "1m"],
+        "--stop-margin 60 s keeps all of --time-limit 60 s free: the run stops at its first",
+    ),
     (["--eval-every", "0", "--val-fraction", "0.1"], "--val-fraction 0.1 holds out data that no"),
     (["--eval-every", "0", "--eval-batches", "4"], "--eval-batches changes nothing with"),
 ]
@@ -442,6 +445,7 @@ def test_a_contradiction_with_a_sane_run_is_one_warning(argv: list[str], said: s
         ["--mtbf", "2h", "--checkpoint-interval-seconds", "auto"],
         ["--eval-every", "5", "--val-fraction", "0.1", "--eval-batches", "2"],
         ["--eval-every", "0"],
+        ["--time-limit", "60", "--stop-margin", "59"],
     ],
     ids=lambda a: " ".join(a) or "no arguments",
 )

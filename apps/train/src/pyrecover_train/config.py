@@ -185,14 +185,15 @@ def _tokenizer_spec(flag: str, spec: Any) -> None:
 
 @dataclass(frozen=True, slots=True)
 class Flag:
-    """What the command line needs of one :class:`TrainConfig` field ``name``: ``--NAME``
-    (dashes) and ``--NAME`` (underscores) set it, and so do the ``aliases``.
+    """What the command line needs of one :class:`TrainConfig` field ``name``: ``--a-b`` and
+    ``--a_b`` (for the field ``a_b``) set it, and so do the ``aliases`` in both spellings.
 
     ``type`` parses the text (None: from the field's annotation: int, float, str, or a switch
     for bool); a bool field whose default is not False (on, or None for "decided at run time")
     also gets ``--no-NAME``. ``shown`` is how help describes a default that is not a plain value
     of the field (derived, or "off"); a field of :class:`~.sizes.Defaults` shows the sizes'.
-    ``check`` validates a value that is not None; ``choices`` also does. ``path``: ``~`` is
+    ``check(flag, value)`` validates a value that is not None (raising ValueError that says how
+    to fix it); ``choices`` also does. ``path``: ``~`` is
     expanded (the shell leaves it after ``=``). ``group``: the help section.
     """
 
@@ -516,12 +517,6 @@ class TrainConfig:
             raise ValueError("--eval-every needs a held-out split: pass --val-fraction > 0")
         if self.keep_best and not self.eval_every:
             raise ValueError("--keep-best ranks checkpoints by validation loss: set --eval-every N")
-        limit, margin = self.time_limit, self.stop_margin
-        if limit is not None and margin is not None and margin >= limit:
-            raise ValueError(
-                f"--stop-margin {margin:g} s keeps all of --time-limit {limit:g} s free: nothing "
-                "is left to train; give a margin below the limit (or leave it out: measured)"
-            )
         if self.checkpoint_mirror and _same_place(self, self.checkpoint_mirror):
             raise ValueError(
                 f"--checkpoint-mirror {self.checkpoint_mirror} is the checkpoint location "
@@ -859,6 +854,18 @@ def _profile_outside_the_run(cfg: TrainConfig) -> str | None:
     )
 
 
+def _margin_takes_all_the_time(cfg: TrainConfig) -> str | None:
+    """Sane only as a check that a resume works: it stops at its first chance, and saves."""
+    limit, margin = cfg.time_limit, cfg.stop_margin
+    if limit is None or margin is None or margin < limit:
+        return None
+    return (
+        f"--stop-margin {margin:g} s keeps all of --time-limit {limit:g} s free: the run stops "
+        "at its first stop decision (with a final save); give a margin below the limit, or "
+        "leave it out (measured)"
+    )
+
+
 def _mtbf_unused(cfg: TrainConfig) -> str | None:
     if "mtbf" not in cfg.explicit or cfg.checkpoint_interval_seconds == "auto":
         return None
@@ -886,6 +893,7 @@ WARNINGS: tuple[Callable[[TrainConfig], str | None], ...] = (
     _warmup_past_the_end,
     _frequency_past_the_end,
     _profile_outside_the_run,
+    _margin_takes_all_the_time,
     _mtbf_unused,
     _validation_unused,
 )
