@@ -105,8 +105,8 @@ def run_trainer(flags: list[str], work: Path, name: str) -> float:
 def bare_loop(corpus: Path, cache: Path, seq: int, batch: int) -> float:
     """The same model, data and optimisation as the trainer, as a plain loop."""
     from parquetlm import PackedLoader, ParquetSource, TokenCache, load_tokenizer
+    from pyrecover_train.lr_schedule import warmup_cosine
     from pyrecover_train.model import build_model, preset_config
-    from pyrecover_train.perf import warmup_cosine
 
     source = ParquetSource(str(corpus))
     tok = load_tokenizer("byte", source)

@@ -10,7 +10,6 @@ import pytest
 from pyrecover_train.cli import main
 from pyrecover_train.config import (
     FLAGS,
-    PRESET_DEFAULTS,
     TrainConfig,
     UsageError,
     _duration,
@@ -18,6 +17,7 @@ from pyrecover_train.config import (
     build_parser,
     config_from_args,
 )
+from pyrecover_train.sizes import preset_defaults
 
 ORIGINAL_FLAGS = [
     "--dataset",
@@ -71,7 +71,7 @@ def test_no_arguments_is_the_tiny_cpu_run() -> None:
     # where ckptstore lays the experiment out: an absolute folder
     assert cfg.exp_dir == Path.cwd() / "checkpoints/default-exp"
     assert cfg.metrics_path == Path.cwd() / "checkpoints/default-exp/metrics.jsonl"
-    for key, value in PRESET_DEFAULTS["tiny"].items():
+    for key, value in preset_defaults("tiny").items():
         assert getattr(cfg, key) == value
     assert cfg.explicit == ()
 
@@ -210,6 +210,10 @@ BAD = [
     (["--storage-options", "{nope"], "not JSON"),
     (["--storage-options", "[1]"], "must be a JSON object"),
     (["--no-such-flag"], "unrecognized arguments"),
+    # Two flags that leave no sane run (issue 24): an error naming both.
+    (["--checkpoint-mirror", "CKPT"], "is the checkpoint location itself: give a second"),
+    (["--param-dtype", "bf16", "--model-dtype", "fp32"], "--param-dtype bf16 computes in bf16"),
+    (["--min-lr", "1", "--learning-rate", "0.1"], "--min-lr must be between 0 and --learning-rate"),
 ]
 
 
@@ -218,6 +222,7 @@ def test_bad_input_is_one_line_and_exit_2(
     argv: list[str], message: str, capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
     ckpt = tmp_path / "ckpt"
+    argv = [str(ckpt) if a == "CKPT" else a for a in argv]
     assert main([*argv, "--checkpoint-dir", str(ckpt)]) == 2
     err = capsys.readouterr().err
     assert message in err
@@ -401,4 +406,71 @@ def test_help_shows_one_spelling_and_says_what_preset_and_report_are(
     assert len(listed) > 40 and not [f for f in listed if "_" in f], listed
     assert "pyrecover-train report EXP_DIR" in out and "import-checkpoint" in out
     assert "'default: preset' = the default depends on --model-size" in out
-    assert "(default: preset: tiny 128, 125m and up 2048)" in " ".join(out.split())
+    assert "(default: preset: tiny 128, small 256, 125m and up 2048)" in " ".join(out.split())
+    assert "(default: preset: tiny/small fp32, 125m and up bf16)" in " ".join(out.split())
+
+
+# -- issue 24: contradictions that leave a sane run are said, once ------------------------------
+
+WARNED = [
+    (
+        ["--warmup-steps", "100", "--training-steps", "3"],
+        "--warmup-steps 100 > --training-steps 3: the learning rate never reaches --learning-rate "
+        "0.003 (at most 9e-05, 3/100 of it); give --warmup-steps below --training-steps",
+    ),
+    (["--training-steps", "3"], "--warmup-steps 40 (the default) > --training-steps 3"),
+    (
+        ["--checkpoint-frequency", "500", "--training-steps", "100"],
+        "--checkpoint-frequency 500 > --training-steps 100: no periodic save falls in the run",
+    ),
+    (
+        ["--profile", "--training-steps", "8", "--warmup-steps", "0"],
+        "--profile-step-start 10 > --training-steps 8: no step is profiled; give steps within 1-8",
+    ),
+    (["--profile-step-start", "3"], "--profile-step-start without --profile: nothing is profiled"),
+    (["--mtbf", "2h"], "--mtbf is read by --checkpoint-interval-seconds auto only"),
+    (
+        ["--time-limit", "60s", "--stop-margin", "1m"],
+        "--stop-margin 60 s keeps all of --time-limit 60 s free: the run stops at its first",
+    ),
+    (["--eval-every", "0", "--val-fraction", "0.1"], "--val-fraction 0.1 holds out data that no"),
+    (["--eval-every", "0", "--eval-batches", "4"], "--eval-batches changes nothing with"),
+]
+
+
+@pytest.mark.parametrize(("argv", "said"), WARNED, ids=[" ".join(a) for a, _ in WARNED])
+def test_a_contradiction_with_a_sane_run_is_one_warning(argv: list[str], said: str) -> None:
+    (line,) = config_from_args(argv).warnings()
+    assert said in line and "\n" not in line
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        [],
+        ["--model-size", "small"],
+        ["--model-size", "8b"],
+        ["--warmup-steps", "3", "--training-steps", "3"],  # peaks at the last step
+        ["--training-steps", "3", "--warmup-steps", "0"],
+        ["--checkpoint-frequency", "50", "--training-steps", "50"],
+        ["--training-steps", "3", "--warmup-steps", "1"],  # the default frequency is not blamed
+        ["--profile", "--profile-step-start", "2", "--profile-step-end", "3"],
+        ["--mtbf", "2h", "--checkpoint-interval-seconds", "auto"],
+        ["--eval-every", "5", "--val-fraction", "0.1", "--eval-batches", "2"],
+        ["--eval-every", "0"],
+        ["--time-limit", "60s", "--stop-margin", "59"],
+    ],
+    ids=lambda a: " ".join(a) or "no arguments",
+)
+def test_consistent_flags_and_the_presets_say_nothing(argv: list[str]) -> None:
+    assert config_from_args(argv).warnings() == []
+
+
+def test_help_states_the_stop_margin_slurmclock_uses(capsys: pytest.CaptureFixture[str]) -> None:
+    """The shown default is read from slurmclock's defaults (it said 10 s after they were 5)."""
+    from slurmclock import BudgetConfig
+
+    assert main(["--help"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    b = BudgetConfig()
+    assert f"({b.initial_exit_estimate:g} s until one is measured) + {b.slack:g} s slack" in text

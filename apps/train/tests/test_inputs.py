@@ -17,7 +17,7 @@ def test_out_of_memory_is_one_line_saying_what_to_lower(
     corpus: Path, cache_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     ckpt = tmp_path / "ckpt"
-    argv = tiny_flags(corpus, cache_dir, ckpt, "--training-steps", "1")
+    argv = tiny_flags(corpus, cache_dir, ckpt, "--training-steps", "1", "--warmup-steps", "1")
     assert main([*argv, "--batch-size", str(10**12)]) == 1
     err = capsys.readouterr().err.strip()
     assert "out of memory in step 1 (--batch-size 1000000000000 x --sequence-length 32" in err
@@ -135,3 +135,22 @@ def test_a_resume_with_another_sequence_length_is_refused_in_one_line(
     err = capsys.readouterr().err.strip()
     assert "--sequence-length 16 differs from the checkpoint's 32" in err
     assert len(err.splitlines()) == 1
+
+
+def test_a_contradiction_is_said_once_on_stderr_and_in_the_runs_log(
+    corpus: Path, cache_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 24: `--warmup-steps 5 --training-steps 2` trains (a sane run), and says once why
+    the learning rate never reaches its peak: one line on stderr and the same in train.log."""
+    ckpt = tmp_path / "ckpt"
+    argv = tiny_flags(corpus, cache_dir, ckpt, "--training-steps", "2", "--warmup-steps", "5")
+    assert main(argv) == 0
+    out, err = capsys.readouterr()
+    said = "--warmup-steps 5 > --training-steps 2: the learning rate never reaches"
+    assert err.count(said) == 1 and said not in out, err
+    (line,) = [x for x in err.splitlines() if said in x]
+    assert line.startswith("pyrecover-train: warning: "), line
+    log = (ckpt / "default-exp" / "train.log").read_text()
+    assert log.count(said) == 1 and " WARNING " in log.split(said)[0].splitlines()[-1]
+    assert main([*argv[:-1], "1", "--resume-from-checkpoint", "latest"]) == 0  # consistent now
+    assert said not in capsys.readouterr().err

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pyrecover_train.model import GPT, PRESETS, ModelConfig, apply_rope, build_model, preset_config
+from pyrecover_train.model import GPT, ModelConfig, apply_rope, build_model, preset_config
+from pyrecover_train.sizes import SIZES
 
 
 def small(**kw: int) -> ModelConfig:
@@ -128,7 +129,7 @@ def test_num_params_matches_the_module() -> None:
         cfg = preset_config(name, vocab_size=1000, max_seq_len=8)
         model = GPT(cfg)
         assert cfg.num_params() == sum(p.numel() for p in model.parameters())
-    assert set(PRESETS) == {"tiny", "small", "125m", "350m", "1b", "8b"}
+    assert {"tiny", "small", "125m", "350m", "1b", "8b"} <= set(SIZES)
 
 
 def test_differences_name_the_fields() -> None:
@@ -144,3 +145,16 @@ def test_fp64_model_runs() -> None:
     model = build_model(small(), seed=0).to(torch.float64)
     out = model(torch.randint(0, 100, (1, 8)))
     assert out.dtype == torch.float64
+
+
+@pytest.mark.parametrize("size", sorted(SIZES))
+def test_every_size_in_the_table_builds_and_parses(size: str) -> None:
+    """A new size is one entry in sizes.SIZES: its shape builds, its defaults validate, and
+    --help describes it (nothing else to edit)."""
+    from pyrecover_train.config import build_parser, config_from_args
+
+    cfg = preset_config(size, vocab_size=256, max_seq_len=64)
+    assert cfg.num_params() > 0
+    train = config_from_args(["--model-size", size])
+    assert train.sequence_length == SIZES[size].defaults.sequence_length
+    assert size in build_parser().format_help()

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import ddpkit
-from pyrecover_train import build, corpus, perf, precision, state
+from pyrecover_train import build, corpus, lr_schedule, perf, precision, state
 from pyrecover_train.metrics import MetricsLog, fmt_duration, progress_line, read_events
 
 PLAY = """THE TRAGEDY OF TESTING
@@ -112,7 +112,7 @@ def test_tensors_equal_finds_differences() -> None:
 
 
 def test_warmup_cosine() -> None:
-    f = perf.warmup_cosine(warmup=10, total=110, min_ratio=0.1)
+    f = lr_schedule.warmup_cosine(warmup=10, total=110, min_ratio=0.1)
     assert f(0) == pytest.approx(0.1) and f(9) == pytest.approx(1.0)
     assert f(10) == pytest.approx(1.0)
     assert f(60) == pytest.approx(0.55)
@@ -179,7 +179,7 @@ def test_the_save_schedule_takes_slurmclocks_young_daly_interval() -> None:
     blocking costs this run measured (10 s assumed before the first)."""
     import slurmclock
     from pyrecover_train.config import config_from_args
-    from pyrecover_train.schedule import SaveSchedule
+    from pyrecover_train.save_schedule import SaveSchedule
 
     now = [0.0]
     budget = slurmclock.TimeBudget()

@@ -41,10 +41,10 @@ def test_readme_python_block_runs(
 
 
 def test_readme_states_the_no_argument_run() -> None:
-    from pyrecover_train.config import PRESET_DEFAULTS
+    from pyrecover_train.sizes import preset_defaults
 
     text = README.read_text()
-    tiny = PRESET_DEFAULTS["tiny"]
+    tiny = preset_defaults("tiny")
     assert (
         f"{tiny['training_steps']} steps of\n   {tiny['batch_size']} × {tiny['sequence_length']}"
         in text

@@ -83,7 +83,7 @@ def test_a_requeued_job_takes_over_the_lock_its_lost_node_left(
     lost = ckptstore.LockInfo("0" * 32, "node-lost", 4242, now, now, 600.0, job_id="777")
     (exp / "writer.lock").write_bytes(lost.to_json())
     # A deadline of its own, so that slurmclock does not ask squeue about these job ids.
-    args = [*flags(corpus, cache_dir, tmp_path / "ckpt"), "--time-limit", "3600"]
+    args = [*flags(corpus, cache_dir, tmp_path / "ckpt"), "--time-limit", "1:00:00"]
     other = run_cli(args, env=child_env(SLURM_JOB_ID="778"))
     assert other.returncode == 2, other.stdout + other.stderr
     assert "host node-lost pid 4242, SLURM job 777" in one_line(other.stderr)

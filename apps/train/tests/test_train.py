@@ -407,10 +407,10 @@ def test_auto_interval_is_young_daly_from_the_measured_save_cost(
     import math
     import statistics
 
-    from pyrecover_train import schedule
+    from pyrecover_train import save_schedule
 
     # A (tiny) assumed cost makes the first interval a few ms: the first step saves at once.
-    monkeypatch.setattr(schedule, "AUTO_ASSUMED_SAVE_COST", 1e-9)
+    monkeypatch.setattr(save_schedule, "AUTO_ASSUMED_SAVE_COST", 1e-9)
     ckpt = tmp_path / "ckpt"
     argv = tiny_flags(corpus, cache_dir, ckpt, "--training-steps", "6", "--keep-last", "0")
     argv += ["--checkpoint-interval-seconds", "auto", "--mtbf", "1:00:00"]

@@ -1,4 +1,5 @@
-"""Fixtures: every storage kind (local path, file://, memory://, s3:// on a real moto_server)."""
+"""Fixtures: every storage kind (local path, file://, memory://, s3:// on a real moto_server,
+and a third-party backend found through its entry point)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,13 @@ from typing import Any
 
 import fsspec
 import pytest
-from ckpt_helpers import s3server  # importable: the tests folder is on pytest's `pythonpath`
+from ckpt_helpers import (  # importable: the tests folder is on pytest's `pythonpath`
+    FolderStorage,
+    install_entry_point,
+    s3server,
+)
+
+from ckptstore.storage import registry
 
 
 def require_or_skip(env: str, why: str) -> None:
@@ -33,6 +40,18 @@ def moto() -> Iterator[Any]:
         yield server
 
 
+@pytest.fixture(scope="session")
+def folder_backend(tmp_path_factory: pytest.TempPathFactory) -> Iterator[type[FolderStorage]]:
+    """``folder://`` served by :class:`FolderStorage`, declared only as an entry point of a
+    distribution on sys.path (as a pip-installed plugin package is)."""
+    site = tmp_path_factory.mktemp("site")
+    install_entry_point(site, registry.ENTRY_POINT_GROUP, "folder", "ckpt_helpers:FolderStorage")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.syspath_prepend(str(site))
+        yield FolderStorage
+    registry._registry.pop("folder", None)
+
+
 @pytest.fixture
 def storage(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
     """(url, storage_options) of an empty checkpoint root of the requested kind."""
@@ -51,5 +70,8 @@ def storage(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[st
     elif kind == "s3":
         server = request.getfixturevalue("moto")
         yield f"s3://ckpt/{tag}", server.storage_options()
+    elif kind == "plugin":
+        request.getfixturevalue("folder_backend")
+        yield f"folder://{tmp_path}/ckpt", {}
     else:
         raise ValueError(kind)

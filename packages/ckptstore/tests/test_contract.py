@@ -1,4 +1,6 @@
-"""The contract every format keeps on every storage: one suite, format x storage."""
+"""The contract every format keeps on every storage: one suite, format x storage. The storages
+are every built-in backend (local and file:// -> LocalStorage, memory:// -> the generic fsspec
+one, s3:// on moto_server -> S3Storage) and a third-party one found through its entry point."""
 
 from __future__ import annotations
 
@@ -7,7 +9,15 @@ from typing import Any
 import fsspec
 import pytest
 import torch
-from ckpt_helpers import STORAGES, assert_same_state, blank_state, corrupt, fs_for, make_state
+from ckpt_helpers import (
+    STORAGES,
+    FolderStorage,
+    assert_same_state,
+    blank_state,
+    corrupt,
+    fs_for,
+    make_state,
+)
 
 from ckptstore import (
     CheckpointStore,
@@ -201,6 +211,8 @@ def test_memory_storage_really_is_used(storage: Any, fmt: str) -> None:
     assert any(n.endswith("manifest.json") for n in names)
     if url.startswith("memory://"):
         assert fsspec.filesystem("memory").exists(f"{path}/latest")
+    if url.startswith("folder://"):  # the third-party backend, found through its entry point
+        assert FolderStorage.opened and all(u.startswith("folder://") for u in FolderStorage.opened)
 
 
 def test_plain_tensors_come_back_usable(storage: Any, fmt: str) -> None:

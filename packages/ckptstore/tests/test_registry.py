@@ -1,22 +1,32 @@
-"""The format registry: names, lazy classes, entry points, helpful errors."""
+"""The format and storage registries: names, lazy classes, entry points, helpful errors."""
 
 from __future__ import annotations
 
+import importlib
 import importlib.metadata
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
+from ckpt_helpers import STORAGES, FolderStorage
 
 from ckptstore import (
     CheckpointError,
     CheckpointStore,
     available_formats,
+    available_storages,
     get_format,
+    get_storage,
+    open_storage,
     register_format,
+    register_storage,
 )
 from ckptstore.formats import ENTRY_POINT_GROUP, CheckpointFormat
 from ckptstore.formats.torchfile import TorchFormat
+from ckptstore.storage import FsspecStorage, LocalStorage
+from ckptstore.storage import registry as storage_registry
+from ckptstore.storage.s3 import S3Storage
 
 
 def test_builtin_formats_and_declared_entry_points_agree() -> None:
@@ -68,3 +78,88 @@ def test_a_third_party_format_is_found_through_its_entry_point(
         store.save(1, {"x": torch.ones(2)})
         assert store.manifest(1).format == "thirdparty"
     assert formats._registry.pop("thirdparty") is TorchFormat  # imported once, then cached
+
+
+# -- storage backends: the same registry, keyed by URL protocol ----------------------------------
+
+BACKENDS = {
+    "local": "LocalStorage",
+    "file": "LocalStorage",
+    "memory": "FsspecStorage",
+    "s3": "S3Storage",
+    "plugin": "FolderStorage",
+}
+
+
+@pytest.mark.parametrize("storage", STORAGES, indirect=True)
+def test_each_storage_kind_is_served_by_its_backend(
+    storage: tuple[str, dict[str, Any]], request: pytest.FixtureRequest
+) -> None:
+    """What the contract suite runs on, kind by kind: the class the registry picks."""
+    url, opts = storage
+    kind = request.node.callspec.params["storage"]
+    assert type(open_storage(url, opts)).__name__ == BACKENDS[kind]
+
+
+def test_builtin_storages_are_registered_lazily() -> None:
+    assert {"local", "file", "memory", "s3", "s3a"} <= set(available_storages())
+    assert get_storage("file") is LocalStorage and get_storage("local") is LocalStorage
+    assert get_storage("s3") is S3Storage and issubclass(S3Storage, FsspecStorage)
+    assert get_storage("gcs") is FsspecStorage  # any other fsspec protocol: the generic one
+    assert "gcs" not in storage_registry._registry  # not cached: an entry point may come later
+
+
+def test_a_missing_extra_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    """s3:// without s3fs: fsspec cannot import it; the line says which extra to install."""
+    fsspec_registry = importlib.import_module("fsspec.registry")  # the module, not the mapping
+    monkeypatch.delitem(fsspec_registry._registry, "s3", raising=False)
+    broken = {"class": "no_such_s3fs.S3FileSystem", "err": "Install s3fs to access S3"}
+    monkeypatch.setitem(fsspec_registry.known_implementations, "s3", broken)
+    hint = r"cannot open s3://bucket/run: s3:// needs an extra: pip install 'ckptstore\[s3\]'"
+    with pytest.raises(CheckpointError, match=hint):
+        open_storage("s3://bucket/run")
+
+
+def test_lazy_string_registration_of_a_storage_with_install_hint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(storage_registry, "known_storages", dict(storage_registry.known_storages))
+    monkeypatch.setattr(storage_registry, "_registry", dict(storage_registry._registry))
+    register_storage("ghost", "not_installed_pkg.st:Ghost", errtxt="pip install ghost-store")
+    with pytest.raises(CheckpointError, match="ghost://: pip install ghost-store"):
+        CheckpointStore("ghost://bucket/run")
+    with pytest.raises(ValueError, match="already registered"):
+        register_storage("s3", "x.y:Z")
+    register_storage("s3", "ckptstore.storage.s3:S3Storage")  # the same class: no error
+    with pytest.raises(ValueError, match="letters, digits"):
+        register_storage("a/b", LocalStorage)
+    register_storage("disk", LocalStorage)  # a class object, used as is
+    with CheckpointStore(f"disk://{tmp_path}/ckpt") as store:
+        store.save(1, {"x": torch.ones(2)})
+        assert store.load({"x": torch.zeros(2)}).step == 1
+    assert (tmp_path / "ckpt" / "step-00000001" / "manifest.json").is_file()
+
+
+def test_a_third_party_storage_is_found_through_its_entry_point(
+    folder_backend: type[FolderStorage], tmp_path: Path
+) -> None:
+    """A package that declares ``[project.entry-points."ckptstore.storage"]`` needs no import
+    or register_storage call by the user: the URL's protocol alone finds it."""
+    eps = importlib.metadata.entry_points(group=storage_registry.ENTRY_POINT_GROUP)
+    assert [ep.value for ep in eps if ep.name == "folder"] == ["ckpt_helpers:FolderStorage"]
+    assert "folder" in available_storages()
+    with CheckpointStore(f"folder://{tmp_path}/ckpt", experiment="e") as store:
+        store.save(3, {"x": torch.ones(2)})
+        assert store.url == f"folder://{tmp_path}/ckpt/e"
+    assert (tmp_path / "ckpt" / "e" / "step-00000003" / "manifest.json").is_file()
+    assert get_storage("folder") is folder_backend
+    assert f"folder://{tmp_path}/ckpt" in folder_backend.opened
+
+
+def test_no_backend_branches_on_the_kind_of_filesystem() -> None:
+    """S3's behaviour lives in S3Storage: neither the generic backend nor open_storage asks
+    which filesystem it has (issue 23: eight `is_s3` branches and an if/else before)."""
+    src = Path(storage_registry.__file__).parent
+    for name in ("remote.py", "registry.py", "__init__.py"):
+        text = (src / name).read_text()
+        assert "is_s3" not in text and "S3FileSystem" not in text, name

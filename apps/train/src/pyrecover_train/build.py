@@ -30,8 +30,8 @@ from . import data as data_mod
 from . import state as state_mod
 from .config import TrainConfig, UsageError, first_line
 from .legacy import OriginalCheckpoint
+from .lr_schedule import warmup_cosine
 from .model import GPT, ModelConfig, build_model, preset_config
-from .perf import warmup_cosine
 from .precision import Precision, PrecisionError, resolve_precision
 
 log = logging.getLogger("pyrecover_train")
@@ -54,9 +54,11 @@ class Parts:
     original: OriginalCheckpoint | None  # --resume-from-checkpoint FILE.pt of the original
     new_folders: list[Path] = field(default_factory=list)  # made by the writer lock
 
-    def abandon(self) -> None:
-        """A refused start: see :func:`abandon`."""
-        abandon(self.store, self.new_folders)
+    def undo_start(self) -> None:
+        """A refused start: see :func:`undo_start`."""
+        undo_start(self.store, self.new_folders)
+
+    abandon = undo_start  # the old name, until trainer.py calls undo_start (then remove)
 
 
 def check_launcher(cfg: TrainConfig) -> ddpkit.DistInfo:
@@ -101,13 +103,13 @@ def parts(
     try:
         store = open_store(cfg)
     except BaseException:
-        abandon(None, new)
+        undo_start(None, new)
         raise
     phase("store")
     try:
         made = _parts(cfg, dist, store, phase)
     except BaseException:
-        abandon(store, new)
+        undo_start(store, new)
         raise
     made.new_folders = new
     return made
@@ -127,7 +129,7 @@ def new_folders(cfg: TrainConfig) -> list[Path]:
     return out
 
 
-def abandon(store: ckptstore.CheckpointStore | None, new: list[Path]) -> None:
+def undo_start(store: ckptstore.CheckpointStore | None, new: list[Path]) -> None:
     """A refused start leaves nothing behind: close the store (releasing the writer lock), then
     remove the folders the lock created, each only if empty (never anything of anyone's)."""
     if store is not None:

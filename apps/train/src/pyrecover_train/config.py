@@ -1,12 +1,17 @@
-"""A validated :class:`TrainConfig`, and the command line generated from one table of flags.
+"""A validated :class:`TrainConfig`, and the command line generated from its fields.
+
+Each flag is written once, as a field of :class:`TrainConfig`: its type, default, help text,
+aliases, choices and check sit in that field's declaration; the parser, ``--help`` and the
+per-value validation are generated from them. Checks that involve two flags are methods of the
+config (contradictions with no sane run are errors; those that leave one are
+:meth:`TrainConfig.warnings`).
 
 Every flag of the original PyRecover is accepted verbatim with its meaning, in both the dash and
 the underscore spelling (``--sequence-length`` and ``--sequence_length``); help shows the dash
 spelling. Flags whose best value depends on the model size (sequence length, batch size, learning
-rate, steps, dtype, ...) default to the ``--model-size`` preset's value unless given; the presets
-of the original's model sizes (``125m`` and up) use the original's defaults (sequence 2048, batch
-1, lr 1e-5, 1000 steps, bf16). Defaults are written once: in :class:`TrainConfig` or, for the
-preset-dependent ones, in :data:`PRESET_DEFAULTS`.
+rate, steps, dtype, ...) default to the ``--model-size`` entry of :data:`~.sizes.SIZES` unless
+given; the original's model sizes (``125m`` and up) use the original's defaults (sequence 2048,
+batch 1, lr 1e-5, 1000 steps, bf16).
 """
 
 from __future__ import annotations
@@ -15,16 +20,16 @@ import argparse
 import math
 import os
 from collections.abc import Callable
-from dataclasses import MISSING, asdict, dataclass, field, fields, replace
+from dataclasses import MISSING, Field, asdict, dataclass, field, fields, replace
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import Any
 
 import ckptstore
 import parquetlm
-from slurmclock import parse_human_duration, parse_time_limit
+from slurmclock import BudgetConfig, parse_human_duration, parse_time_limit
 
-from .model import PRESETS
+from .sizes import DEFAULT_SIZE, PRESET_FLAGS, SIZES, describe_preset, preset_defaults
 
 DTYPES = ("fp16", "bf16", "fp32", "fp64")
 DEVICES = ("auto", "cpu", "cuda")
@@ -32,177 +37,467 @@ PARALLELISMS = ("ddp", "fsdp")
 PARAM_DTYPES = ("fp32", "bf16")
 MAX_INT = 2**63 - 1  # every count is stored as int64 (metrics, tensors, checkpoints)
 MAX_SEED = 2**32 - 1  # numpy's legacy generator takes 32-bit seeds
-
-# Defaults that depend on the model size. tiny/small are CPU-friendly (a no-argument run trains in
-# about a minute on 2 cores); the larger presets take the original PyRecover's defaults.
-_ORIGINAL: dict[str, Any] = {
-    "sequence_length": 2048,
-    "batch_size": 1,
-    "learning_rate": 1e-5,
-    "training_steps": 1000,
-    "model_dtype": "bf16",
-    "tokenizer": "bpe:8192",
-    "warmup_steps": 100,
-    "eval_every": 0,
-}
-PRESET_DEFAULTS: dict[str, dict[str, Any]] = {
-    "tiny": {
-        "sequence_length": 128,
-        "batch_size": 8,
-        "learning_rate": 3e-3,
-        "training_steps": 400,
-        "model_dtype": "fp32",
-        "tokenizer": "bpe:4096",
-        "warmup_steps": 40,
-        "eval_every": 100,
-    },
-    "small": {
-        "sequence_length": 256,
-        "batch_size": 16,
-        "learning_rate": 1e-3,
-        "training_steps": 2000,
-        "model_dtype": "fp32",
-        "tokenizer": "bpe:4096",
-        "warmup_steps": 100,
-        "eval_every": 200,
-    },
-    **{name: dict(_ORIGINAL) for name in ("125m", "350m", "1b", "8b")},
-}
-assert set(PRESET_DEFAULTS) == set(PRESETS)
-_TINY = PRESET_DEFAULTS["tiny"]
-
 DEFAULT_MTBF = 6 * 3600.0
 DEFAULT_VAL_FRACTION = 0.02
+_TINY = SIZES[DEFAULT_SIZE].defaults
+
+__all__ = ["TrainConfig", "UsageError", "build_parser", "config_from_args"]
 
 
 class UsageError(ValueError):
     """Bad command-line input: reported as one line, exit status 2, nothing touched on disk."""
 
 
+# --- value parsers (argparse turns ArgumentTypeError into one line and exit 2) -------------------
+
+
+def _finite(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number")
+    return value
+
+
+def _whole(text: str) -> int:
+    """An integer, also written as ``1e6``; refused when it is not whole or does not fit int64."""
+    try:
+        value = Decimal(text.strip().replace("_", ""))
+    except InvalidOperation:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if not value.is_finite() or value != value.to_integral_value():
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number")
+    if abs(value) > MAX_INT:
+        raise argparse.ArgumentTypeError(f"{text!r} is too large (at most {MAX_INT})")
+    return int(value)
+
+
+def _count_or_all(text: str) -> int | None:
+    """A retention count: 0 means no limit (None, as ckptstore takes it)."""
+    return _whole(text) or None
+
+
+def _interval(text: str) -> float | str:
+    if text == "auto":
+        return "auto"
+    try:
+        return _finite(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"{text!r} is neither seconds nor 'auto'") from None
+
+
+def _json_object(text: str) -> dict[str, Any]:
+    try:
+        return ckptstore.parse_storage_options(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _duration(text: str) -> float:
+    try:
+        return parse_human_duration(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _time_limit(text: str) -> float:
+    try:
+        seconds = parse_time_limit(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    if math.isinf(seconds):  # SLURM's "no limit": here there would be nothing to stop before
+        raise argparse.ArgumentTypeError(
+            f"{text!r} means no time limit; leave --time-limit out to use SLURM's end time"
+        )
+    return seconds
+
+
+# --- checks of one value: check(flag, value) raises ValueError saying how to fix -----------------
+
+Check = Callable[[str, Any], None]
+
+
+def positive_int(flag: str, value: Any) -> None:
+    if not isinstance(value, int) or value <= 0:
+        raise ValueError(f"{flag} must be a positive integer, got {value}")
+
+
+def positive(unit: str = "") -> Check:
+    def check(flag: str, value: Any) -> None:
+        if not value > 0:
+            raise ValueError(f"{flag} must be positive{unit}, got {value}")
+
+    return check
+
+
+def at_least_zero(meaning: str = "", unit: str = "") -> Check:
+    """>= 0; ``meaning`` says what 0 does (shown in the message)."""
+    said = f" ({meaning})" if meaning else ""
+
+    def check(flag: str, value: Any) -> None:
+        if value < 0:
+            raise ValueError(f"{flag} must be >= 0{unit}{said}, got {value}")
+
+    return check
+
+
+def between(low: float, high: float) -> Check:
+    def check(flag: str, value: Any) -> None:
+        if not low <= value <= high:
+            raise ValueError(f"{flag} must be between {low} and {high}, got {value}")
+
+    return check
+
+
+def _fraction(flag: str, value: Any) -> None:
+    if not 0 <= value < 1:
+        raise ValueError(f"{flag} must be in [0, 1), got {value}")
+
+
+def _interval_value(flag: str, value: Any) -> None:
+    if isinstance(value, str) and value != "auto":
+        raise ValueError(f"{flag} must be a number of seconds or 'auto', got {value!r}")
+    if isinstance(value, (int, float)) and not value > 0:
+        raise ValueError(f"{flag} must be positive, got {value}")
+
+
+def _experiment_name(flag: str, value: Any) -> None:
+    """ckptstore's rule; the original spelled this flag with an underscore, and so do we."""
+    try:
+        ckptstore.validate_experiment_name(value)
+    except ValueError as e:
+        raise ValueError(f"--experiment_name: {e}") from None
+
+
+def _resume_target(flag: str, target: Any) -> None:
+    why = "" if target.strip() else "empty"
+    try:
+        ckptstore.StepSpec.parse(target)
+    except ValueError as e:  # a step number beyond ckptstore's
+        why = why or str(e)
+    if why:
+        raise ValueError(
+            f"{flag} {target!r}: {why} (give 'latest', a step number, a checkpoint folder, or "
+            "an original PyRecover .pt file)"
+        )
+
+
+def _tokenizer_spec(flag: str, spec: Any) -> None:
+    """The form of ``--tokenizer`` (parquetlm's spec); whether a file exists is seen later."""
+    try:
+        parquetlm.parse_tokenizer_spec(spec, check_file=False)
+    except parquetlm.TokenizerError as e:
+        raise ValueError(f"{flag} {spec}: {e}") from None
+
+
+# --- one flag's metadata, and the sections of the help that declare them -------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Flag:
+    """What the command line needs of one :class:`TrainConfig` field ``name``: ``--a-b`` and
+    ``--a_b`` (for the field ``a_b``) set it, and so do the ``aliases`` in both spellings.
+
+    ``type`` parses the text (None: from the field's annotation: int, float, str, or a switch
+    for bool); a bool field whose default is not False (on, or None for "decided at run time")
+    also gets ``--no-NAME``. ``shown`` is how help describes a default that is not a plain value
+    of the field (derived, or "off"); a field of :class:`~.sizes.Defaults` shows the sizes'.
+    ``check(flag, value)`` validates a value that is not None (raising ValueError that says how
+    to fix it); ``choices`` also does. ``path``: ``~`` is
+    expanded (the shell leaves it after ``=``). ``group``: the help section.
+    """
+
+    help: str
+    group: str
+    name: str = ""
+    type: Callable[[str], Any] | None = None
+    aliases: tuple[str, ...] = ()
+    choices: tuple[str, ...] | None = None
+    metavar: str | None = None
+    shown: str | None = None
+    check: Check | None = None
+    path: bool = False
+    negatable: bool = False
+
+
+class Section:
+    """A section of ``--help``: ``field: T = SECTION(default, help, ...)`` declares a flag."""
+
+    def __init__(self, title: str) -> None:
+        self.title = title
+
+    def __call__(self, default: Any, help: str, **flag: Any) -> Any:
+        return field(default=default, metadata={"flag": Flag(help, self.title, **flag)})
+
+
+ORIGINAL = Section("original PyRecover flags")
+CHECKPOINTING = Section("checkpointing")
+TIME = Section("time")
+TRAINING = Section("model, data, optimisation")
+PARALLEL = Section("parallelism, memory, reproducibility")
+OBSERVE = Section("observability")
+
+_MEASURED = "0: the first step is measured before the first stop decision"
+_GUESS = "1 s + state size / 200 MB/s"
+_RESUME_HELP = (
+    "'latest' (a fresh start when there is none yet), a step number, a checkpoint folder, or an "
+    "original PyRecover .pt file (imported)"
+)
+_STORAGE_HELP = (
+    "fsspec options for --checkpoint-url/--checkpoint-mirror (JSON object), e.g. "
+    '\'{"endpoint_url": "http://127.0.0.1:9000"}\''
+)
+_TIME_LIMIT_HELP = (
+    "stop before this long after the process started, instead of SLURM's end time: as sbatch "
+    "--time reads it (90 = 90 min, 1:30:00, 2-12:00) or with a unit (30s, 1h30m)"
+)
+_MARGIN_HELP = (
+    "seconds kept free after the final save, for the exit and requeue (replaces the measured "
+    "exit + slack)"
+)
+_BUDGET = BudgetConfig()  # slurmclock's defaults: help cannot drift from them
+_MARGIN_SHOWN = (
+    f"measured: 1.25 x the longest exit-and-requeue of the last {_BUDGET.exit_window} "
+    f"allocations ({_BUDGET.initial_exit_estimate:g} s until one is measured) + "
+    f"{_BUDGET.slack:g} s slack"
+)
+_EXTRA_HELP = (
+    "after a stop for time, when the final save ended early: train on and save again; a save "
+    "not durable when the exit must begin is abandoned (the final save stands)"
+)
+_ASYNC_HELP = (
+    "periodic saves snapshot the state and persist it in the background; the final save blocks"
+)
+_ASYNC_SHOWN = (
+    "auto: on with CUDA (the snapshot is a copy to pinned memory), off on CPU (the writer "
+    "would compete with training for the cores) and for FSDP-sharded state"
+)
+_TOKENIZER_HELP = "byte | gpt2 | bpe[:N] | path/to/tokenizer.json (or its folder)"
+_CACHE_SHOWN = "$PYRECOVER_CACHE or ~/.cache/pyrecover"
+_VAL_SHOWN = f"{DEFAULT_VAL_FRACTION} when evaluating, else 0"
+_PARALLELISM_HELP = (
+    "ddp: every rank holds the whole model; fsdp: weights, gradients and optimizer state "
+    "sharded over the ranks (FSDP2), checkpoints sharded (dcp)"
+)
+_PARAM_DTYPE_HELP = (
+    "what weights, gradients and AdamW moments are stored in; bf16 halves them (the original "
+    "PyRecover's --model-dtype bf16; implies --model-dtype bf16)"
+)
+_AC_HELP = "recompute each layer's activations in backward: less memory, ~1/3 more compute"
+_DETERMINISTIC_HELP = (
+    "bitwise-reproducible GPU runs: deterministic kernels, no TF32, math attention (slower); "
+    "CPU runs are deterministic anyway"
+)
+
+
 @dataclass(kw_only=True, slots=True)
 class TrainConfig:
-    """Everything one training run needs; validated on creation (messages say how to fix)."""
+    """Everything one training run needs; validated on creation (messages say how to fix).
 
-    # The original PyRecover's flags.
-    dataset: str | None = None
-    sequence_length: int = _TINY["sequence_length"]
-    batch_size: int = _TINY["batch_size"]
-    learning_rate: float = _TINY["learning_rate"]
-    training_steps: int = _TINY["training_steps"]
-    distributed: bool = False
-    model_dtype: str = _TINY["model_dtype"]
-    checkpoint_dir: str = "checkpoints/"
-    checkpoint_frequency: int = 10
-    resume_from_checkpoint: str | None = None
-    experiment_name: str = "default-exp"
-    use_torch_distributed_ckpt: bool = False
-    compile: bool = False
-    fused_optimizer: bool = False
-    # The original's other flags that have a meaning of their own here.
-    timeaware_checkpointing: bool = False  # always on here; accepted, and said so
-    verify_checkpoints: bool = False  # always on here (checksums in every manifest)
-    use_flash_attention: bool = False  # SDPA picks FlashAttention kernels by itself
-    default_iter_time: float | None = None
-    default_ckpt_time: float | None = None
-    log_loss_to_csv: bool = False
-    profile: bool = False
-    profile_step_start: int = 10
-    profile_step_end: int = 12
+    The fields are the flags, in the order ``--help`` lists them.
+    """
+
+    # The original PyRecover's flags, and its other flags that have a meaning of their own here.
+    dataset: str | None = ORIGINAL(
+        None, "parquet file/dir/glob/URL", shown="the Shakespeare corpus", path=True
+    )
+    sequence_length: int = ORIGINAL(_TINY.sequence_length, "tokens per sample", check=positive_int)
+    batch_size: int = ORIGINAL(
+        _TINY.batch_size, "samples per rank per micro-step", check=positive_int
+    )
+    learning_rate: float = ORIGINAL(_TINY.learning_rate, "peak learning rate", check=positive())
+    training_steps: int = ORIGINAL(
+        _TINY.training_steps, "optimizer steps in total", check=positive_int
+    )
+    distributed: bool = ORIGINAL(False, "torch.distributed under torchrun or srun")
+    model_dtype: str = ORIGINAL(
+        _TINY.model_dtype,
+        "compute dtype; bf16/fp16 run over fp32 weights (see --param-dtype)",
+        choices=DTYPES,
+    )
+    checkpoint_dir: str = ORIGINAL("checkpoints/", "local checkpoint root", path=True)
+    checkpoint_frequency: int = ORIGINAL(
+        10, "save every N steps, 0 or -1 = off", check=at_least_zero("0 or -1 turns it off")
+    )
+    resume_from_checkpoint: str | None = ORIGINAL(
+        None, _RESUME_HELP, metavar="PATH|STEP|latest", shown="off", check=_resume_target
+    )
+    experiment_name: str = ORIGINAL(
+        "default-exp",
+        "folder under the checkpoint root (NAME or GROUP/NAME)",
+        check=_experiment_name,
+    )
+    use_torch_distributed_ckpt: bool = ORIGINAL(
+        False, "torch.distributed.checkpoint format (sharded)"
+    )
+    compile: bool = ORIGINAL(False, "torch.compile the model")
+    fused_optimizer: bool = ORIGINAL(False, "fused AdamW")
+    timeaware_checkpointing: bool = ORIGINAL(
+        False, "always on here: a final save before the deadline"
+    )
+    default_iter_time: float | None = ORIGINAL(
+        None,
+        "the time budget's step estimate until a step is measured",
+        type=_duration,
+        shown=_MEASURED,
+        check=positive(" seconds"),
+    )
+    default_ckpt_time: float | None = ORIGINAL(
+        None,
+        "the time budget's save estimate until a save is measured",
+        type=_duration,
+        shown=_GUESS,
+        check=positive(" seconds"),
+    )
+    verify_checkpoints: bool = ORIGINAL(False, "always on here: every file is checksummed")
+    use_flash_attention: bool = ORIGINAL(
+        False, "accepted: SDPA picks FlashAttention kernels itself"
+    )
+    log_loss_to_csv: bool = ORIGINAL(False, "also write EXP_DIR/EXPERIMENT_loss_log.csv")
+    profile: bool = ORIGINAL(
+        False, "torch.profiler trace (and cudaProfilerStart/Stop) of the steps"
+    )
+    profile_step_start: int = ORIGINAL(10, "first profiled step", check=positive_int)
+    profile_step_end: int = ORIGINAL(12, "last profiled step", check=positive_int)
     # Checkpointing.
-    checkpoint_url: str | None = None
-    checkpoint_mirror: str | None = None
-    async_checkpoint: bool | None = None  # None: auto (see ASYNC_SHOWN)
-    keep_last: int | None = 3
-    keep_every: int | None = None
-    keep_best: int | None = None
-    checkpoint_interval_seconds: float | str | None = None  # seconds or "auto"
-    storage_options: dict[str, Any] | None = None  # fsspec options for the checkpoint URLs
-    mtbf: float = DEFAULT_MTBF
+    checkpoint_url: str | None = CHECKPOINTING(
+        None, "any fsspec URL (s3://bucket/run); overrides --checkpoint-dir"
+    )
+    checkpoint_mirror: str | None = CHECKPOINTING(
+        None, "second location every checkpoint is copied to", path=True
+    )
+    async_checkpoint: bool | None = CHECKPOINTING(None, _ASYNC_HELP, shown=_ASYNC_SHOWN)
+    keep_last: int | None = CHECKPOINTING(
+        3,
+        "keep the newest N, 0 = all",
+        type=_count_or_all,
+        aliases=("max_kept_checkpoints",),
+        check=at_least_zero("0 keeps all"),
+    )
+    keep_every: int | None = CHECKPOINTING(
+        None,
+        "also keep every checkpoint whose step is a multiple of N",
+        type=_count_or_all,
+        check=at_least_zero("0 turns it off"),
+    )
+    keep_best: int | None = CHECKPOINTING(
+        None,
+        "also keep the K with the lowest validation loss",
+        type=_count_or_all,
+        check=at_least_zero("0 keeps all"),
+    )
+    checkpoint_interval_seconds: float | str | None = CHECKPOINTING(
+        None,
+        "save every N seconds; auto = Young/Daly sqrt(2 * save cost * MTBF)",
+        type=_interval,
+        metavar="N|auto",
+        check=_interval_value,
+    )
+    storage_options: dict[str, Any] | None = CHECKPOINTING(
+        None, _STORAGE_HELP, type=_json_object, metavar="JSON"
+    )
+    mtbf: float = CHECKPOINTING(
+        DEFAULT_MTBF,
+        "mean time between failures for auto",
+        type=_duration,
+        check=positive(" seconds"),
+    )
     # Time.
-    time_limit: float | None = None
-    stop_margin: float | None = None
-    extra_saves: bool = True
+    time_limit: float | None = TIME(
+        None, _TIME_LIMIT_HELP, type=_time_limit, shown="SLURM's deadline", check=positive()
+    )
+    stop_margin: float | None = TIME(
+        None,
+        _MARGIN_HELP,
+        type=_duration,
+        shown=_MARGIN_SHOWN,
+        check=at_least_zero(unit=" seconds"),
+    )
+    extra_saves: bool = TIME(True, _EXTRA_HELP, shown="on")
     # Model, data, optimisation.
-    model_size: str = "tiny"
-    tokenizer: str = _TINY["tokenizer"]
-    text_column: str = "text"
-    cache_dir: str | None = None
-    seed: int = 42
-    grad_accum: int = 1
-    warmup_steps: int = _TINY["warmup_steps"]
-    min_lr: float | None = None
-    weight_decay: float = 0.1
-    grad_clip: float = 1.0
-    device: str = "auto"
+    model_size: str = TRAINING(DEFAULT_SIZE, "preset shape", choices=tuple(SIZES))
+    tokenizer: str = TRAINING(
+        _TINY.tokenizer,
+        _TOKENIZER_HELP,
+        aliases=("tokenizer_name_or_path",),
+        check=_tokenizer_spec,
+    )
+    text_column: str = TRAINING("text", "parquet column with the text")
+    cache_dir: str | None = TRAINING(
+        None, "corpus/tokenizer/token cache", shown=_CACHE_SHOWN, path=True
+    )
+    seed: int = TRAINING(42, "weights, data order and RNG seed", check=between(0, MAX_SEED))
+    grad_accum: int = TRAINING(1, "micro-batches per optimizer step", check=positive_int)
+    warmup_steps: int = TRAINING(
+        _TINY.warmup_steps,
+        "linear warmup, then cosine",
+        aliases=("lr_warmup_steps",),
+        check=at_least_zero("0 turns it off"),
+    )
+    min_lr: float | None = TRAINING(None, "learning rate at the end of the cosine", shown="lr/10")
+    weight_decay: float = TRAINING(0.1, "AdamW weight decay", check=at_least_zero("0 turns it off"))
+    grad_clip: float = TRAINING(
+        1.0,
+        "clip the gradient norm, 0 = off",
+        aliases=("grad_max_norm",),
+        check=at_least_zero("0 turns it off"),
+    )
+    device: str = TRAINING("auto", "auto = CUDA when available", choices=DEVICES)
     # Parallelism, memory and reproducibility.
-    parallelism: str = "ddp"
-    param_dtype: str | None = None  # None: fp32 (fp64 with --model-dtype fp64)
-    activation_checkpointing: bool = False
-    deterministic: bool = False
+    parallelism: str = PARALLEL("ddp", _PARALLELISM_HELP, choices=PARALLELISMS)
+    param_dtype: str | None = PARALLEL(
+        None,
+        _PARAM_DTYPE_HELP,
+        choices=PARAM_DTYPES,
+        shown="fp32 (fp64 with --model-dtype fp64)",
+    )
+    activation_checkpointing: bool = PARALLEL(False, _AC_HELP)
+    deterministic: bool = PARALLEL(False, _DETERMINISTIC_HELP)
     # Observability and evaluation.
-    log_every: int = 10
-    metrics: str | None = None
-    wandb: bool = False
-    eval_every: int = _TINY["eval_every"]
-    eval_batches: int = 8
-    val_fraction: float = DEFAULT_VAL_FRACTION
-    peak_tflops: float | None = None
-    dry_run: bool = False
+    log_every: int = OBSERVE(
+        10,
+        "steps between progress lines",
+        aliases=("logging_frequency",),
+        check=positive_int,
+    )
+    metrics: str | None = OBSERVE(
+        None, "JSONL metrics file", shown="EXP_DIR/metrics.jsonl", path=True
+    )
+    wandb: bool = OBSERVE(False, "log to Weights & Biases (extra [wandb])")
+    eval_every: int = OBSERVE(
+        _TINY.eval_every,
+        "validation every N steps, 0 = off",
+        check=at_least_zero("0 turns it off"),
+    )
+    eval_batches: int = OBSERVE(8, "validation batches per rank", check=positive_int)
+    val_fraction: float = OBSERVE(
+        DEFAULT_VAL_FRACTION, "held-out share of the data", shown=_VAL_SHOWN, check=_fraction
+    )
+    peak_tflops: float | None = OBSERVE(
+        None, "per-GPU peak for MFU", shown="the table of GPUs", check=positive()
+    )
+    dry_run: bool = OBSERVE(False, "one step, one save, one verified load, exit 0")
     # Which flags the user gave explicitly (recorded in checkpoint metadata).
     explicit: tuple[str, ...] = field(default=())
 
     def __post_init__(self) -> None:
-        self._expand_home()
         if self.checkpoint_frequency == -1:
             self.checkpoint_frequency = 0  # the original PyRecover's spelling of "off"
         _check_numbers(self)
-        for name in ("sequence_length", "batch_size", "training_steps", "grad_accum"):
-            _positive_int(name, getattr(self, name))
-        for name in ("log_every", "eval_batches", "profile_step_start", "profile_step_end"):
-            _positive_int(name, getattr(self, name))
-        for name in ("checkpoint_frequency", "eval_every", "warmup_steps"):
-            if getattr(self, name) < 0:
-                off = "0 or -1" if name == "checkpoint_frequency" else "0"
-                raise ValueError(
-                    f"{_flag(name)} must be >= 0 ({off} turns it off), got {getattr(self, name)}"
-                )
-        if not 0 <= self.seed <= MAX_SEED:
-            raise ValueError(f"--seed must be between 0 and {MAX_SEED}, got {self.seed}")
-        self._check_choices()
-        self._check_parallelism()
-        self._check_optimisation()
-        self._check_checkpointing()
-        self._check_time()
-        self._check_evaluation()
+        for flag in FLAGS:
+            value = getattr(self, flag.name)
+            if flag.path and isinstance(value, str):
+                value = _expand_home(value)
+                setattr(self, flag.name, value)
+            if value is not None:
+                _check_value(flag, value)
+        self._check_dtypes()
+        self._check_combinations()
         _check_store(self)
-        _check_tokenizer(self.tokenizer)
 
-    def _expand_home(self) -> None:
-        """``--checkpoint-dir=~/ckpt``: the shell expands ``~`` only at the start of a word, so
-        the flag's value keeps it; every local path means the same folder for every consumer."""
-        for name in ("checkpoint_dir", "checkpoint_mirror", "metrics", "cache_dir", "dataset"):
-            value = getattr(self, name)
-            if isinstance(value, str) and value.startswith("~") and "://" not in value:
-                setattr(self, name, os.path.expanduser(value))
-
-    def _check_choices(self) -> None:
-        for name, choices in (
-            ("model_dtype", DTYPES),
-            ("model_size", tuple(PRESETS)),
-            ("device", DEVICES),
-            ("parallelism", PARALLELISMS),
-        ):
-            if getattr(self, name) not in choices:
-                raise ValueError(
-                    f"unknown {_flag(name)} {getattr(self, name)!r}: pick one of "
-                    + ", ".join(choices)
-                )
-
-    def _check_parallelism(self) -> None:
-        if self.param_dtype not in (None, *PARAM_DTYPES):
-            raise ValueError(
-                f"unknown --param-dtype {self.param_dtype!r}: pick one of {', '.join(PARAM_DTYPES)}"
-            )
+    def _check_dtypes(self) -> None:
         if self.param_dtype == "bf16" and self.model_dtype != "bf16":
             raise ValueError(
                 f"--param-dtype bf16 computes in bf16 but --model-dtype is {self.model_dtype}: "
@@ -219,57 +514,32 @@ class TrainConfig:
                 "scale that all shards agree on): use --model-dtype bf16, or --parallelism ddp"
             )
 
-    def _check_optimisation(self) -> None:
-        if not self.learning_rate > 0:
-            raise ValueError(f"--learning-rate must be positive, got {self.learning_rate}")
+    def _check_combinations(self) -> None:
+        """Two flags that leave no sane run: one line saying which, and what to give."""
         if self.min_lr is not None and not 0 <= self.min_lr <= self.learning_rate:
             raise ValueError(f"--min-lr must be between 0 and --learning-rate, got {self.min_lr}")
-        if self.grad_clip < 0 or self.weight_decay < 0:
-            raise ValueError("--grad-clip and --weight-decay must be >= 0 (0 turns them off)")
-        if self.peak_tflops is not None and self.peak_tflops <= 0:
-            raise ValueError(f"--peak-tflops must be positive, got {self.peak_tflops}")
         if self.profile_step_end < self.profile_step_start:
             raise ValueError(
                 f"--profile-step-end {self.profile_step_end} is before --profile-step-start "
                 f"{self.profile_step_start}: give an end >= the start"
             )
-
-    def _check_checkpointing(self) -> None:
-        for name in ("keep_last", "keep_every", "keep_best"):
-            value = getattr(self, name)
-            if value is not None and value < 0:
-                off = "0 turns it off" if name == "keep_every" else "0 keeps all"
-                raise ValueError(f"{_flag(name)} must be >= 0 ({off}), got {value}")
-        interval = self.checkpoint_interval_seconds
-        if isinstance(interval, str) and interval != "auto":
-            raise ValueError(
-                "--checkpoint-interval-seconds must be a number of seconds or 'auto', "
-                f"got {interval!r}"
-            )
-        if isinstance(interval, (int, float)) and not interval > 0:
-            raise ValueError(f"--checkpoint-interval-seconds must be positive, got {interval}")
-        if not self.mtbf > 0:
-            raise ValueError(f"--mtbf must be positive seconds, got {self.mtbf}")
         if not self.checkpoint_url and not self.checkpoint_dir:
             raise ValueError("--checkpoint-dir is empty: give a directory (default checkpoints/)")
-        for name in ("default_iter_time", "default_ckpt_time"):
-            value = getattr(self, name)
-            if value is not None and not value > 0:
-                raise ValueError(f"{_flag(name)} must be positive seconds, got {value}")
-
-    def _check_time(self) -> None:
-        if self.time_limit is not None and not self.time_limit > 0:
-            raise ValueError(f"--time-limit must be positive, got {self.time_limit}")
-        if self.stop_margin is not None and self.stop_margin < 0:
-            raise ValueError(f"--stop-margin must be >= 0 seconds, got {self.stop_margin}")
-
-    def _check_evaluation(self) -> None:
-        if not 0 <= self.val_fraction < 1:
-            raise ValueError(f"--val-fraction must be in [0, 1), got {self.val_fraction}")
         if self.eval_every and not self.val_fraction:
             raise ValueError("--eval-every needs a held-out split: pass --val-fraction > 0")
         if self.keep_best and not self.eval_every:
             raise ValueError("--keep-best ranks checkpoints by validation loss: set --eval-every N")
+        if self.checkpoint_mirror and _same_place(self, self.checkpoint_mirror):
+            raise ValueError(
+                f"--checkpoint-mirror {self.checkpoint_mirror} is the checkpoint location "
+                "itself: give a second location (another disk or bucket), or drop the mirror"
+            )
+
+    def warnings(self) -> list[str]:
+        """Contradictions between flags that still leave a sane run (a short test run, say):
+        one line each, said once when the run starts. Flags the user did not give are not
+        blamed, except where the run would surprise them (the warm-up)."""
+        return [line for rule in WARNINGS if (line := rule(self)) is not None]
 
     @property
     def store_url(self) -> str:
@@ -339,13 +609,53 @@ class TrainConfig:
         return d
 
 
+# --- the flags, as the fields declare them --------------------------------------------------------
+
+SWITCH = None  # Flag.type of an on/off switch
+_PARSERS: dict[str, Callable[[str], Any] | None] = {
+    "int": _whole,
+    "float": _finite,
+    "str": str,
+    "bool": SWITCH,
+}
+
+
+def _flag_of(f: Field[Any]) -> Flag:
+    """The field's flag, with its name and parser filled in from the field."""
+    flag: Flag = f.metadata["flag"]
+    parse = flag.type
+    if parse is None:
+        base = str(f.type).removesuffix(" | None")
+        if base not in _PARSERS:
+            raise TypeError(f"TrainConfig.{f.name}: give type= (no parser for {f.type})")
+        parse = _PARSERS[base]
+    negatable = parse is SWITCH and f.default is not False
+    return replace(flag, name=f.name, type=parse, negatable=negatable)
+
+
+FLAGS: tuple[Flag, ...] = tuple(_flag_of(f) for f in fields(TrainConfig) if "flag" in f.metadata)
+_FIELDS = {f.name: f for f in fields(TrainConfig)}
+
+
 def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
-def _positive_int(name: str, value: int) -> None:
-    if not isinstance(value, int) or value <= 0:
-        raise ValueError(f"{_flag(name)} must be a positive integer, got {value}")
+def _expand_home(value: str) -> str:
+    """``--checkpoint-dir=~/ckpt``: the shell expands ``~`` only at the start of a word, so the
+    flag's value keeps it; every local path means the same folder for every consumer."""
+    if value.startswith("~") and "://" not in value:
+        return os.path.expanduser(value)
+    return value
+
+
+def _check_value(flag: Flag, value: Any) -> None:
+    if flag.choices is not None and value not in flag.choices:
+        raise ValueError(
+            f"unknown {_flag(flag.name)} {value!r}: pick one of " + ", ".join(flag.choices)
+        )
+    if flag.check is not None:
+        flag.check(_flag(flag.name), value)
 
 
 def _check_numbers(cfg: TrainConfig) -> None:
@@ -360,48 +670,26 @@ def _check_numbers(cfg: TrainConfig) -> None:
 
 
 def _check_store(cfg: TrainConfig) -> None:
-    """The experiment name (ckptstore's rule) and the checkpoint URL, checked before any work."""
+    """The checkpoint URLs, checked before any work (an unknown scheme, or one whose extra is
+    not installed, fails here; no I/O)."""
+    primary = "--checkpoint-url" if cfg.checkpoint_url else "--checkpoint-dir"
+    for flag, url in ((primary, cfg.store_url), ("--checkpoint-mirror", cfg.checkpoint_mirror)):
+        if not url:
+            continue
+        try:
+            ckptstore.experiment_location(url, cfg.experiment_name, cfg.storage_options)
+        except (ValueError, ImportError, ckptstore.CheckpointError) as e:
+            raise ValueError(f"{flag} {url}: {first_line(e)}") from None
+
+
+def _same_place(cfg: TrainConfig, mirror: str) -> bool:
+    """Does the mirror resolve to the experiment's own folder? (No I/O; a URL that cannot be
+    resolved is left to :func:`_check_store`.)"""
     try:
-        ckptstore.validate_experiment_name(cfg.experiment_name)
-    except ValueError as e:
-        raise ValueError(f"--experiment_name: {e}") from None
-    flag = "--checkpoint-url" if cfg.checkpoint_url else "--checkpoint-dir"
-    _check_url(flag, cfg.store_url, cfg)
-    if cfg.checkpoint_mirror:
-        _check_url("--checkpoint-mirror", cfg.checkpoint_mirror, cfg)
-    _check_resume(cfg)
-
-
-def _check_url(flag: str, url: str, cfg: TrainConfig) -> None:
-    """An unknown URL scheme, or one whose extra is not installed, fails here (no I/O)."""
-    try:
-        ckptstore.experiment_location(url, cfg.experiment_name, cfg.storage_options)
-    except (ValueError, ImportError, ckptstore.CheckpointError) as e:
-        raise ValueError(f"{flag} {url}: {first_line(e)}") from None
-
-
-def _check_resume(cfg: TrainConfig) -> None:
-    target = cfg.resume_from_checkpoint
-    if target is None:
-        return
-    why = "" if target.strip() else "empty"
-    try:
-        cfg.resume_spec  # noqa: B018
-    except ValueError as e:  # a step number beyond ckptstore's
-        why = str(e)
-    if why:
-        raise ValueError(
-            f"--resume-from-checkpoint {target!r}: {why} (give 'latest', a step number, a "
-            "checkpoint folder, or an original PyRecover .pt file)"
-        )
-
-
-def _check_tokenizer(spec: str) -> None:
-    """The form of ``--tokenizer`` (parquetlm's spec); whether a file exists is seen later."""
-    try:
-        parquetlm.parse_tokenizer_spec(spec, check_file=False)
-    except parquetlm.TokenizerError as e:
-        raise ValueError(f"--tokenizer {spec}: {e}") from None
+        there = ckptstore.experiment_location(mirror, cfg.experiment_name, cfg.storage_options)
+        return there.url == cfg.experiment_url
+    except (ValueError, ImportError, ckptstore.CheckpointError):
+        return False
 
 
 def first_line(e: BaseException) -> str:
@@ -409,271 +697,16 @@ def first_line(e: BaseException) -> str:
     return text.splitlines()[0] if text else type(e).__name__
 
 
-# --- value parsers (argparse turns ArgumentTypeError into one line and exit 2) -------------------
-
-
-def _finite(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not math.isfinite(value):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number")
-    return value
-
-
-def _whole(text: str) -> int:
-    """An integer, also written as ``1e6``; refused when it is not whole or does not fit int64."""
-    try:
-        value = Decimal(text.strip().replace("_", ""))
-    except InvalidOperation:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if not value.is_finite() or value != value.to_integral_value():
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number")
-    if abs(value) > MAX_INT:
-        raise argparse.ArgumentTypeError(f"{text!r} is too large (at most {MAX_INT})")
-    return int(value)
-
-
-def _interval(text: str) -> float | str:
-    if text == "auto":
-        return "auto"
-    try:
-        return _finite(text)
-    except argparse.ArgumentTypeError:
-        raise argparse.ArgumentTypeError(f"{text!r} is neither seconds nor 'auto'") from None
-
-
-def _json_object(text: str) -> dict[str, Any]:
-    try:
-        return ckptstore.parse_storage_options(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-
-
-def _duration(text: str) -> float:
-    try:
-        return parse_human_duration(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-
-
-def _time_limit(text: str) -> float:
-    try:
-        seconds = parse_time_limit(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-    if math.isinf(seconds):  # SLURM's "no limit": here there would be nothing to stop before
-        raise argparse.ArgumentTypeError(
-            f"{text!r} means no time limit; leave --time-limit out to use SLURM's end time"
-        )
-    return seconds
-
-
-# --- the table of flags ---------------------------------------------------------------------------
-
-_MEASURED = "0: the first step is measured before the first stop decision"
-_GUESS = "1 s + state size / 200 MB/s"
-_STORAGE_HELP = (
-    "fsspec options for --checkpoint-url/--checkpoint-mirror (JSON object), e.g. "
-    '\'{"endpoint_url": "http://127.0.0.1:9000"}\''
-)
-_TIME_LIMIT_HELP = (
-    "stop before this long after the process started, instead of SLURM's end time: as sbatch "
-    "--time reads it (90 = 90 min, 1:30:00, 2-12:00) or with a unit (30s, 1h30m)"
-)
-_MARGIN_HELP = (
-    "seconds kept free after the final save, for the exit and requeue (replaces the measured "
-    "exit + slack)"
-)
-_MARGIN_SHOWN = (
-    "measured: 1.25 x the longest exit-and-requeue of the last 5 allocations (10 s until one is "
-    "measured) + 5 s slack"
-)
-_EXTRA_HELP = (
-    "after a stop for time, when the final save ended early: train on and save again; a save "
-    "not durable when the exit must begin is abandoned (the final save stands)"
-)
-_ASYNC_HELP = (
-    "periodic saves snapshot the state and persist it in the background; the final save blocks"
-)
-_ASYNC_SHOWN = (
-    "auto: on with CUDA (the snapshot is a copy to pinned memory), off on CPU (the writer "
-    "would compete with training for the cores) and for FSDP-sharded state"
-)
-_TOKENIZER_HELP = "byte | gpt2 | bpe[:N] | path/to/tokenizer.json (or its folder)"
-_CACHE_SHOWN = "$PYRECOVER_CACHE or ~/.cache/pyrecover"
-_VAL_SHOWN = f"{DEFAULT_VAL_FRACTION} when evaluating, else 0"
-
-
-@dataclass(frozen=True, slots=True)
-class Flag:
-    """One command-line flag: ``--NAME`` (dashes) sets the :class:`TrainConfig` field ``NAME``.
-
-    ``type`` None (:data:`SWITCH`) is an on/off switch; ``negatable`` adds ``--no-NAME`` (for a
-    switch whose default is decided at run time, None until given). ``shown`` is how help
-    describes a default that is not a plain value of the field (derived, or "preset"); else help
-    shows the field's default. ``group`` is the help section, set by :func:`_group`.
-    """
-
-    name: str
-    type: Callable[[str], Any] | None
-    help: str
-    aliases: tuple[str, ...] = ()
-    choices: tuple[str, ...] | None = None
-    metavar: str | None = None
-    shown: str | None = None
-    group: str = ""
-    negatable: bool = False
-
-
-SWITCH = None
-
-
-def _group(title: str, *flags: Flag) -> tuple[Flag, ...]:
-    return tuple(replace(f, group=title) for f in flags)
-
-
-FLAGS: tuple[Flag, ...] = (
-    *_group(
-        "original PyRecover flags",
-        Flag("dataset", str, "parquet file/dir/glob/URL", shown="the Shakespeare corpus"),
-        Flag("sequence_length", _whole, "tokens per sample"),
-        Flag("batch_size", _whole, "samples per rank per micro-step"),
-        Flag("learning_rate", _finite, "peak learning rate"),
-        Flag("training_steps", _whole, "optimizer steps in total"),
-        Flag("distributed", SWITCH, "torch.distributed under torchrun or srun"),
-        Flag(
-            "model_dtype",
-            str,
-            "compute dtype; bf16/fp16 run over fp32 weights (see --param-dtype)",
-            choices=DTYPES,
-        ),
-        Flag("checkpoint_dir", str, "local checkpoint root"),
-        Flag("checkpoint_frequency", _whole, "save every N steps, 0 or -1 = off"),
-        Flag(
-            "resume_from_checkpoint",
-            str,
-            "'latest' (a fresh start when there is none yet), a step number, a checkpoint "
-            "folder, or an original PyRecover .pt file (imported)",
-            metavar="PATH|STEP|latest",
-            shown="off",
-        ),
-        Flag("experiment_name", str, "folder under the checkpoint root (NAME or GROUP/NAME)"),
-        Flag("use_torch_distributed_ckpt", SWITCH, "torch.distributed.checkpoint format (sharded)"),
-        Flag("compile", SWITCH, "torch.compile the model"),
-        Flag("fused_optimizer", SWITCH, "fused AdamW"),
-        Flag("timeaware_checkpointing", SWITCH, "always on here: a final save before the deadline"),
-        Flag(
-            "default_iter_time",
-            _duration,
-            "the time budget's step estimate until a step is measured",
-            shown=_MEASURED,
-        ),
-        Flag(
-            "default_ckpt_time",
-            _duration,
-            "the time budget's save estimate until a save is measured",
-            shown=_GUESS,
-        ),
-        Flag("verify_checkpoints", SWITCH, "always on here: every file is checksummed"),
-        Flag("use_flash_attention", SWITCH, "accepted: SDPA picks FlashAttention kernels itself"),
-        Flag("log_loss_to_csv", SWITCH, "also write EXP_DIR/EXPERIMENT_loss_log.csv"),
-        Flag("profile", SWITCH, "torch.profiler trace (and cudaProfilerStart/Stop) of the steps"),
-        Flag("profile_step_start", _whole, "first profiled step"),
-        Flag("profile_step_end", _whole, "last profiled step"),
-    ),
-    *_group(
-        "checkpointing",
-        Flag("checkpoint_url", str, "any fsspec URL (s3://bucket/run); overrides --checkpoint-dir"),
-        Flag("checkpoint_mirror", str, "second location every checkpoint is copied to"),
-        Flag("async_checkpoint", SWITCH, _ASYNC_HELP, shown=_ASYNC_SHOWN, negatable=True),
-        Flag("keep_last", _whole, "keep the newest N, 0 = all", aliases=("max_kept_checkpoints",)),
-        Flag("keep_every", _whole, "also keep every checkpoint whose step is a multiple of N"),
-        Flag("keep_best", _whole, "also keep the K with the lowest validation loss"),
-        Flag(
-            "checkpoint_interval_seconds",
-            _interval,
-            "save every N seconds; auto = Young/Daly sqrt(2 * save cost * MTBF)",
-            metavar="N|auto",
-        ),
-        Flag("storage_options", _json_object, _STORAGE_HELP, metavar="JSON"),
-        Flag("mtbf", _duration, "mean time between failures for auto"),
-    ),
-    *_group(
-        "time",
-        Flag("time_limit", _time_limit, _TIME_LIMIT_HELP, shown="SLURM's deadline"),
-        Flag("stop_margin", _duration, _MARGIN_HELP, shown=_MARGIN_SHOWN),
-        Flag("extra_saves", SWITCH, _EXTRA_HELP, shown="on", negatable=True),
-    ),
-    *_group(
-        "model, data, optimisation",
-        Flag("model_size", str, "preset shape", choices=tuple(PRESETS)),
-        Flag("tokenizer", str, _TOKENIZER_HELP, aliases=("tokenizer_name_or_path",)),
-        Flag("text_column", str, "parquet column with the text"),
-        Flag("cache_dir", str, "corpus/tokenizer/token cache", shown=_CACHE_SHOWN),
-        Flag("seed", _whole, "weights, data order and RNG seed"),
-        Flag("grad_accum", _whole, "micro-batches per optimizer step"),
-        Flag("warmup_steps", _whole, "linear warmup, then cosine", aliases=("lr_warmup_steps",)),
-        Flag("min_lr", _finite, "learning rate at the end of the cosine", shown="lr/10"),
-        Flag("weight_decay", _finite, "AdamW weight decay"),
-        Flag("grad_clip", _finite, "clip the gradient norm, 0 = off", aliases=("grad_max_norm",)),
-        Flag("device", str, "auto = CUDA when available", choices=DEVICES),
-    ),
-    *_group(
-        "parallelism, memory, reproducibility",
-        Flag(
-            "parallelism",
-            str,
-            "ddp: every rank holds the whole model; fsdp: weights, gradients and optimizer "
-            "state sharded over the ranks (FSDP2), checkpoints sharded (dcp)",
-            choices=PARALLELISMS,
-        ),
-        Flag(
-            "param_dtype",
-            str,
-            "what weights, gradients and AdamW moments are stored in; bf16 halves them (the "
-            "original PyRecover's --model-dtype bf16; implies --model-dtype bf16)",
-            choices=PARAM_DTYPES,
-            shown="fp32 (fp64 with --model-dtype fp64)",
-        ),
-        Flag(
-            "activation_checkpointing",
-            SWITCH,
-            "recompute each layer's activations in backward: less memory, ~1/3 more compute",
-        ),
-        Flag(
-            "deterministic",
-            SWITCH,
-            "bitwise-reproducible GPU runs: deterministic kernels, no TF32, math attention "
-            "(slower); CPU runs are deterministic anyway",
-        ),
-    ),
-    *_group(
-        "observability",
-        Flag("log_every", _whole, "steps between progress lines", aliases=("logging_frequency",)),
-        Flag("metrics", str, "JSONL metrics file", shown="EXP_DIR/metrics.jsonl"),
-        Flag("wandb", SWITCH, "log to Weights & Biases (extra [wandb])"),
-        Flag("eval_every", _whole, "validation every N steps, 0 = off"),
-        Flag("eval_batches", _whole, "validation batches per rank"),
-        Flag("val_fraction", _finite, "held-out share of the data", shown=_VAL_SHOWN),
-        Flag("peak_tflops", _finite, "per-GPU peak for MFU", shown="the table of GPUs"),
-        Flag("dry_run", SWITCH, "one step, one save, one verified load, exit 0"),
-    ),
-)
-_FIELDS = {f.name: f for f in fields(TrainConfig)}
-assert all(f.name in _FIELDS for f in FLAGS)
+# --- the parser, generated from FLAGS -------------------------------------------------------------
 
 
 def _default_text(flag: Flag) -> str | None:
-    if flag.type is SWITCH:
-        return flag.shown  # off unless given, or decided at run time
-    if flag.shown is not None:
-        return flag.shown
-    if flag.name in _TINY:
-        return f"preset: tiny {_TINY[flag.name]}, 125m and up {_ORIGINAL[flag.name]}"
+    if flag.type is SWITCH or flag.shown is not None:
+        return flag.shown  # a switch is off unless given, or decided at run time
+    if flag.name in PRESET_FLAGS:
+        return describe_preset(flag.name)
     default = _FIELDS[flag.name].default
-    assert default is not MISSING
+    assert default is not MISSING  # every flag field has a default (a Section requires one)
     if default is None:
         return "off"
     return f"{default:g}" if isinstance(default, float) else str(default)
@@ -681,6 +714,7 @@ def _default_text(flag: Flag) -> str | None:
 
 _METAVARS: dict[Callable[[str], Any], str] = {
     _whole: "N",
+    _count_or_all: "N",
     _finite: "X",
     _duration: "DURATION",
     _time_limit: "TIME",
@@ -740,47 +774,139 @@ def build_parser(prog: str = "pyrecover-train") -> argparse.ArgumentParser:
         group = groups.get(flag.group) or groups.setdefault(
             flag.group, p.add_argument_group(flag.group)
         )
-        names = [s for n in (flag.name, *flag.aliases) for s in spellings(n)]
-        shown = _default_text(flag)
-        text = flag.help if shown is None else f"{flag.help} (default: {shown})"
-        kwargs: dict[str, Any] = {
-            "dest": flag.name,
-            "default": argparse.SUPPRESS,
-            "help": text.replace("%", "%%"),
-        }
-        if flag.type is SWITCH:
-            kwargs["action"] = "store_true"
-        else:
-            metavar = flag.metavar or (None if flag.type is None else _METAVARS.get(flag.type))
-            kwargs.update(type=flag.type, choices=flag.choices, metavar=metavar)
-        group.add_argument(*names, **kwargs)
-        if flag.negatable:
-            no = spellings("no_" + flag.name)
-            group.add_argument(
-                *no, dest=flag.name, action="store_false", default=argparse.SUPPRESS,
-                help=f"turn {spellings(flag.name)[0]} off",
-            )  # fmt: skip
+        _add_flag(group, flag)
     return p
+
+
+def _add_flag(group: argparse._ArgumentGroup, flag: Flag) -> None:
+    names = [s for n in (flag.name, *flag.aliases) for s in spellings(n)]
+    shown = _default_text(flag)
+    text = flag.help if shown is None else f"{flag.help} (default: {shown})"
+    kwargs: dict[str, Any] = {
+        "dest": flag.name,
+        "default": argparse.SUPPRESS,
+        "help": text.replace("%", "%%"),
+    }
+    if flag.type is SWITCH:
+        kwargs["action"] = "store_true"
+    else:
+        metavar = flag.metavar or _METAVARS.get(flag.type)
+        kwargs.update(type=flag.type, choices=flag.choices, metavar=metavar)
+    group.add_argument(*names, **kwargs)
+    if flag.negatable:
+        group.add_argument(
+            *spellings("no_" + flag.name),
+            dest=flag.name,
+            action="store_false",
+            default=argparse.SUPPRESS,
+            help=f"turn {spellings(flag.name)[0]} off",
+        )
 
 
 def config_from_args(argv: list[str] | None) -> TrainConfig:
     """Parse and validate; bad input raises :class:`UsageError` (argparse exits 2 by itself)."""
-    ns = vars(build_parser().parse_args(argv))
-    explicit = tuple(sorted(ns))
-    size = ns.get("model_size", "tiny")
-    values: dict[str, Any] = dict(PRESET_DEFAULTS.get(size, {}))
-    if "val_fraction" not in ns:
-        eval_every = ns.get("eval_every", values.get("eval_every", 0))
-        values["val_fraction"] = DEFAULT_VAL_FRACTION if eval_every else 0.0
-    values.update(ns)
-    if values.get("param_dtype") == "bf16" and "model_dtype" not in ns:
-        values["model_dtype"] = "bf16"  # bf16 storage computes in bf16
-    if "checkpoint_interval_seconds" in ns and "checkpoint_frequency" not in ns:
-        values["checkpoint_frequency"] = 0  # a time interval replaces the step frequency
-    for name in ("keep_last", "keep_every", "keep_best"):
-        if values.get(name) == 0:
-            values[name] = None  # 0 = no limit, as ckptstore expects None
+    given = vars(build_parser().parse_args(argv))
+    values = preset_defaults(given.get("model_size", DEFAULT_SIZE))
+    values.update(given)
+    values.update(_derived_defaults(values, given))
     try:
-        return TrainConfig(explicit=explicit, **values)
+        return TrainConfig(explicit=tuple(sorted(given)), **values)
     except ValueError as e:
         raise UsageError(str(e)) from None
+
+
+def _derived_defaults(values: dict[str, Any], given: dict[str, Any]) -> dict[str, Any]:
+    """Defaults that follow another flag's value, for the flags not given."""
+    out: dict[str, Any] = {}
+    if "val_fraction" not in given:  # a held-out split only when something evaluates on it
+        out["val_fraction"] = DEFAULT_VAL_FRACTION if values.get("eval_every") else 0.0
+    if values.get("param_dtype") == "bf16" and "model_dtype" not in given:
+        out["model_dtype"] = "bf16"  # bf16 storage computes in bf16
+    if "checkpoint_interval_seconds" in given and "checkpoint_frequency" not in given:
+        out["checkpoint_frequency"] = 0  # a time interval replaces the step frequency
+    return out
+
+
+# --- contradictions that leave a sane run: said once when the run starts --------------------------
+
+
+def _warmup_past_the_end(cfg: TrainConfig) -> str | None:
+    warmup, steps, lr = cfg.warmup_steps, cfg.training_steps, cfg.learning_rate
+    if warmup <= steps:
+        return None
+    whose = "" if "warmup_steps" in cfg.explicit else " (the default)"
+    return (
+        f"--warmup-steps {warmup}{whose} > --training-steps {steps}: the learning rate never "
+        f"reaches --learning-rate {lr:g} (at most {lr * steps / warmup:.3g}, {steps}/{warmup} of "
+        "it); give --warmup-steps below --training-steps (0 = no warm-up)"
+    )
+
+
+def _frequency_past_the_end(cfg: TrainConfig) -> str | None:
+    every, steps = cfg.checkpoint_frequency, cfg.training_steps
+    if "checkpoint_frequency" not in cfg.explicit or not every or every <= steps:
+        return None
+    return (
+        f"--checkpoint-frequency {every} > --training-steps {steps}: no periodic save falls in "
+        "the run (the final save still comes); give N <= --training-steps, or 0 to say so"
+    )
+
+
+def _profile_outside_the_run(cfg: TrainConfig) -> str | None:
+    if not cfg.profile:
+        given = [_flag(n) for n in ("profile_step_start", "profile_step_end") if n in cfg.explicit]
+        if not given:
+            return None
+        return f"{' and '.join(given)} without --profile: nothing is profiled; add --profile"
+    start, steps = cfg.profile_step_start, cfg.training_steps
+    if start <= steps:
+        return None
+    return (
+        f"--profile-step-start {start} > --training-steps {steps}: no step is profiled; give "
+        f"steps within 1-{steps}"
+    )
+
+
+def _margin_takes_all_the_time(cfg: TrainConfig) -> str | None:
+    """Sane only as a check that a resume works: it stops at its first chance, and saves."""
+    limit, margin = cfg.time_limit, cfg.stop_margin
+    if limit is None or margin is None or margin < limit:
+        return None
+    return (
+        f"--stop-margin {margin:g} s keeps all of --time-limit {limit:g} s free: the run stops "
+        "at its first stop decision (with a final save); give a margin below the limit, or "
+        "leave it out (measured)"
+    )
+
+
+def _mtbf_unused(cfg: TrainConfig) -> str | None:
+    if "mtbf" not in cfg.explicit or cfg.checkpoint_interval_seconds == "auto":
+        return None
+    return (
+        "--mtbf is read by --checkpoint-interval-seconds auto only: it changes nothing here; "
+        "add --checkpoint-interval-seconds auto, or drop --mtbf"
+    )
+
+
+def _validation_unused(cfg: TrainConfig) -> str | None:
+    if cfg.eval_every:
+        return None
+    if "val_fraction" in cfg.explicit and cfg.val_fraction:
+        return (
+            f"--val-fraction {cfg.val_fraction:g} holds out data that no validation uses "
+            "(--eval-every is 0): that share is not trained on; give --eval-every N, or drop "
+            "--val-fraction"
+        )
+    if "eval_batches" in cfg.explicit:
+        return "--eval-batches changes nothing with --eval-every 0 (no validation runs)"
+    return None
+
+
+WARNINGS: tuple[Callable[[TrainConfig], str | None], ...] = (
+    _warmup_past_the_end,
+    _frequency_past_the_end,
+    _profile_outside_the_run,
+    _margin_takes_all_the_time,
+    _mtbf_unused,
+    _validation_unused,
+)

@@ -98,6 +98,8 @@ class Console:
         if cfg.wandb:
             self.wandb = _wandb(cfg, self.rank, model_config)
         _say_original_flags(cfg)
+        for line in cfg.warnings() if self.rank == 0 else ():
+            logs.say_warning(line)  # flags that contradict each other but leave a sane run
 
     def _banner(
         self, *, params: int, device: str, data: Data, saves: str, budget: slurmclock.TimeBudget

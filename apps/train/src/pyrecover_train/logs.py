@@ -42,6 +42,15 @@ def exception_to_file(message: str) -> None:
     handler.handle(record)
 
 
+def say_warning(message: str) -> None:
+    """A warning about the user's input (rank 0): one line on stderr, where rank 0's progress
+    on stdout does not bury it, and the same line in train.log."""
+    print(f"pyrecover-train: warning: {message}", file=sys.stderr, flush=True)
+    handler = None if _installed.logging is None else _installed.logging.file
+    if handler is not None:
+        handler.handle(log.makeRecord(log.name, logging.WARNING, __file__, 0, message, (), None))
+
+
 def teardown() -> None:
     """Remove and close the handlers (tests run several trainings in one process)."""
     if _installed.logging is not None:

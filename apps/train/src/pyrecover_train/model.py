@@ -14,6 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .sizes import SIZES
+
 
 @dataclass(kw_only=True, slots=True, frozen=True)
 class ModelConfig:
@@ -92,74 +94,18 @@ class ModelConfig:
         return 6.0 * self.num_params(embedding=False) + 12.0 * self.n_layers * self.dim * seq_len
 
 
-# Presets. vocab_size None = the tokenizer's vocabulary (rounded up to a multiple of 64).
-PRESETS: dict[str, dict[str, Any]] = {
-    "tiny": {
-        "dim": 128,
-        "n_layers": 4,
-        "n_heads": 4,
-        "n_kv_heads": 2,
-        "ffn_dim": 384,
-        "vocab_size": None,
-    },
-    "small": {
-        "dim": 384,
-        "n_layers": 6,
-        "n_heads": 6,
-        "n_kv_heads": 2,
-        "ffn_dim": 1024,
-        "vocab_size": None,
-    },
-    "125m": {
-        "dim": 768,
-        "n_layers": 12,
-        "n_heads": 12,
-        "n_kv_heads": 4,
-        "ffn_dim": 2048,
-        "vocab_size": None,
-    },
-    "350m": {
-        "dim": 1024,
-        "n_layers": 24,
-        "n_heads": 16,
-        "n_kv_heads": 4,
-        "ffn_dim": 2816,
-        "vocab_size": None,
-    },
-    # Llama-3.2-1B's shape (embeddings untied here, so 1.5B parameters).
-    "1b": {
-        "dim": 2048,
-        "n_layers": 16,
-        "n_heads": 32,
-        "n_kv_heads": 8,
-        "ffn_dim": 8192,
-        "vocab_size": 128256,
-        "rope_theta": 500000.0,
-    },
-    # The original PyRecover's Llama-3-8B shape.
-    "8b": {
-        "dim": 4096,
-        "n_layers": 32,
-        "n_heads": 32,
-        "n_kv_heads": 8,
-        "ffn_dim": 14336,
-        "vocab_size": 128256,
-        "rope_theta": 500000.0,
-    },
-}
-
-
 def preset_config(
     name: str, *, vocab_size: int, max_seq_len: int, exact_vocab: int | None = None
 ) -> ModelConfig:
-    """The preset's shape, with the tokenizer's vocabulary where the preset has none of its own.
+    """The shape of model size ``name`` (:data:`~pyrecover_train.sizes.SIZES`), with the
+    tokenizer's vocabulary where the preset has none of its own.
 
     ``exact_vocab``: the vocabulary of weights being imported (it wins over the preset's; the
     tokenizer must fit in it).
     """
-    if name not in PRESETS:
-        raise ValueError(f"unknown model size {name!r}: pick one of {', '.join(PRESETS)}")
-    spec = dict(PRESETS[name])
+    if name not in SIZES:
+        raise ValueError(f"unknown model size {name!r}: pick one of {', '.join(SIZES)}")
+    spec = asdict(SIZES[name].shape)
     preset_vocab = spec.pop("vocab_size")
     if exact_vocab is not None:
         if vocab_size > exact_vocab:

@@ -1,10 +1,7 @@
-"""Throughput arithmetic: MFU per GPU and the learning-rate schedule. (The Young/Daly checkpoint
-interval is slurmclock's: ``slurmclock.checkpoint_interval``.)"""
+"""Throughput arithmetic: the peak FLOP/s of a GPU and the MFU of one. (The learning-rate
+schedule is in ``lr_schedule.py``, the save schedule in ``save_schedule.py``.)"""
 
 from __future__ import annotations
-
-import math
-from collections.abc import Callable
 
 import torch
 
@@ -53,19 +50,3 @@ def mfu(tokens_per_s_per_gpu: float, flops_per_token: float, peak: float | None)
     if peak is None or peak <= 0:
         return None
     return tokens_per_s_per_gpu * flops_per_token / peak
-
-
-def warmup_cosine(*, warmup: int, total: int, min_ratio: float) -> Callable[[int], float]:
-    """LR multiplier for LambdaLR: linear warmup to 1, cosine decay to ``min_ratio`` at ``total``.
-
-    A plain function (not an object) on purpose: LambdaLR then stores nothing of it in its
-    state dict, so a resumed run follows the schedule of its own flags.
-    """
-
-    def factor(step: int) -> float:
-        if step < warmup:
-            return (step + 1) / warmup
-        progress = min(1.0, (step - warmup) / max(1, total - warmup))
-        return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
-
-    return factor

@@ -218,9 +218,17 @@ def plot(events: list[dict[str, Any]], summary: Summary, out: Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    t0 = min((r.started for r in summary.runs), default=0.0)
     fig, (ax_loss, ax_time) = plt.subplots(2, 1, figsize=(9, 7))
-    evals = [e for e in events if e["event"] == "eval"]
+    _plot_loss(ax_loss, events, summary)
+    _plot_timeline(ax_time, events, summary)
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
+
+
+def _plot_loss(ax: Any, events: list[dict[str, Any]], summary: Summary) -> None:
     for i, run in enumerate(summary.runs):
         # One line per run: steps redone after a restart overlap instead of zig-zagging.
         pts = [
@@ -229,42 +237,42 @@ def plot(events: list[dict[str, Any]], summary: Summary, out: Path) -> Path:
             if e["event"] == "step" and str(e.get("run")) == run.run
         ]
         if pts:
-            ax_loss.plot(
-                *zip(*pts, strict=True), color=f"C{i % 10}", label=f"train loss, run {i + 1}"
-            )
+            ax.plot(*zip(*pts, strict=True), color=f"C{i % 10}", label=f"train loss, run {i + 1}")
+    evals = [e for e in events if e["event"] == "eval"]
     if evals:
-        ax_loss.plot(
+        ax.plot(
             [e["step"] for e in evals], [e["val_loss"] for e in evals], "ko", label="validation"
         )
-    ax_loss.set_xlabel("step")
-    ax_loss.set_ylabel("loss")
-    ax_loss.legend()
-    ax_loss.set_title("loss")
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss")
+    ax.legend()
+    ax.set_title("loss")
+
+
+def _plot_timeline(ax: Any, events: list[dict[str, Any]], summary: Summary) -> None:
+    t0 = min((r.started for r in summary.runs), default=0.0)
+
+    def minutes(t: float) -> float:
+        return (t - t0) / 60
+
     for i, run in enumerate(summary.runs):
         evs = [e for e in events if str(e.get("run")) == run.run]
-        pts = [((e["time"] - t0) / 60, e["step"]) for e in evs if e["event"] == "step"]
-        ax_time.axvspan(
-            (run.started - t0) / 60, (run.ended - t0) / 60, color=f"C{i % 10}", alpha=0.08
-        )
+        pts = [(minutes(e["time"]), e["step"]) for e in evs if e["event"] == "step"]
+        ax.axvspan(minutes(run.started), minutes(run.ended), color=f"C{i % 10}", alpha=0.08)
         if pts:
-            ax_time.plot(*zip(*pts, strict=True), color=f"C{i % 10}", label=f"run {i + 1}")
-        saves = [((e["time"] - t0) / 60, e["step"]) for e in evs if e["event"] == "saved"]
+            ax.plot(*zip(*pts, strict=True), color=f"C{i % 10}", label=f"run {i + 1}")
+        saves = [(minutes(e["time"]), e["step"]) for e in evs if e["event"] == "saved"]
         if saves:
-            ax_time.plot(*zip(*saves, strict=True), "|", color="k", markersize=10)
+            ax.plot(*zip(*saves, strict=True), "|", color="k", markersize=10)
         marker = MARKERS.get(run.outcome, "X")
-        ax_time.plot((run.ended - t0) / 60, run.end_step, marker, color="C3", markersize=9)
+        ax.plot(minutes(run.ended), run.end_step, marker, color="C3", markersize=9)
         if run.resumed:
-            ax_time.plot((run.started - t0) / 60, run.start_step, "^", color="C2", markersize=9)
-    ax_time.set_xlabel("minutes since the first start")
-    ax_time.set_ylabel("step")
-    ax_time.set_title(LEGEND, fontsize=9)
+            ax.plot(minutes(run.started), run.start_step, "^", color="C2", markersize=9)
+    ax.set_xlabel("minutes since the first start")
+    ax.set_ylabel("step")
+    ax.set_title(LEGEND, fontsize=9)
     if summary.runs:
-        ax_time.legend(loc="upper left", fontsize=8)
-    fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out
+        ax.legend(loc="upper left", fontsize=8)
 
 
 def main(argv: list[str] | None = None) -> int:

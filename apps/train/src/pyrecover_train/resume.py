@@ -13,8 +13,8 @@ import ddpkit
 
 from .config import TrainConfig, UsageError, first_line
 from .legacy import OriginalCheckpoint
+from .lr_schedule import warmup_cosine
 from .model import ModelConfig
-from .perf import warmup_cosine
 from .state import TrainState
 
 log = logging.getLogger("pyrecover_train")

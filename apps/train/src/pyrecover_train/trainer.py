@@ -41,7 +41,7 @@ from .dryrun import dry_run
 from .perf import peak_flops
 from .profiling import StepProfiler
 from .resume import Resume, first_line
-from .schedule import SaveSchedule
+from .save_schedule import SaveSchedule
 from .startup import Startup
 from .state import local
 from .step import OutOfMemory, Stepper, memory_guard

@@ -35,7 +35,15 @@ from .manifest import (
     VerifyReport,
 )
 from .retention import RetentionPolicy
-from .storage import IOOptions, Storage, open_storage, parse_storage_options
+from .storage import (
+    IOOptions,
+    Storage,
+    available_storages,
+    get_storage,
+    open_storage,
+    parse_storage_options,
+    register_storage,
+)
 from .store import CheckpointStore, SaveHandle
 
 __all__ = [
@@ -68,11 +76,14 @@ __all__ = [
     "VerifyReport",
     "__version__",
     "available_formats",
+    "available_storages",
     "experiment_location",
     "get_format",
+    "get_storage",
     "open_storage",
     "parse_storage_options",
     "register_format",
+    "register_storage",
     "validate_experiment_name",
 ]
 

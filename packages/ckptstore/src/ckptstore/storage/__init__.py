@@ -1,4 +1,4 @@
-"""Where bytes go: local disks (fast path) and any fsspec URL (s3 with a streaming fast path).
+"""Where bytes go: local disks (fast path), S3 (its own fast paths) and any fsspec URL.
 
 Writes checksum while writing (never re-read), in large pieces on several threads; local writes
 go temp -> fsync -> rename -> directory fsync and use O_DIRECT where the filesystem allows it
@@ -9,18 +9,18 @@ with a parallel multipart upload.
 
 ``Storage`` is the seam: the store takes one (or a URL, opened with ``open_storage``), so a
 wrapper can add behaviour (tests pause a save at a chosen point of the commit protocol this way).
+Which class serves a URL is the registry's (``registry.py``: protocol -> class, lazy import,
+install hint, the ``ckptstore.storage`` entry points).
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from typing import Any, Protocol
 
 import orjson
 import torch
 
-from ..errors import CheckpointError
 from ..manifest import FileEntry
 from .engine import DaemonPool, InlineIO, IOEngine, IOOptions
 from .local import LocalStorage, fsync_dir
@@ -33,6 +33,13 @@ from .payload import (
     crc_chunks,
     needed_chunks,
     scatter,
+)
+from .registry import (
+    StorageBackend,
+    available_storages,
+    get_storage,
+    open_storage,
+    register_storage,
 )
 from .remote import FsspecStorage
 
@@ -49,12 +56,16 @@ __all__ = [
     "Payload",
     "SegmentPayload",
     "Storage",
+    "StorageBackend",
+    "available_storages",
     "check_chunks",
     "crc_chunks",
     "fsync_dir",
+    "get_storage",
     "needed_chunks",
     "open_storage",
     "parse_storage_options",
+    "register_storage",
     "scatter",
 ]
 
@@ -96,26 +107,6 @@ class Storage(Protocol):
     def create_exclusive(self, path: str, data: bytes) -> str | None: ...
     def replace_if(self, path: str, data: bytes, version: str) -> str | None: ...
     def delete_if(self, path: str, version: str) -> bool: ...
-
-
-def open_storage(url: str, storage_options: dict[str, Any] | None = None) -> Storage:
-    """Local paths and ``file://`` get the local fast path; anything else goes through fsspec."""
-    if "://" not in url or url.startswith(("file://", "local://")):
-        path = url.split("://", 1)[1] if "://" in url else url
-        return LocalStorage(os.path.abspath(os.path.expanduser(path)))
-    import fsspec
-
-    protocol = url.split("://", 1)[0]
-    try:
-        fs, path = fsspec.core.url_to_fs(url, **dict(storage_options or {}))
-    except ImportError as e:
-        hint = "pip install 'ckptstore[s3]'" if protocol in ("s3", "s3a") else str(e)
-        raise CheckpointError(f"cannot open {url}: {protocol}:// needs an extra: {hint}") from e
-    except ValueError as e:
-        raise CheckpointError(f"cannot open {url}: {e}") from e
-    if type(fs).__name__ == "LocalFileSystem":
-        return LocalStorage(os.path.abspath(path))
-    return FsspecStorage(fs, path.rstrip("/"))
 
 
 def parse_storage_options(text: str) -> dict[str, Any]:

@@ -10,6 +10,7 @@ import os
 import time
 import uuid
 from collections.abc import Iterator, Sequence
+from typing import Any
 
 import torch
 
@@ -110,6 +111,12 @@ class LocalStorage:
     def __init__(self, root: str) -> None:
         self.root = root
         self._direct_ok: dict[str, bool] = {}
+
+    @classmethod
+    def from_url(cls, url: str, storage_options: dict[str, Any]) -> LocalStorage:
+        """A plain path, ``file://PATH`` or ``local://PATH`` (``~`` expanded; no options)."""
+        path = url.split("://", 1)[1] if "://" in url else url
+        return cls(os.path.abspath(os.path.expanduser(path)))
 
     def join(self, *parts: str) -> str:
         return os.path.join(*parts)

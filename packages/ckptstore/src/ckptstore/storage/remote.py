@@ -1,4 +1,5 @@
-"""Any fsspec filesystem (object stores and the rest), with S3 fast paths from ``s3.py``."""
+"""Any fsspec filesystem (object stores and the rest): the generic backend. Backends with fast
+paths of their own (``s3.py``) subclass it and override the methods they do better."""
 
 from __future__ import annotations
 
@@ -6,14 +7,14 @@ import contextlib
 import errno
 import functools
 import importlib
+import os
 import zlib
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..buffers import memview
 from ..errors import CorruptCheckpointError, disk_error
 from ..manifest import CRC_CHUNK, Checksum, FileEntry
-from . import s3
 from .engine import IOEngine
 from .payload import (
     Dest,
@@ -25,6 +26,9 @@ from .payload import (
     pieces,
     scatter,
 )
+
+if TYPE_CHECKING:
+    from . import Storage
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -59,11 +63,19 @@ class FsspecStorage:
 
     def __init__(self, fs: Any, root: str) -> None:
         self.fs, self.root = fs, root
-        self.is_s3 = type(fs).__name__ == "S3FileSystem"
         self.is_object_store = not getattr(fs, "local_file", False)
-        self._bucket_checked = False
-        if self.is_s3:
-            s3.quiet_dead_connections(fs)
+
+    @classmethod
+    def from_url(cls, url: str, storage_options: dict[str, Any]) -> Storage:
+        """fsspec's filesystem for ``url``; a local one gets the local fast path instead."""
+        import fsspec
+
+        from .local import LocalStorage
+
+        fs, path = fsspec.core.url_to_fs(url, **storage_options)
+        if type(fs).__name__ == "LocalFileSystem":
+            return LocalStorage(os.path.abspath(path))
+        return cls(fs, path.rstrip("/"))
 
     def join(self, *parts: str) -> str:
         return "/".join(p.strip("/") if i else p.rstrip("/") for i, p in enumerate(parts))
@@ -76,16 +88,8 @@ class FsspecStorage:
 
     @_translated
     def makedirs(self, path: str) -> None:
-        if self.is_s3:  # no directories on S3; and s3fs would create a missing bucket
-            self._require_bucket(path)
-            return
         with contextlib.suppress(FileExistsError):
             self.fs.makedirs(path, exist_ok=True)
-
-    def _require_bucket(self, path: str) -> None:
-        if not self._bucket_checked:
-            s3.require_bucket(self.fs, path)
-            self._bucket_checked = True
 
     @_translated
     def list_dir(self, path: str) -> list[str]:
@@ -129,8 +133,6 @@ class FsspecStorage:
 
     @_translated
     def _write(self, path: str, payload: Payload, io: IOEngine, background: bool) -> list[int]:
-        if self.is_s3 and payload.size > io.options.s3_part_bytes:
-            return s3.upload(self.fs, path, payload, io, background, self._piece_bytes)
         return self._sequential_write(path, payload, io)
 
     @staticmethod
@@ -160,9 +162,6 @@ class FsspecStorage:
     def _stream(self, path: str, start: int, stop: int, piece: int) -> Iterator[bytes]:
         """Bytes [start, stop) of a file, in order, with as few requests as possible."""
         if stop <= start:
-            return
-        if self.is_s3:
-            yield from s3.stream(self.fs, path, start, stop)
             return
         with self.fs.open(path, "rb", block_size=piece, cache_type="none") as f:
             f.seek(start)
@@ -233,12 +232,10 @@ class FsspecStorage:
         self.fs.invalidate_cache(path)
 
     # -- atomic primitives (the writer lock) -------------------------------------------------
-    # S3: conditional requests (If-None-Match / If-Match), atomic on AWS, MinIO and moto.
-    # Elsewhere best effort: check, write, read back; a race inside that window is possible.
+    # Best effort: check, write, read back; a race inside that window is possible. Backends
+    # with conditional requests override these (S3: If-None-Match / If-Match).
     @_translated
     def read_versioned(self, path: str) -> tuple[bytes, str] | None:
-        if self.is_s3:
-            return s3.get_versioned(self.fs, path)
         try:
             data = self.read_small(path)
         except FileNotFoundError:
@@ -247,9 +244,6 @@ class FsspecStorage:
 
     @_translated
     def create_exclusive(self, path: str, data: bytes) -> str | None:
-        if self.is_s3:
-            self._require_bucket(path)
-            return s3.put_if(self.fs, path, data, IfNoneMatch="*")
         if self.exists(path):
             return None
         self.write_small(path, data)
@@ -258,8 +252,6 @@ class FsspecStorage:
 
     @_translated
     def replace_if(self, path: str, data: bytes, version: str) -> str | None:
-        if self.is_s3:
-            return s3.put_if(self.fs, path, data, IfMatch=version)
         cur = self.read_versioned(path)
         if cur is None or cur[1] != version:
             return None
@@ -268,8 +260,6 @@ class FsspecStorage:
 
     @_translated
     def delete_if(self, path: str, version: str) -> bool:
-        if self.is_s3:
-            return s3.delete_if(self.fs, path, version)
         cur = self.read_versioned(path)
         if cur is None or cur[1] != version:
             return False
