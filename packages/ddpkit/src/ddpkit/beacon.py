@@ -14,6 +14,18 @@ from typing import Any
 CONNECT_S = 2.0  # a beacon connect / probe that takes longer: nothing answers there
 
 
+def identity(pid: int) -> dict[str, Any]:
+    """What tells a process apart on this machine, beyond a pid that may be reused or belong to
+    another pid namespace (a container): its pid namespace and its start time (Linux)."""
+    found: dict[str, Any] = {"pid": pid}
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        found["pidns"] = os.stat(f"/proc/{pid}/ns/pid").st_ino
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            # Field 22 (start time in clock ticks), counted after the ")" that ends field 2.
+            found["start"] = int(f.read().rsplit(b")", 1)[1].split()[19])
+    return found
+
+
 def facing_address(master_addr: str, master_port: int) -> tuple[int, str]:
     """(family, this host's address on the route to rank 0): what the other ranks can reach."""
     infos = socket.getaddrinfo(master_addr, master_port, type=socket.SOCK_DGRAM)
@@ -37,8 +49,8 @@ class Beacon:
 
     def record(self) -> str:
         """What the rendezvous publishes for this rank."""
-        host = socket.gethostname()
-        return json.dumps({"host": host, "addr": self.addr, "port": self.port, "pid": os.getpid()})
+        record = {"host": socket.gethostname(), "addr": self.addr, "port": self.port}
+        return json.dumps({**record, **identity(os.getpid())})
 
     def accept(self) -> None:
         while True:
@@ -86,7 +98,7 @@ class Link:
         self.rank = rank
         self.host = str(record.get("host", "?"))
         self.addr = (str(record["addr"]), int(record["port"]))
-        self.pid = int(record.get("pid", 0))
+        self.identity = {k: record[k] for k in ("pid", "pidns", "start") if k in record}
         self.sock: socket.socket | None = None
         self.closed = False  # EOF (or reset) without a goodbye
         self.lines: list[str] = []
@@ -123,6 +135,20 @@ class Link:
                 return True
         except OSError:
             return False
+
+    def same_process_here(self) -> bool:
+        """True when the watched rank is another process on this machine, in this pid namespace,
+        with the very pid and start time it published (so a signal reaches it and only it)."""
+        pid = int(self.identity.get("pid", 0))
+        if (
+            self.host != socket.gethostname()
+            or "start" not in self.identity
+            or pid in (0, os.getpid())
+        ):
+            return False
+        if self.identity.get("pidns") != identity(os.getpid()).get("pidns"):
+            return False  # another container: that pid is not this process's
+        return identity(pid) == self.identity
 
     def close(self) -> None:
         if self.sock is not None:

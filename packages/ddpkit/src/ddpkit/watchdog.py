@@ -19,10 +19,12 @@ two daemon threads from ``init()`` on:
 
 The rank that sees a failure prints one line, appends it to ``DDPKIT_FAULT_FILE``, publishes it
 (the fault key, and an ``F`` message to the ranks connected to its own beacon) and ends its
-process with exit 69; the others follow as soon as they read either, with one line each. The
-launcher (torchrun, mpirun, ``srun --kill-on-bad-exit``) then ends what is left -- a stopped
-process included -- and the job script can requeue. A rank that leaves normally says so first
-(``L``), one that leaves with an exception says which (``E``): neither is taken for dead.
+process with exit 69; the others follow as soon as they read either, with one line each. A
+frozen rank cannot end itself: on the same machine its watcher SIGKILLs it (only the process it
+published: pid, start time, pid namespace); on another node the launcher (torchrun, mpirun,
+``srun --kill-on-bad-exit``) ends it once the others have exited. The job script can requeue.
+A rank that leaves normally says so first (``L``), one that leaves with an exception says which
+(``E``): neither is taken for dead.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ import contextlib
 import json
 import os
 import select
+import signal
 import socket
 import sys
 import threading
@@ -479,12 +482,18 @@ class Watchdog:
         where = f"[rank {self.rank}/{self.world_size} on {self._host}]"
         told = "seen by this rank" if reporter else f"reported by rank {fault.reporter}"
         note = ""
+        frozen_here = self._frozen_here(fault) if reporter else None
+        if frozen_here is not None:
+            note = "; ends it (SIGKILL)"
         if reporter and self.settings.fault_file and fault.what != "error":
             failed = faults.append(self.settings.fault_file, fault)
-            note = f"; not recorded: {failed}" if failed else "; recorded in DDPKIT_FAULT_FILE"
+            note += f"; not recorded: {failed}" if failed else "; recorded in DDPKIT_FAULT_FILE"
+        what = fault.describe()
+        if fault.rank == self.rank:  # a stopped rank that was let go on again (SIGCONT)
+            what = f"this rank was found {fault.what} ({fault.detail})"
         self._write(
-            f"ddpkit: {where} {fault.describe()}, {told}: ending this rank (exit {code}) so the "
-            f"launcher ends the step{note}"
+            f"ddpkit: {where} {what}, {told}: ending this rank (exit {code}) so the launcher "
+            f"ends the step{note}"
         )
         self._beacon.send(f"F {fault.to_json()}\n")
         store_gone = fault.rank == 0 and fault.what == "dead" and self._store_is_rank0
@@ -492,7 +501,24 @@ class Watchdog:
             self._publish(fault)
         self._store_stop.set()
         _flush_std(timeout=1.0)
+        if frozen_here is not None:
+            # Last: its death breaks this rank's collectives (and rank 0's, its store), and the
+            # main thread's error must not end this process before the exit code below.
+            with contextlib.suppress(OSError):
+                os.kill(frozen_here, signal.SIGKILL)
         self._exit(code)
+
+    def _frozen_here(self, fault: Fault) -> int | None:
+        """The pid of a frozen rank on this machine, to SIGKILL: it cannot end itself, and a
+        launcher may wait for it (torchrun gives SIGTERM 30 s, which a stopped process never
+        sees). Only the very process it published (pid, start time, pid namespace); on another
+        node, ending it is the launcher's."""
+        if fault.what != "frozen" or fault.rank is None:
+            return None
+        link = self._links.get(fault.rank)
+        if link is None or not link.same_process_here():
+            return None
+        return int(link.identity["pid"])
 
     def _publish(self, fault: Fault) -> None:
         """The fault key, for the ranks not connected to this one (they read it within an
