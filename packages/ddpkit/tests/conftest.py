@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 import os
 import random
+import signal
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from pathlib import Path
@@ -167,6 +169,37 @@ def srun_cmds(
         env.update(extra or {})
         cmds.append(([sys.executable, str(WORKER), scenario, str(outdir)], env))
     return cmds
+
+
+def signal_a_rank(
+    argv: Sequence[str], env: Mapping[str, str], out: Path, n: int, victim: int, sig: str
+) -> tuple[subprocess.Popen[str], str, float]:
+    """Start a launcher of ``n`` _watchdog_child.py ranks writing to ``out``; once every rank is
+    in its loop, send ``SIG<sig>`` to rank ``victim``. (the launcher, its output, seconds from
+    the signal to the launcher's exit). The launcher is killed if the test fails."""
+    proc = subprocess.Popen(
+        list(argv), env=dict(env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    try:
+        deadline = time.monotonic() + 180  # 2-3 Pythons importing torch on a loaded machine
+        while not all((out / f"ready{r}").exists() for r in range(n)):
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0]
+            time.sleep(0.05)
+        time.sleep(3)  # a heartbeat or two
+        t0 = time.monotonic()
+        os.kill(int((out / f"ready{victim}").read_text().split()[0]), getattr(signal, f"SIG{sig}"))
+        text, _ = proc.communicate(timeout=180)
+        return proc, text, time.monotonic() - t0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+
+
+def fault_lines(out: Path) -> list[dict[str, Any]]:
+    """The lines of ``out/faults.jsonl`` (the tests' DDPKIT_FAULT_FILE)."""
+    path = out / "faults.jsonl"
+    return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
 
 
 @pytest.fixture

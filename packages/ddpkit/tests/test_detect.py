@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from ddpkit import DistConfigError, DistInfo, detect, master_port_for_job
+from ddpkit import DistConfigError, DistInfo, detect, fallback_ports, master_port_for_job
 
 TORCHRUN = {
     "RANK": "5",
@@ -226,3 +226,187 @@ def test_master_port_for_job() -> None:
     assert master_port_for_job("my-run") == master_port_for_job("my-run")
     with pytest.raises(DistConfigError, match="job id is empty"):
         master_port_for_job(" ")
+
+
+# -- MPI launchers (what Open MPI 4.1's mpirun, MPICH's Hydra and Cray PALS export) ----------------
+
+OMPI = {  # rank 1 of `mpirun -n 2` on one node (Debian's openmpi-bin 4.1.4)
+    "OMPI_COMM_WORLD_RANK": "1",
+    "OMPI_COMM_WORLD_SIZE": "2",
+    "OMPI_COMM_WORLD_LOCAL_RANK": "1",
+    "OMPI_COMM_WORLD_LOCAL_SIZE": "2",
+    "OMPI_COMM_WORLD_NODE_RANK": "1",
+    "OMPI_MCA_ess_base_jobid": "1335164929",
+    "OMPI_MCA_orte_num_nodes": "1",
+    "PMIX_NAMESPACE": "1335164929",
+    "PMIX_RANK": "1",
+}
+HYDRA = {  # rank 3 of `mpiexec -n 4` (MPICH / Intel MPI): no id that every rank shares
+    "PMI_RANK": "3",
+    "PMI_SIZE": "4",
+    "PMI_FD": "9",
+    "MPI_LOCALRANKID": "3",
+    "MPI_LOCALNRANKS": "4",
+}
+PALS = {  # rank 5 of 8 on 2 nodes (HPE Cray PALS mpiexec)
+    "PMI_RANK": "5",
+    "PMI_SIZE": "8",
+    "PMI_LOCAL_RANK": "1",
+    "PMI_LOCAL_SIZE": "4",
+    "PALS_APID": "6c4a1b0e-0e6f-4bd4-9c7e-2c6e7a3b7e11",
+    "MASTER_ADDR": "x1000c0s0b0n0",
+}
+
+
+def test_open_mpi_on_one_node() -> None:
+    info = detect(OMPI)
+    assert (info.launcher, info.rank, info.world_size) == ("openmpi", 1, 2)
+    assert (info.local_rank, info.local_world_size, info.node_rank, info.num_nodes) == (1, 2, 0, 1)
+    assert info.master_addr == "127.0.0.1"  # every rank is on this node
+    assert info.master_port == master_port_for_job("1335164929") and info.derived_port
+    assert "OMPI_MCA_ess_base_jobid" in info.master_source
+
+
+def test_open_mpi_5_port_from_its_pmix_namespace() -> None:
+    env = {k: v for k, v in OMPI.items() if not k.startswith("OMPI_MCA")}
+    env["PMIX_NAMESPACE"] = "prterun-node1-4242@1"
+    assert detect(env).master_port == master_port_for_job("prterun-node1-4242@1")
+
+
+def test_mpirun_inside_an_allocation_wins_over_the_daemons_srun_step() -> None:
+    """On the second node, mpirun's ranks inherit the srun step that started its daemon: task 0
+    of a 1-task step. The MPI variables are the truth; rank 0 is on the job's first node."""
+    env = {
+        **OMPI,
+        "OMPI_COMM_WORLD_RANK": "2",
+        "OMPI_COMM_WORLD_SIZE": "4",
+        "OMPI_COMM_WORLD_LOCAL_RANK": "0",
+        "OMPI_COMM_WORLD_LOCAL_SIZE": "2",
+        "OMPI_MCA_orte_num_nodes": "2",
+        **srun_env(
+            SLURM_PROCID="0",
+            SLURM_LOCALID="0",
+            SLURM_NODEID="0",
+            SLURM_STEP_ID="1",
+            SLURM_STEP_NUM_TASKS="1",
+            SLURM_STEP_NUM_NODES="1",
+            SLURM_STEP_TASKS_PER_NODE="1",
+            SLURM_STEP_NODELIST="gpu008",
+            SLURM_JOB_NODELIST="gpu[007-008]",
+            SLURM_NODELIST="gpu[007-008]",
+            SLURM_NTASKS="4",
+            SLURM_NNODES="2",
+            SLURM_TASKS_PER_NODE="2(x2)",
+        ),
+    }
+    info = detect(env)
+    assert (info.launcher, info.rank, info.world_size, info.local_rank) == ("openmpi", 2, 4, 0)
+    assert (info.node_rank, info.num_nodes) == (1, 2)
+    assert info.master_addr == "gpu007"  # the job's first node, not the daemon step's
+    assert info.master_port == master_port_for_job("1335164929")  # one per mpirun
+    assert info.job_id == "123456"
+
+
+def test_hydra_without_a_shared_id_needs_master_port() -> None:
+    with pytest.raises(DistConfigError) as e:
+        detect(HYDRA)
+    msg = str(e.value)
+    assert "MASTER_PORT is not set and there is no job id all ranks share" in msg
+    assert "mpiexec -genv MASTER_PORT" in msg and "\n" not in msg
+    info = detect({**HYDRA, "MASTER_PORT": "29612"})
+    assert (info.launcher, info.rank, info.world_size, info.local_rank) == ("pmi", 3, 4, 3)
+    assert (info.master_addr, info.master_port, info.derived_port) == ("127.0.0.1", 29612, False)
+    # Inside a SLURM allocation the job id serves.
+    inside = detect({**HYDRA, "SLURM_JOB_ID": "777", "SLURM_PROCID": "0", "SLURM_NTASKS": "4"})
+    assert (inside.launcher, inside.master_port) == ("pmi", master_port_for_job("777"))
+
+
+def test_cray_pals() -> None:
+    info = detect(PALS)
+    assert (info.launcher, info.rank, info.world_size) == ("pmi", 5, 8)
+    assert (info.local_rank, info.local_world_size, info.node_rank, info.num_nodes) == (1, 4, 1, 2)
+    assert info.master_addr == "x1000c0s0b0n0"
+    assert info.master_port == master_port_for_job(PALS["PALS_APID"])
+
+
+def test_srun_pmi2_is_srun_and_hydra_through_srun_is_pmi() -> None:
+    """`srun --mpi=pmi2` exports PMI_RANK/PMI_SIZE equal to its task numbers: srun. Hydra that
+    started its proxies with srun: the PMI numbers differ from the proxy step's, PMI wins."""
+    pmi2 = detect(srun_env(PMI_RANK="4", PMI_SIZE="7", PMI_FD="5"))
+    assert (pmi2.launcher, pmi2.rank, pmi2.world_size) == ("srun", 4, 7)
+    hydra = detect(srun_env(**{**HYDRA, "PMI_RANK": "6", "PMI_SIZE": "8"}))
+    assert (hydra.launcher, hydra.rank, hydra.world_size) == ("pmi", 6, 8)
+    assert hydra.master_addr == "gpu007"  # several nodes: the job's first
+
+
+def test_mvapich2_mpirun_rsh() -> None:
+    env = {
+        "MV2_COMM_WORLD_RANK": "1",
+        "MV2_COMM_WORLD_SIZE": "2",
+        "MV2_COMM_WORLD_LOCAL_RANK": "1",
+        "MV2_COMM_WORLD_LOCAL_SIZE": "2",
+        "MPIRUN_ID": "31337",
+    }
+    info = detect(env)
+    assert (info.launcher, info.rank, info.world_size, info.local_rank) == ("mvapich2", 1, 2, 1)
+    assert info.master_port == master_port_for_job("31337")
+
+
+def test_mpirun_with_one_process_is_a_world_of_one() -> None:
+    env = {**OMPI, "OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "1"}
+    env.update(OMPI_COMM_WORLD_LOCAL_RANK="0", OMPI_COMM_WORLD_LOCAL_SIZE="1", PMIX_RANK="0")
+    info = detect(env)
+    assert (info.launcher, info.world_size, info.is_distributed) == ("openmpi", 1, False)
+
+
+MPI_BAD = [
+    (
+        {**OMPI, "OMPI_COMM_WORLD_LOCAL_SIZE": "2", "OMPI_COMM_WORLD_SIZE": "4"},
+        "Open MPI started 4 ranks on several nodes (2 here) and MASTER_ADDR is not set",
+    ),
+    ({"PMI_RANK": "1"}, "PMI_RANK is set but PMI_SIZE is not"),
+    ({"PMI_SIZE": "4"}, "PMI_SIZE is set but PMI_RANK is not"),
+    (
+        {"PMI_RANK": "1", "PMI_SIZE": "4", "MASTER_PORT": "1"},
+        "PMI_SIZE=4 but MPI_LOCALRANKID / PMI_LOCAL_RANK / PALS_LOCAL_RANKID is not set",
+    ),
+    (
+        {**OMPI, "OMPI_COMM_WORLD_RANK": "2"},
+        "OMPI_COMM_WORLD_RANK=2 must be < OMPI_COMM_WORLD_SIZE",
+    ),
+    ({**OMPI, "OMPI_COMM_WORLD_SIZE": "two"}, "OMPI_COMM_WORLD_SIZE='two' is not an integer"),
+    # Hydra's -pmi-port mode: a rank id but no size; nothing a process can resolve alone.
+    ({"PMI_ID": "1", "PMI_PORT": "n1:4000", "MPI_LOCALRANKID": "1"}, "PMI_ID=1 says this"),
+    ({"PMIX_RANK": "3"}, "PMIX_RANK=3 says this process is one of several"),
+    ({"FLUX_TASK_RANK": "1", "FLUX_JOB_SIZE": "2"}, "FLUX_TASK_RANK=1 says"),
+    ({"LOCAL_WORLD_SIZE": "4"}, "LOCAL_WORLD_SIZE=4 says"),
+    ({"MPI_LOCALNRANKS": "x"}, "MPI_LOCALNRANKS=x says"),
+]
+
+
+@pytest.mark.parametrize(("env", "message"), MPI_BAD)
+def test_unresolvable_multi_process_launch_is_an_error(env: dict[str, str], message: str) -> None:
+    """Never N silent copies of a world of one."""
+    with pytest.raises(DistConfigError) as e:
+        detect(env)
+    assert message in str(e.value) and "\n" not in str(e.value)
+
+
+def test_launcher_variables_of_one_process_are_harmless() -> None:
+    """Rank 0 of 1 (a PMIx singleton, LOCAL_RANK=0 exported by a script) is one process."""
+    for env in ({"PMIX_RANK": "0"}, {"LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1"}, {"PMI_ID": "0"}):
+        assert detect(env).launcher == "single", env
+
+
+def test_fallback_ports() -> None:
+    port = master_port_for_job("1")
+    ports = fallback_ports(port)
+    assert ports[0] == port and len(set(ports)) == len(ports) == 8
+    assert all(20000 <= p < 30000 for p in ports)
+    # The job's neighbours' derived ports and its other steps' are not among its fallbacks.
+    others = {master_port_for_job(j, s) for j in range(-20, 22) for s in range(3)} - {port}
+    assert not others & set(ports[1:])
+    assert fallback_ports(29500) == [29500, *fallback_ports(29500)[1:]]
+    assert fallback_ports(40000) == [40000]  # not a derived port: nothing to fall back to
+    assert detect(srun_env()).derived_port
+    assert not detect(srun_env(MASTER_PORT="29400")).derived_port

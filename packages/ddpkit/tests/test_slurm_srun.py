@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from ddpkit import master_port_for_job
+from ddpkit import fallback_ports, master_port_for_job
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[3]
@@ -79,7 +79,10 @@ def test_srun_two_ranks_all_reduce(cluster: Any) -> None:
         "--timeout",
         "60",
     ]
-    out = cluster.run(argv, env=MASTER, timeout=180, check=False)
+    # An explicit free port: another SLURM on this host may have a job with this id (issue 24).
+    out = cluster.run(
+        argv, env={**MASTER, "MASTER_PORT": str(free_port())}, timeout=180, check=False
+    )
     assert out.returncode == 0, f"{out.stdout}\n{out.stderr}\n{cluster.logs(10)}"
     lines = sorted(json_lines(out.stdout), key=lambda d: d["rank"])
     assert [d["rank"] for d in lines] == [0, 1]
@@ -113,5 +116,55 @@ echo done > {tmp_path}/done
         (0, "srun", 3, True),
         (1, "srun", 3, True),
     ]
-    # MASTER_PORT was not set: derived from the job id and step 0, the same on both ranks.
-    assert steps[0]["master"] == f"127.0.0.1:{master_port_for_job(job, 0)}"
+    # MASTER_PORT was not set: derived from the job id and step 0, the same on both ranks (or,
+    # when another job holds it -- another local SLURM has a job with this id too -- the first
+    # free one of its fallbacks, issue 24).
+    assert steps[0]["master"] == steps[1]["master"]
+    port = int(steps[0]["master"].split(":")[1])
+    assert port in fallback_ports(master_port_for_job(job, 0))
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+# -- the watchdog under srun, with the shipped thresholds (heartbeat 2 s, frozen after 20 s) -----
+
+CHILD = Path(__file__).with_name("_watchdog_child.py")
+TARGET_S = {"KILL": 30.0, "STOP": 60.0}  # issue 21: all ranks gone within these
+
+
+@pytest.mark.parametrize(
+    ("victim", "sig", "kill_on_bad_exit"),
+    [(1, "KILL", True), (0, "KILL", True), (1, "STOP", True), (1, "KILL", False)],
+)
+def test_srun_step_ends_when_a_rank_dies_or_freezes(
+    cluster: Any, launch: Any, tmp_path: Path, victim: int, sig: str, kill_on_bad_exit: bool
+) -> None:
+    """`srun --kill-on-bad-exit=1 -n 2` (as the shipped sbatch script): one task SIGKILLed or
+    SIGSTOPped; the watchdog ends the other (exit 69), srun ends the step (the stopped task too).
+    Without --kill-on-bad-exit srun waits for every task: the watchdog alone ends the survivor.
+    Timed from the signal to srun's own exit, as a job script sees it."""
+    out = tmp_path / "out"
+    out.mkdir()
+    kill = ["--kill-on-bad-exit=1"] if kill_on_bad_exit else []
+    argv = ["srun", "-n", "2", *kill, "--time=3", sys.executable, str(CHILD)]
+    env = {
+        **cluster.env,
+        **MASTER,
+        "SLURM_CONF": str(cluster.conf_path),
+        "DDPKIT_FAULT_FILE": str(out / "faults.jsonl"),
+    }
+    proc, text, took = launch.signal_a_rank([*argv, str(out)], env, out, 2, victim, sig)
+    print(f"srun -n 2 {' '.join(kill)}, SIG{sig} of rank {victim}: srun gone after {took:.1f} s")
+    assert proc.returncode != 0, text
+    assert took < TARGET_S[sig], text
+    what = "dead" if sig == "KILL" else "frozen"
+    (fault,) = launch.fault_lines(out)
+    assert (fault["rank"], fault["what"], fault["reporter"]) == (victim, what, 1 - victim)
+    assert fault["job_id"] and fault["host"]
+    assert f"rank {victim} on " in text and f"is {what}" in text, text

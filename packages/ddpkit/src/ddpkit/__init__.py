@@ -1,4 +1,5 @@
-"""Process-group setup for torchrun, srun or a single process, and rank helpers.
+"""Process-group setup for torchrun, srun, mpirun or a single process, a watchdog that ends the
+step when a rank dies or freezes, and rank helpers.
 
 import ddpkit
 
@@ -20,8 +21,15 @@ with warnings.catch_warnings():
 
 from ddpkit.determinism import CUBLAS_DETERMINISTIC, Determinism, set_determinism  # noqa: E402
 from ddpkit.dist import DEFAULT_TIMEOUT_S, TIMEOUT_ENV, Dist, InitOptions, init  # noqa: E402
-from ddpkit.env import DistInfo, Launcher, detect, master_port_for_job  # noqa: E402
+from ddpkit.env import (  # noqa: E402
+    DistInfo,
+    Launcher,
+    detect,
+    fallback_ports,
+    master_port_for_job,
+)
 from ddpkit.errors import DistConfigError, InitInterrupted, PeerError  # noqa: E402
+from ddpkit.faults import EXIT_PEER_LOST, FAULT_FILE_ENV, Fault  # noqa: E402
 from ddpkit.fsdp import (  # noqa: E402
     ShardOptions,
     checkpoint_activations,
@@ -49,17 +57,21 @@ from ddpkit.rng import (  # noqa: E402
 )
 from ddpkit.seed import seed_everything  # noqa: E402
 from ddpkit.wandb_logger import MetricsLogger, WandbLogger  # noqa: E402
+from ddpkit.watchdog import WatchdogOptions  # noqa: E402
 
 __version__ = "0.1.0"
 
 __all__ = [
     "CUBLAS_DETERMINISTIC",
     "DEFAULT_TIMEOUT_S",
+    "EXIT_PEER_LOST",
+    "FAULT_FILE_ENV",
     "TIMEOUT_ENV",
     "Determinism",
     "Dist",
     "DistConfigError",
     "DistInfo",
+    "Fault",
     "InitInterrupted",
     "InitOptions",
     "Launcher",
@@ -70,12 +82,14 @@ __all__ = [
     "RngRestored",
     "ShardOptions",
     "WandbLogger",
+    "WatchdogOptions",
     "capture_rng",
     "checkpoint_activations",
     "clean_state_dict",
     "current_rank",
     "detect",
     "expand_hostlist",
+    "fallback_ports",
     "first_host",
     "full_value",
     "init",

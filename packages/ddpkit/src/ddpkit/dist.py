@@ -10,6 +10,7 @@ from __future__ import annotations
 import builtins
 import contextlib
 import ctypes
+import dataclasses
 import gc
 import math
 import numbers
@@ -29,10 +30,12 @@ import torch
 import torch.distributed as tdist
 
 from ddpkit import agreement
+from ddpkit.beacon import Beacon
 from ddpkit.env import DistInfo, detect
 from ddpkit.errors import DistConfigError, PeerError, first_line
 from ddpkit.health import Heartbeat, diagnose, heartbeat_interval
-from ddpkit.rendezvous import DEFAULT_STOP_SIGNALS, StopWatch, rendezvous
+from ddpkit.rendezvous import DEFAULT_STOP_SIGNALS, Joined, StopWatch, rendezvous
+from ddpkit.watchdog import Settings, Watchdog, WatchdogOptions
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
@@ -67,6 +70,7 @@ class InitOptions:
     distributed: bool | None = None
     device: str | torch.device | None = None
     heartbeat: bool = True
+    watchdog: bool | WatchdogOptions | None = None
     abort: Callable[[], bool] | None = None
     stop_signals: tuple[str, ...] = DEFAULT_STOP_SIGNALS
 
@@ -87,6 +91,10 @@ class InitOptions:
                 )
         if self.distributed not in (None, True, False):
             raise DistConfigError(f"distributed={self.distributed!r} must be None, True or False")
+        if not (self.watchdog is None or isinstance(self.watchdog, (bool, WatchdogOptions))):
+            raise DistConfigError(
+                f"watchdog={self.watchdog!r} must be True, False or a ddpkit.WatchdogOptions"
+            )
         if self.abort is not None and not callable(self.abort):
             raise DistConfigError(f"abort={self.abort!r} must be a callable returning a bool")
         self.stop_signals = tuple(self.stop_signals)
@@ -114,6 +122,15 @@ class InitOptions:
             )
         return seconds
 
+    def watchdog_settings(self, env: Mapping[str, str], timeout_s: float) -> Settings | None:
+        """The watchdog's settings (None: off): needs the heartbeat; env fills the Nones."""
+        if not self.heartbeat or self.watchdog is False:
+            return None
+        options = self.watchdog if isinstance(self.watchdog, WatchdogOptions) else None
+        if options is None:
+            options = WatchdogOptions(enabled=True if self.watchdog is True else None)
+        return options.settings(env, heartbeat_interval(timeout_s))
+
     def rendezvous_seconds(self, timeout_s: float) -> float:
         """The argument, else the collective timeout but at least 300 s."""
         if self.rendezvous_timeout is not None:
@@ -138,6 +155,7 @@ def init(
     *,
     rendezvous_timeout: float | timedelta | None = None,
     heartbeat: bool = True,
+    watchdog: bool | WatchdogOptions | None = None,
     abort: Callable[[], bool] | None = None,
     stop_signals: Iterable[str] = DEFAULT_STOP_SIGNALS,
 ) -> Dist:
@@ -153,7 +171,9 @@ def init(
     ``rendezvous_timeout`` bounds the wait for every rank to start (default: ``timeout``, but at
     least 300 s, since imports from a shared filesystem can be slow and uneven).
     ``env`` replaces ``os.environ`` for detection (tests, dry runs). ``heartbeat`` lets a failed
-    collective name the rank that stopped answering.
+    collective name the rank that stopped answering. ``watchdog`` (on unless
+    ``DDPKIT_WATCHDOG=0``; a :class:`WatchdogOptions` to tune it) ends every rank with exit 69
+    within seconds when one rank dies or freezes (:mod:`ddpkit.watchdog`).
     The wait for the other ranks ends within ~0.1 s of a signal in ``stop_signals`` (default
     SIGTERM and SIGINT; a handler the caller installed for them still runs) or of ``abort()``
     turning true (e.g. the caller's own stop flag, polled ten times a second), raising
@@ -167,6 +187,7 @@ def init(
         distributed=distributed,
         device=device,
         heartbeat=heartbeat,
+        watchdog=watchdog,
         abort=abort,
         stop_signals=tuple(stop_signals),
     )
@@ -175,9 +196,10 @@ def init(
     timeout_s = opts.timeout_seconds(environ)
     if opts.distributed is True and info.launcher == "single":
         raise DistConfigError(
-            "--distributed needs torchrun or srun: found neither RANK/WORLD_SIZE (torchrun) nor "
-            "SLURM_PROCID inside an srun step; launch with `torchrun --nproc-per-node=N "
-            "script.py` or `srun -n N python script.py`"
+            "--distributed needs a launcher: found no RANK/WORLD_SIZE (torchrun), no "
+            "SLURM_PROCID inside an srun step and no MPI rank (mpirun, mpiexec); launch with "
+            "`torchrun --nproc-per-node=N script.py`, `srun -n N python script.py` or `mpirun "
+            "-n N python script.py`"
         )
     if opts.distributed is False and info.is_distributed:
         raise DistConfigError(
@@ -196,7 +218,8 @@ def init(
     chosen = pick_backend(opts.backend, dev)
     _check_resolvable(info)
     rdzv_s = opts.rendezvous_seconds(timeout_s)
-    return _join(info, dev, chosen, timeout_s, rdzv_s, opts)
+    watch = opts.watchdog_settings(environ, timeout_s) if info.world_size > 1 else None
+    return _join(info, dev, chosen, timeout_s, rdzv_s, opts, watch)
 
 
 def pick_device(requested: str | torch.device | None, info: DistInfo) -> torch.device:
@@ -228,10 +251,11 @@ def _cuda_index(info: DistInfo, count: int) -> int:
     """The GPU of this local rank among the ``count`` visible ones."""
     if info.local_rank < count:
         return info.local_rank
-    if count == 1 and info.launcher == "srun":
-        # srun --gpus-per-task=1 / --gpu-bind=single:1 shows each task only its own GPU.
+    if count == 1 and info.launcher != "torchrun":
+        # srun --gpus-per-task=1 / --gpu-bind=single:1, mpiexec -gpus-per-proc 1: each task sees
+        # only its own GPU.
         return 0
-    name = "SLURM_LOCALID" if info.launcher == "srun" else "LOCAL_RANK"
+    name = {"srun": "SLURM_LOCALID", "torchrun": "LOCAL_RANK"}.get(info.launcher, "local rank")
     raise DistConfigError(
         f"{name}={info.local_rank} but only {count} GPU(s) are visible to this process; start at "
         f"most {count} process(es) per node, give each task its own GPU (srun "
@@ -278,15 +302,22 @@ def _join(
     timeout_s: float,
     rdzv_s: float,
     opts: InitOptions,
+    watch: Settings | None,
 ) -> Dist:
     saved = {k: os.environ.get(k) for k in ("MASTER_ADDR", "MASTER_PORT")}
     # Set for anything that reads torch's env:// variables later (a DeviceMesh, a sub-launcher).
     os.environ["MASTER_ADDR"] = info.master_addr
     os.environ["MASTER_PORT"] = str(info.master_port)
     timeout = timedelta(seconds=timeout_s)
+    beacon = None
     try:
-        with StopWatch(opts.stop_signals, opts.abort) as watch:
-            store = rendezvous(info, rdzv_s, watch)
+        beacon = Beacon(info.master_addr, info.master_port) if watch is not None else None
+        with StopWatch(opts.stop_signals, opts.abort) as stop:
+            joined = rendezvous(info, rdzv_s, stop, me=beacon.record() if beacon else "1")
+        if joined.port != info.master_port:  # rank 0 found the derived port taken
+            info = dataclasses.replace(info, master_port=joined.port)
+            os.environ["MASTER_PORT"] = str(joined.port)
+        store = joined.store
         store.set_timeout(timeout)  # everyone is here: from now on, waits are collectives
         kwargs: dict[str, Any] = {}
         if backend == "nccl":
@@ -299,13 +330,11 @@ def _join(
             timeout=timeout,
             **kwargs,
         )
-        beat = (
-            Heartbeat(store, info.rank, heartbeat_interval(timeout_s)).start()
-            if opts.heartbeat
-            else None
-        )
+        guard = _guard(info, joined, beacon, watch, timeout_s, opts.heartbeat)
     except BaseException:
         _restore_env(saved)
+        if beacon is not None:
+            beacon.close()
         if tdist.is_initialized():
             tdist.destroy_process_group()
         raise
@@ -316,9 +345,43 @@ def _join(
         timeout_s=timeout_s,
         owned=True,
         store=store,
-        heartbeat=beat,
+        heartbeat=guard,
+        heartbeat_prefix=f"{joined.prefix}/hb/",
         saved_env=saved,
     )
+
+
+def _guard(
+    info: DistInfo,
+    joined: Joined,
+    beacon: Beacon | None,
+    watch: Settings | None,
+    timeout_s: float,
+    heartbeat: bool,
+) -> Heartbeat | Watchdog | None:
+    """The watchdog (its own store connection: its calls may block forever on a stopped store
+    host), or the bare heartbeat, or nothing."""
+    prefix = f"{joined.prefix}/hb/"
+    if watch is None or beacon is None:
+        if not heartbeat:
+            return None
+        return Heartbeat(joined.store, info.rank, heartbeat_interval(timeout_s), prefix=prefix)
+    agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
+    own = tdist.TCPStore(
+        info.master_addr, joined.port, info.world_size, False, timedelta(seconds=timeout_s)
+    )
+    dog = Watchdog(
+        rank=info.rank,
+        world_size=info.world_size,
+        store=own,
+        prefix=joined.prefix,
+        beacon=beacon,
+        settings=watch,
+        job_id=info.job_id,
+        store_host_is_rank0=not agent,
+        store_where=f"{info.master_addr}:{joined.port}",
+    )
+    return dog.start(joined.record)
 
 
 def _restore_env(saved: Mapping[str, str | None]) -> None:
@@ -358,7 +421,8 @@ class Dist:
         timeout_s: float,
         owned: bool,
         store: Any = None,
-        heartbeat: Heartbeat | None = None,
+        heartbeat: Heartbeat | Watchdog | None = None,
+        heartbeat_prefix: str = "",
         saved_env: Mapping[str, str | None] | None = None,
     ) -> None:
         self.info = info
@@ -368,6 +432,7 @@ class Dist:
         self._owned = owned
         self._store = store
         self._heartbeat = heartbeat
+        self._heartbeat_prefix = heartbeat_prefix
         self._saved_env = dict(saved_env or {})
         self._closed = False
         # A process group we adopted may disagree with the variables (e.g. a sub-launcher).
@@ -454,14 +519,32 @@ class Dist:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        self.close()
+        # An exception (not Ctrl-C or sys.exit) tells the other ranks to stop too: they would
+        # otherwise wait in their next collective for this rank until the timeout.
+        error = None
+        if isinstance(exc, Exception):
+            error = f"{type(exc).__name__}: {first_line(exc)}"
+        self._close(error)
+
+    @property
+    def watchdog(self) -> Settings | None:
+        """The watchdog's settings in force (None: no watchdog, e.g. one process)."""
+        return self._heartbeat.settings if isinstance(self._heartbeat, Watchdog) else None
 
     def close(self) -> None:
-        """Stop the heartbeat and destroy the process group this object created. Idempotent."""
+        """Stop the heartbeat and destroy the process group this object created. Idempotent.
+
+        The watchdog tells the other ranks that this one leaves normally (not dead).
+        """
+        self._close(None)
+
+    def _close(self, error: str | None) -> None:
         if self._closed:
             return
         self._closed = True
-        if self._heartbeat is not None:
+        if isinstance(self._heartbeat, Watchdog):
+            self._heartbeat.leave(error)
+        elif self._heartbeat is not None:
             self._heartbeat.stop()
         if (self._owned or self._solo_group) and tdist.is_initialized():
             # A DDP model lives in reference cycles that hold the group. Left to the collector
@@ -491,6 +574,7 @@ class Dist:
                 self.world_size,
                 self.rank,
                 heartbeat_interval(self.timeout_s),
+                prefix=self._heartbeat_prefix,
             )
         return PeerError(
             f"[rank {self.rank}/{self.world_size} on {socket.gethostname()}] {op} failed after "

@@ -4,21 +4,31 @@ Precedence (first match wins):
 
 1. **torchrun** -- ``RANK`` and ``WORLD_SIZE`` are set (torchrun also sets ``LOCAL_RANK``,
    ``LOCAL_WORLD_SIZE``, ``GROUP_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``, ``TORCHELASTIC_RUN_ID``).
-   They win over SLURM's, so ``srun torchrun ...`` (one torchrun per node) is torchrun.
-2. **srun** -- ``SLURM_PROCID`` is set *and* ``SLURM_STEP_ID`` names a regular job step. The batch
+   They win over SLURM's and MPI's, so ``srun torchrun ...`` (one torchrun per node) is torchrun.
+2. **MPI launchers** -- Open MPI's ``mpirun`` (``OMPI_COMM_WORLD_*``), MVAPICH2's ``mpirun_rsh``
+   (``MV2_COMM_WORLD_*``), and PMI launchers such as MPICH/Intel MPI's Hydra and Cray PALS
+   (``PMI_RANK``/``PMI_SIZE``): see :mod:`ddpkit.mpi`. They win over SLURM's variables, which an
+   ``mpirun`` inside an allocation leaves behind from the ``srun`` that started its daemons.
+3. **srun** -- ``SLURM_PROCID`` is set *and* ``SLURM_STEP_ID`` names a regular job step. The batch
    script of ``sbatch -n 4`` also carries ``SLURM_PROCID=0`` and ``SLURM_NTASKS=4``, but it is one
    shell, not four tasks: without ``SLURM_STEP_ID`` (or with the batch/extern/interactive step ids)
    it is a single process, so ``python train.py`` straight in a batch script never waits for three
    peers that will not come.
-3. **single** -- anything else: one process, world size 1, no process group needed.
+4. **single** -- one process, world size 1, no process group needed. But a launcher variable that
+   says "rank > 0" or "more than one process" (``PMIX_RANK=1``, ``PMI_ID=3``, ``FLUX_TASK_RANK``,
+   a lone ``LOCAL_WORLD_SIZE=4``, ...) that no launcher above explains is an error: N silent copies
+   of one training would overwrite each other's checkpoints.
 
 Step values win over job values (``SLURM_STEP_NUM_TASKS`` over ``SLURM_NTASKS``,
 ``SLURM_STEP_NODELIST`` over ``SLURM_NODELIST`` over ``SLURM_JOB_NODELIST``), because
 ``srun -n 2`` inside ``sbatch -n 8`` runs a two-task step.
 
 Master address: ``MASTER_ADDR`` when set, else the first host of the step's node list (parsed
-here, no ``scontrol``). Master port: ``MASTER_PORT`` when set, else derived from the job id (and
-step id) by :func:`master_port_for_job`, so two jobs sharing a node do not collide.
+here, no ``scontrol``); under an MPI launcher 127.0.0.1 when every rank is on this node. Master
+port: ``MASTER_PORT`` when set, else derived from an id every rank shares (the MPI launcher's job
+id, else the SLURM job id and step) by :func:`master_port_for_job`, so two jobs sharing a node do
+not collide; when it is taken anyway, rank 0 moves on to :func:`fallback_ports` (the others find
+it there: :mod:`ddpkit.rendezvous`).
 """
 
 from __future__ import annotations
@@ -31,10 +41,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
+from ddpkit import mpi
 from ddpkit.errors import DistConfigError
 from ddpkit.hostlist import first_host, parse_tasks_per_node
 
-Launcher = Literal["torchrun", "srun", "single"]
+Launcher = Literal["torchrun", "srun", "openmpi", "mvapich2", "pmi", "single"]
+LAUNCHERS: tuple[str, ...] = ("torchrun", "srun", "openmpi", "mvapich2", "pmi", "single")
 
 TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK")
 # Derived ports stay below Linux's ephemeral range (32768-60999): an outgoing connection can never
@@ -42,6 +54,10 @@ TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_
 PORT_BASE = 20000
 PORT_SPAN = 10000
 DEFAULT_PORT = 29500  # torch's own default, for a single process that never listens anyway
+# When a derived port is taken, rank 0 tries these many more, FALLBACK_STRIDE apart (a prime: the
+# fallbacks of one job never land on a neighbour job's or another step's derived port).
+FALLBACK_PORTS = 7
+FALLBACK_STRIDE = 1009
 # SLURM's special step ids (slurm.h): pending, batch script, extern container, interactive step.
 _SPECIAL_STEP_IDS = {"batch", "extern", "interactive", "pending", "tbd"}
 _SPECIAL_STEP_MIN = 0xFFFFFFF0
@@ -63,6 +79,15 @@ _VAR_NAMES: dict[str, dict[str, str]] = {
         "node_rank": "SLURM_NODEID",
         "num_nodes": "SLURM_STEP_NUM_NODES/SLURM_NNODES",
     },
+    **{
+        fam.launcher: {
+            "rank": fam.rank,
+            "world_size": fam.size,
+            "local_rank": "/".join(fam.local_rank),
+            "local_world_size": "/".join(fam.local_size),
+        }
+        for fam in mpi.FAMILIES
+    },
 }
 
 
@@ -82,6 +107,9 @@ class DistInfo:
     job_id: str | None = None
     # Where master_addr / master_port came from ("MASTER_ADDR", "SLURM_STEP_NODELIST", ...).
     master_source: str = field(default="default", compare=False)
+    # True when master_port was derived from a job id (not MASTER_PORT): if it is taken, rank 0
+    # may move on to fallback_ports(master_port) and the other ranks look for it there.
+    derived_port: bool = field(default=False, compare=False)
 
     def __post_init__(self) -> None:
         names = _VAR_NAMES.get(self.launcher, {})
@@ -89,9 +117,9 @@ class DistInfo:
         def var(f: str) -> str:
             return names.get(f, f)
 
-        if self.launcher not in ("torchrun", "srun", "single"):
+        if self.launcher not in LAUNCHERS:
             raise DistConfigError(
-                f"launcher must be 'torchrun', 'srun' or 'single', got {self.launcher!r}"
+                f"launcher must be one of {', '.join(LAUNCHERS)}; got {self.launcher!r}"
             )
         for f in ("rank", "local_rank", "node_rank"):
             if getattr(self, f) < 0:
@@ -150,6 +178,17 @@ def master_port_for_job(job_id: str | int, step_id: str | int | None = None) -> 
     return PORT_BASE + (base + 97 * offset) % PORT_SPAN
 
 
+def fallback_ports(port: int) -> list[int]:
+    """``port`` and the ports rank 0 tries after it when it is taken, in order (all ranks compute
+    the same list, so the others can look for rank 0 without a store to tell them)."""
+    if not PORT_BASE <= port < PORT_BASE + PORT_SPAN:
+        return [port]
+    return [
+        PORT_BASE + (port - PORT_BASE + i * FALLBACK_STRIDE) % PORT_SPAN
+        for i in range(FALLBACK_PORTS + 1)
+    ]
+
+
 def detect(env: Mapping[str, str] | None = None) -> DistInfo:
     """Read the launcher's variables (``os.environ`` by default) into a :class:`DistInfo`.
 
@@ -160,8 +199,24 @@ def detect(env: Mapping[str, str] | None = None) -> DistInfo:
     job_id = _get(env, "SLURM_JOB_ID", "SLURM_JOBID")
     if any(_get(env, name) is not None for name in ("RANK", "WORLD_SIZE")):
         return _from_torchrun(env, job_id)
-    if _get(env, "SLURM_PROCID") is not None and _is_task_step(env):
+    srun = _get(env, "SLURM_PROCID") is not None and _is_task_step(env)
+    fam = mpi.family_of(env)
+    if fam is not None:
+        if srun and fam is mpi.PMI:  # srun --mpi=pmi2 exports PMI_RANK/PMI_SIZE of its own
+            info = _from_srun(env, job_id)
+            if mpi.agrees_with_srun(env, fam, info.rank, info.world_size):
+                return info
+        return _from_mpi(env, fam, job_id)
+    if srun:
         return _from_srun(env, job_id)
+    sign = mpi.unresolved_sign(env)
+    if sign is not None:
+        raise DistConfigError(
+            f"{sign} says this process is one of several, but no launcher ddpkit knows gave it a "
+            "rank and a world size; launch with torchrun, srun, mpirun (Open MPI) or mpiexec "
+            "(MPICH/Intel MPI), or export RANK, WORLD_SIZE, LOCAL_RANK and LOCAL_WORLD_SIZE "
+            "(plus MASTER_ADDR and MASTER_PORT)"
+        )
     return _with_master(DistInfo(launcher="single", job_id=job_id), env, None)
 
 
@@ -270,9 +325,54 @@ def _from_srun(env: Mapping[str, str], job_id: str | None) -> DistInfo:
     return _with_master(info, env, _get(env, "SLURM_STEP_ID", "SLURM_STEPID"))
 
 
+def _from_mpi(env: Mapping[str, str], fam: mpi.Family, job_id: str | None) -> DistInfo:
+    at = mpi.placement(env, fam)
+    info = DistInfo(  # identity first: RANK >= SIZE is the error to report, not a missing master
+        launcher=fam.launcher,  # type: ignore[arg-type]  # one of LAUNCHERS
+        rank=at.rank,
+        local_rank=at.local_rank,
+        world_size=at.world_size,
+        local_world_size=at.local_world_size,
+        node_rank=at.node_rank,
+        num_nodes=at.num_nodes,
+        job_id=job_id,
+    )
+    if info.world_size > 1:
+        addr, addr_source = mpi.master_addr(env, fam, info.world_size, info.local_world_size)
+    else:
+        addr, addr_source = _get(env, "MASTER_ADDR") or "127.0.0.1", "default address"
+    ids: list[tuple[str, str, str | None]] = []
+    shared = mpi.job_id(env, fam)
+    if shared is not None:  # one per mpirun: two runs in one allocation do not collide
+        ids.append((shared[0], shared[1], None))
+    if job_id is not None:
+        ids.append(("SLURM job id", job_id, None))
+    port = _port(
+        env,
+        ids,
+        info.world_size,
+        missing=f"job id all ranks share ({', '.join(fam.job_ids)} or SLURM_JOB_ID)",
+        fix="give every rank MASTER_PORT=<a free port> "
+        f"({fam.export.replace('NAME', 'MASTER_PORT')})",
+    )
+    return _placed(info, (addr, addr_source), port)
+
+
 def _with_master(info: DistInfo, env: Mapping[str, str], step: str | None) -> DistInfo:
-    addr, port, source = _master(env, info.job_id, step, world_size=info.world_size)
-    return dataclasses.replace(info, master_addr=addr, master_port=port, master_source=source)
+    addr = _slurm_addr(env, world_size=info.world_size)
+    ids = [] if info.job_id is None else [("job id", info.job_id, step)]
+    return _placed(info, addr, _port(env, ids, info.world_size))
+
+
+def _placed(info: DistInfo, addr: tuple[str, str], port: tuple[int, str, bool]) -> DistInfo:
+    """``info`` with its master: (address, its source) and (port, its source, derived?)."""
+    return dataclasses.replace(
+        info,
+        master_addr=addr[0],
+        master_port=port[0],
+        master_source=f"{addr[1]}, {port[1]}",
+        derived_port=port[2],
+    )
 
 
 def _tasks_per_node(env: Mapping[str, str]) -> tuple[str, list[int] | None]:
@@ -286,34 +386,37 @@ def _tasks_per_node(env: Mapping[str, str]) -> tuple[str, list[int] | None]:
     return "", None
 
 
-def _master(
-    env: Mapping[str, str], job_id: str | None, step: str | None, *, world_size: int
-) -> tuple[str, int, str]:
-    """(address, port, where they came from); an error only when a process group needs them."""
-    sources = []
+def _slurm_addr(env: Mapping[str, str], *, world_size: int) -> tuple[str, str]:
+    """MASTER_ADDR, else the first host of the step's (or job's) node list."""
     addr = _get(env, "MASTER_ADDR")
     if addr is not None:
-        sources.append("MASTER_ADDR")
-    else:
-        for name in ("SLURM_STEP_NODELIST", "SLURM_NODELIST", "SLURM_JOB_NODELIST"):
-            nodelist = _get(env, name)
-            if nodelist is None:
-                continue
-            try:
-                addr = first_host(nodelist)
-            except ValueError as e:
-                raise DistConfigError(f"{name}: {e}") from None
-            sources.append(f"first host of {name}")
-            break
-    if addr is None:
-        if world_size > 1:
-            raise DistConfigError(
-                f"world size is {world_size} but MASTER_ADDR is not set and there is no SLURM "
-                "node list to take it from; export MASTER_ADDR=<rank 0's host>"
-            )
-        addr = "127.0.0.1"
-        sources.append("default address")
+        return addr, "MASTER_ADDR"
+    for name in ("SLURM_STEP_NODELIST", "SLURM_NODELIST", "SLURM_JOB_NODELIST"):
+        nodelist = _get(env, name)
+        if nodelist is None:
+            continue
+        try:
+            return first_host(nodelist), f"first host of {name}"
+        except ValueError as e:
+            raise DistConfigError(f"{name}: {e}") from None
+    if world_size > 1:
+        raise DistConfigError(
+            f"world size is {world_size} but MASTER_ADDR is not set and there is no SLURM "
+            "node list to take it from; export MASTER_ADDR=<rank 0's host>"
+        )
+    return "127.0.0.1", "default address"
 
+
+def _port(
+    env: Mapping[str, str],
+    ids: list[tuple[str, str, str | None]],
+    world_size: int,
+    *,
+    missing: str = "SLURM job id",
+    fix: str = "export MASTER_PORT=<a free port>",
+) -> tuple[int, str, bool]:
+    """(port, where it came from, derived?): MASTER_PORT, else the first of ``ids`` (label, id,
+    step) through master_port_for_job; an error only when a process group needs one."""
     port_text = _get(env, "MASTER_PORT")
     if port_text is not None:
         if not port_text.isdigit():
@@ -322,20 +425,18 @@ def _master(
                 "1024-65535"
             )
         port = int(port_text)
-        sources.append("MASTER_PORT")
-    elif job_id is not None:
-        port = master_port_for_job(job_id, step)
-        sources.append(f"port from job id {job_id}" + (f" step {step}" if step else ""))
-    elif world_size > 1:
+        if not 1 <= port <= 65535:
+            raise DistConfigError(
+                f"MASTER_PORT={port} is out of range; set it to a free port in 1024-65535"
+            )
+        return port, "MASTER_PORT", False
+    if ids:
+        label, value, step = ids[0]
+        port = master_port_for_job(value, step)
+        return port, f"port from {label} {value}" + (f" step {step}" if step else ""), True
+    if world_size > 1:
         raise DistConfigError(
-            f"world size is {world_size} but MASTER_PORT is not set and there is no SLURM job id "
-            "to derive it from; export MASTER_PORT=<a free port>"
+            f"world size is {world_size} but MASTER_PORT is not set and there is no {missing} to "
+            f"derive it from; {fix}"
         )
-    else:
-        port = DEFAULT_PORT
-        sources.append("default port")
-    if not 1 <= port <= 65535:
-        raise DistConfigError(
-            f"MASTER_PORT={port} is out of range; set it to a free port in 1024-65535"
-        )
-    return addr, port, ", ".join(sources)
+    return DEFAULT_PORT, "default port", False

@@ -36,9 +36,11 @@ def heartbeat_interval(timeout_s: float) -> float:
 class Heartbeat:
     """A daemon thread bumping ``ddpkit/hb/<rank>`` every ``interval`` seconds until stopped."""
 
-    def __init__(self, store: CounterStore, rank: int, interval: float) -> None:
+    def __init__(
+        self, store: CounterStore, rank: int, interval: float, *, prefix: str = KEY_PREFIX
+    ) -> None:
         self._store = store
-        self._key = f"{KEY_PREFIX}{rank}"
+        self._key = f"{prefix}{rank}"
         self._interval = interval
         self._stop = threading.Event()
         self._thread = threading.Thread(
@@ -69,15 +71,19 @@ def diagnose(
     me: int,
     interval: float,
     *,
+    prefix: str = KEY_PREFIX,
     sleep: Callable[[float], None] = time.sleep,
 ) -> str:
-    """One sentence on which ranks stopped answering (blocks about ``2.5 * interval``)."""
+    """One sentence on which ranks stopped answering (blocks about ``2.5 * interval``).
+
+    ``prefix``: the counters' keys without the rank (the watchdog's ``<rendezvous prefix>/hb/``).
+    """
     settle = 2.5 * interval
     try:
         store.set_timeout(timedelta(seconds=max(5.0, settle)))
-        before = [store.add(f"{KEY_PREFIX}{r}", 0) for r in range(world_size)]
+        before = [store.add(f"{prefix}{r}", 0) for r in range(world_size)]
         sleep(settle)
-        after = [store.add(f"{KEY_PREFIX}{r}", 0) for r in range(world_size)]
+        after = [store.add(f"{prefix}{r}", 0) for r in range(world_size)]
     except Exception as e:
         return (
             "the rendezvous store is unreachable, so the process hosting it (rank 0, or the "
