@@ -69,7 +69,8 @@ def check_launcher(cfg: TrainConfig) -> ddpkit.DistInfo:
     if cfg.distributed and info.launcher == "single":
         raise UsageError(
             "--distributed needs a launcher: run under `torchrun --nproc-per-node N "
-            "pyrecover-train ...` or `srun` (no RANK/WORLD_SIZE or SLURM step variables found)"
+            "pyrecover-train ...`, `srun` or `mpirun` (no torchrun, SLURM step or MPI launcher "
+            "variables found)"
         )
     if not cfg.distributed and info.world_size > 1:
         raise UsageError(

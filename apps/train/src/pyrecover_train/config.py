@@ -311,7 +311,7 @@ class TrainConfig:
     training_steps: int = ORIGINAL(
         _TINY.training_steps, "optimizer steps in total", check=positive_int
     )
-    distributed: bool = ORIGINAL(False, "torch.distributed under torchrun or srun")
+    distributed: bool = ORIGINAL(False, "torch.distributed under torchrun, srun or mpirun")
     model_dtype: str = ORIGINAL(
         _TINY.model_dtype,
         "compute dtype; bf16/fp16 run over fp32 weights (see --param-dtype)",
