@@ -122,7 +122,7 @@ class Console:
         left = budget.seconds_left()
         if left is not None:
             log.info("  time left:   %s (%s)", fmt_duration(left), budget.deadline())
-        log.info("  stop rule:   %s", _stop_rule(budget))
+        log.info("  stop rule:   %s", budget.describe_rule())
 
     def startup(self, step: int, startup: Startup) -> None:
         """Start-up ends with the first step: from the allocation's start, in parts."""
@@ -282,24 +282,6 @@ class LossWindow:
         if self.each is not None:
             self.each = []
         return (*out, each)
-
-
-def _stop_rule(budget: slurmclock.TimeBudget) -> str:
-    """What the budget keeps free before the deadline, and what SLURM's warning means to it."""
-    cfg = budget.config
-    end = (
-        f"--stop-margin {cfg.margin:g} s"
-        if cfg.margin is not None
-        else f"exit ({'measured' if budget.exit_estimate is not None else 'not measured yet'}) "
-        f"+ {cfg.slack:g} s slack"
-    )
-    lead = cfg.signal_lead
-    warning = (
-        f"SIGUSR2 is SLURM's warning {lead:g} s before the end (PYRECOVER_SIGNAL_LEAD): information"
-        if lead is not None
-        else "SIGUSR2 stops at once (no PYRECOVER_SIGNAL_LEAD)"
-    )
-    return f"stop when left < next step + final save + {end}; {warning}; SIGTERM stops at once"
 
 
 def _say_original_flags(cfg: TrainConfig) -> None:

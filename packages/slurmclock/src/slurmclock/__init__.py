@@ -14,9 +14,7 @@ from slurmclock.budget import (
     ExtraSave,
     RobustEstimate,
     SaveTail,
-    StopFlag,
     TimeBudget,
-    signal_lead_from_env,
 )
 from slurmclock.commands import CommandError, Runner, SubprocessRunner, default_runner
 from slurmclock.deadline import (
@@ -35,7 +33,15 @@ from slurmclock.durations import (
 )
 from slurmclock.job import array_task, in_slurm, job_id, restart_count
 from slurmclock.requeue import RequeueResult, requeue
-from slurmclock.signals import AnyFlag, StopSignals, signal_number
+from slurmclock.signals import (
+    STOP_SIGNALS,
+    AnyFlag,
+    SignalMeaning,
+    StopFlag,
+    StopSignals,
+    signal_lead_from_env,
+    signal_number,
+)
 from slurmclock.timeline import EVENTS, Event, ExitSample, JobTimeline, timeline_dir
 
 __version__ = "0.1.0"
@@ -44,6 +50,7 @@ __all__ = [
     "EVENTS",
     "SAVE_PRIOR_SPREAD",
     "SOURCES",
+    "STOP_SIGNALS",
     "AllocationStart",
     "AnyFlag",
     "BudgetConfig",
@@ -59,6 +66,7 @@ __all__ = [
     "RobustEstimate",
     "Runner",
     "SaveTail",
+    "SignalMeaning",
     "StopFlag",
     "StopSignals",
     "SubprocessRunner",
