@@ -54,9 +54,9 @@ class Parts:
     original: OriginalCheckpoint | None  # --resume-from-checkpoint FILE.pt of the original
     new_folders: list[Path] = field(default_factory=list)  # made by the writer lock
 
-    def abandon(self) -> None:
-        """A refused start: see :func:`abandon`."""
-        abandon(self.store, self.new_folders)
+    def undo(self) -> None:
+        """A refused start: see :func:`undo_start`."""
+        undo_start(self.store, self.new_folders)
 
 
 def check_launcher(cfg: TrainConfig) -> ddpkit.DistInfo:
@@ -101,13 +101,13 @@ def parts(
     try:
         store = open_store(cfg)
     except BaseException:
-        abandon(None, new)
+        undo_start(None, new)
         raise
     phase("store")
     try:
         made = _parts(cfg, dist, store, phase)
     except BaseException:
-        abandon(store, new)
+        undo_start(store, new)
         raise
     made.new_folders = new
     return made
@@ -127,7 +127,7 @@ def new_folders(cfg: TrainConfig) -> list[Path]:
     return out
 
 
-def abandon(store: ckptstore.CheckpointStore | None, new: list[Path]) -> None:
+def undo_start(store: ckptstore.CheckpointStore | None, new: list[Path]) -> None:
     """A refused start leaves nothing behind: close the store (releasing the writer lock), then
     remove the folders the lock created, each only if empty (never anything of anyone's)."""
     if store is not None:

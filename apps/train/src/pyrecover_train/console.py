@@ -183,6 +183,33 @@ class Console:
         if self.wandb is not None:
             self.wandb.log({"val_loss": val_loss}, step=step)
 
+    def stop(
+        self,
+        *,
+        step: int,
+        reason: str,
+        cause: str,
+        exit_code: int,
+        budget: slurmclock.TimeBudget,
+        losses: tuple[float | None, float | None],
+    ) -> None:
+        """The ``stop`` event (how the run ended, the signals that came, the budget's figures)
+        and the summary lines."""
+        flag = budget.signals
+        self.metrics.log(
+            "stop",
+            step=step,
+            reason=reason,
+            cause=cause,
+            exit_code=exit_code,
+            seconds_left=budget.seconds_left(),
+            signal=None if flag is None else flag.received,  # the first; all, in arrival order:
+            signals=[] if flag is None else [name for name, _ in flag.arrivals],
+            budget=budget.snapshot(),
+        )
+        done = exit_code == slurmclock.EXIT_FINISHED
+        self.summary(done=done, step=step, reason=reason, exit_code=exit_code, losses=losses)
+
     def summary(
         self,
         *,

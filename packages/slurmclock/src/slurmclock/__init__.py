@@ -2,8 +2,10 @@
 
 :class:`DeadlineWatcher` knows when the job ends (and notices extensions), :class:`TimeBudget`
 says when to stop so the final checkpoint is durable and the job requeued before the kill,
-:class:`StopSignals` turns SLURM's signals into a flag, :class:`JobTimeline` remembers what the
-end of each allocation took, :func:`requeue` puts the job back in the queue. See README.md.
+:class:`TimeLoop` is the time-aware loop protocol every trainer drives (stop, saves, extra saves,
+exit codes), :class:`StopSignals` turns SLURM's signals into a flag, :class:`JobTimeline`
+remembers what the end of each allocation took, :func:`requeue` puts the job back in the queue.
+See README.md.
 """
 
 from slurmclock.allocation import AllocationStart, allocation_start
@@ -32,6 +34,14 @@ from slurmclock.durations import (
     young_daly_interval,
 )
 from slurmclock.job import array_task, in_slurm, job_id, restart_count
+from slurmclock.loop import (
+    EXIT_FINISHED,
+    EXIT_STOPPED,
+    Action,
+    TimeLoop,
+    end_process,
+    measured_launch,
+)
 from slurmclock.requeue import RequeueResult, requeue
 from slurmclock.signals import (
     STOP_SIGNALS,
@@ -48,9 +58,12 @@ __version__ = "0.1.0"
 
 __all__ = [
     "EVENTS",
+    "EXIT_FINISHED",
+    "EXIT_STOPPED",
     "SAVE_PRIOR_SPREAD",
     "SOURCES",
     "STOP_SIGNALS",
+    "Action",
     "AllocationStart",
     "AnyFlag",
     "BudgetConfig",
@@ -71,15 +84,18 @@ __all__ = [
     "StopSignals",
     "SubprocessRunner",
     "TimeBudget",
+    "TimeLoop",
     "__version__",
     "allocation_start",
     "array_task",
     "check_seconds",
     "checkpoint_interval",
     "default_runner",
+    "end_process",
     "find_deadline",
     "in_slurm",
     "job_id",
+    "measured_launch",
     "parse_duration",
     "parse_time",
     "process_start_time",

@@ -17,8 +17,13 @@
 * *exit* -- what the job needs after its final save is durable: process exit, ``srun``
   teardown and the batch script's ``scontrol requeue``. Measured per allocation from the
   timestamps in the job's :class:`~slurmclock.JobTimeline` (1.25 x the longest of the last
-  ``exit_window``), remembered across allocations in :meth:`TimeBudget.state_dict`; before
-  anything was measured, ``initial_exit_estimate``.
+  ``exit_window``), remembered across allocations in :meth:`TimeBudget.state_dict`. Before
+  anything was measured (a job's first allocation): ``initial_exit_estimate`` when given, else
+  from this allocation's measured *launch* (allocation start -> this process's start: batch
+  script, ``srun``, Python; :meth:`TimeBudget.record_launch`), which the exit retraces
+  backwards: ``EXIT_GUESS_BASE + EXIT_PER_LAUNCH x launch`` (1 s + 2 x launch; on a local
+  SLURM 22.05 a 0.7-1.7 s launch, as squeue's whole seconds give it, and 1.5-3.5 s exits),
+  else ``EXIT_GUESS`` (5 s).
 * *slack* -- a few seconds for the rest: deadline resolution, clock skew, step jitter.
 
 ``margin=`` (pyrecover-train's ``--stop-margin``) overrides *exit + slack* with a fixed number.
@@ -82,6 +87,8 @@ log = logging.getLogger("slurmclock")
 SAVE_PRIOR_SPREAD = 0.3
 SAVE_PRIOR_WEIGHT = 4.0
 EXIT_FACTOR = 1.25  # the exit bound: this times the longest measured exit
+# The exit before one is measured: from this allocation's launch when known, else a guess.
+EXIT_GUESS_BASE, EXIT_PER_LAUNCH, EXIT_GUESS = 1.0, 2.0, 5.0
 EXTRA_EXIT_FACTOR = 1.5  # after an extra save: this times the exit bound
 STATE_VERSION = 1
 
@@ -367,7 +374,7 @@ class BudgetConfig:
     margin: float | None = None
     initial_step_estimate: float = 0.0
     initial_save_estimate: float = 60.0
-    initial_exit_estimate: float = 5.0
+    initial_exit_estimate: float | None = None
     slack: float = 5.0
     warmup_steps: int = 2
     step_window: int = 50
@@ -383,12 +390,11 @@ class BudgetConfig:
         for name in (
             "initial_step_estimate",
             "initial_save_estimate",
-            "initial_exit_estimate",
             "slack",
             "signal_jitter",
         ):
             check_seconds(name, getattr(self, name))
-        for name in ("margin", "signal_lead"):
+        for name in ("margin", "signal_lead", "initial_exit_estimate"):
             if getattr(self, name) is not None:
                 check_seconds(name, getattr(self, name))
         for name in ("warmup_steps", "step_window", "save_window", "exit_window"):
@@ -446,7 +452,7 @@ class TimeBudget:
         margin: float | None = None,
         initial_step_estimate: float = 0.0,
         initial_save_estimate: float = 60.0,
-        initial_exit_estimate: float = 5.0,
+        initial_exit_estimate: float | None = None,
         slack: float = 5.0,
         warmup_steps: int = 2,
         step_window: int = 50,
@@ -494,6 +500,7 @@ class TimeBudget:
         self._steps = RobustEstimate(skip=warmup_steps, window=step_window, quantile=step_quantile)
         self._saves = SaveTail(window=save_window, quantile=save_quantile)
         self._exits: dict[tuple[str, int], float] = {}
+        self.launch_s: float | None = None  # record_launch()
         self._warnings_seen = 0
         self._said: set[str] = set()
         self._parts_cache: dict[bool, tuple[float, str]] = {}  # with_step -> (needed, said)
@@ -564,6 +571,13 @@ class TimeBudget:
             self._exits[(job, restart)] = float(seconds)
             while len(self._exits) > self.config.exit_window:
                 del self._exits[next(iter(self._exits))]
+            self._parts_cache.clear()
+
+    def record_launch(self, seconds: float) -> None:
+        """This allocation's launch: its start (SLURM) -> this process's start. Until an exit is
+        measured, the exit is guessed from it (the way out retraces the way in)."""
+        if self._valid("launch", seconds):
+            self.launch_s = float(seconds)
             self._parts_cache.clear()
 
     def load_timeline(self, timeline: JobTimeline) -> int:
@@ -708,6 +722,18 @@ class TimeBudget:
             return _Part("next step", self.config.initial_step_estimate, how)
         return _Part("next step", step, self._steps.describe("step"))
 
+    def _exit_guess(self) -> tuple[float, str]:
+        """(seconds, how) of the exit before one is measured."""
+        if self.config.initial_exit_estimate is not None:
+            return self.config.initial_exit_estimate, "initial guess, none measured"
+        if self.launch_s is not None:
+            guess = EXIT_GUESS_BASE + EXIT_PER_LAUNCH * self.launch_s
+            return (
+                guess,
+                f"{EXIT_GUESS_BASE:g} + {EXIT_PER_LAUNCH:g} x launch {_fmt(self.launch_s)} s",
+            )
+        return EXIT_GUESS, "initial guess, none measured"
+
     def _end_parts(self, save_name: str) -> list[_Part]:
         cfg = self.config
         parts = [self._save_part(save_name)]
@@ -716,7 +742,7 @@ class TimeBudget:
             return parts
         exit_bound = self.exit_estimate
         if exit_bound is None:
-            parts.append(_Part("exit", cfg.initial_exit_estimate, "initial guess, none measured"))
+            parts.append(_Part("exit", *self._exit_guess()))
         else:
             n = len(self._exits)
             parts.append(_Part("exit", exit_bound, f"{EXIT_FACTOR:g} x max of {n} measured"))
@@ -735,6 +761,10 @@ class TimeBudget:
             return cached
         step = self._step_part()
         return step.seconds + cached[0], f"{step} + {cached[1]}"
+
+    def needed_after_save(self) -> float:
+        """Seconds kept free after the final save: the exit and the slack (or the margin)."""
+        return sum(p.seconds for p in self._end_parts("save")[1:])
 
     def needed_to_stop(self) -> float:
         """Seconds the next step, a final save, the exit and the slack need together."""
@@ -887,6 +917,7 @@ class TimeBudget:
             "steps_measured": self.steps_measured,
             "saves_measured": self.saves_measured,
             "exits_measured": len(self._exits),
+            "launch_s": self.launch_s,
             "margin": self.config.margin,
             "slack": self.config.slack,
             "signal_lead": self.config.signal_lead,
