@@ -599,6 +599,11 @@ class TimeBudget:
         return self._clock()
 
     @property
+    def timer(self) -> Callable[[], float]:
+        """What measures durations (monotonic seconds; the clock when one was given)."""
+        return self._timer
+
+    @property
     def has_save_estimate(self) -> bool:
         """A save time is known (measured here, or loaded from an earlier allocation)."""
         return self._saves.bound() is not None

@@ -48,7 +48,6 @@ import logging
 import os
 import sys
 import threading
-import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from types import TracebackType
@@ -58,7 +57,7 @@ from slurmclock.allocation import allocation_start
 from slurmclock.budget import Decision, ExtraSave, TimeBudget
 from slurmclock.deadline import Deadline, DeadlineWatcher, process_start_time
 from slurmclock.job import job_id
-from slurmclock.signals import STOP_SIGNALS, StopFlag, StopSignals, signal_number
+from slurmclock.signals import STOP_SIGNALS, AnyFlag, StopFlag, StopSignals, signal_number
 from slurmclock.timeline import JobTimeline
 
 __all__ = [
@@ -114,6 +113,9 @@ class TimeLoop:
     ``on_abandon(message)``: called on the watchdog thread before the process exits 75.
     ``launch``: seconds from the allocation's start to this process's start (None: measured by
     :func:`measured_launch` after the warm-up, rank 0); the first allocation's exit guess.
+    ``timer`` times steps when ``after_step`` is not given their seconds (default: the
+    budget's). ``exit`` ends the process after an abandon (``os._exit``); ``watchdog=False``: no
+    abandon thread (a simulation decides abandons itself from :attr:`plan`).
     """
 
     def __init__(
@@ -130,7 +132,7 @@ class TimeLoop:
         background_saves: bool = False,
         on_abandon: Callable[[str], None] | None = None,
         launch: float | Callable[[], float | None] | None = None,
-        timer: Callable[[], float] = time.monotonic,
+        timer: Callable[[], float] | None = None,
         exit: Callable[[int], None] = os._exit,
         watchdog: bool = True,
         **budget_kw: Any,
@@ -153,7 +155,8 @@ class TimeLoop:
         self._agree = agree or (lambda *values: tuple(values))
         self._share: Callable[[Any], Any] = share or (lambda obj: obj)
         self._launch, self._launch_asked = launch, False
-        self._timer, self._exit, self._watchdog = timer, exit, watchdog
+        self._timer = budget.timer if timer is None else timer
+        self._exit, self._watchdog = exit, watchdog
         self._last: float | None = None
         self._phase = "train"  # -> final -> (extra <-> extra save) -> exit
         self._issued: dict[int, str] = {}  # step -> kind of the save asked for at that step
@@ -182,6 +185,18 @@ class TimeLoop:
 
     # -- around the loop -------------------------------------------------------------------
 
+    def connect(
+        self,
+        *,
+        leader: bool,
+        agree: Callable[..., tuple[int, ...]] | None,
+        share: Callable[[Any], Any] | None,
+    ) -> None:
+        """The ranks, once a trainer knows them (before :meth:`begin`): see the class."""
+        self.leader = leader
+        self._agree = agree or (lambda *values: tuple(values))
+        self._share = share or (lambda obj: obj)
+
     def add_signal(self, sig: str | int) -> None:
         """Also stop on ``sig`` (e.g. Lightning's requeue signal, taken over); before begin()."""
         if self._owned is None:
@@ -189,6 +204,13 @@ class TimeLoop:
         number = signal_number(sig)
         if number not in self._owned.signals:
             self._owned.signals = (*self._owned.signals, number)
+
+    def request_stop(self, reason: str = "manual") -> None:
+        """Raise the stop flag by hand, as a stop signal would (e.g. a callback's own reason)."""
+        flag = self._owned or self.budget.signals
+        if not isinstance(flag, (StopSignals, AnyFlag)):
+            raise TypeError(f"request_stop() raises a StopSignals or AnyFlag, not {flag!r}")
+        flag.request(reason)
 
     def begin(self) -> None:
         """Training starts: the loop's own stop signals are installed, the step timer runs."""
@@ -473,6 +495,30 @@ class TimeAware:
     ``stopped_early``, ``exit_code`` and :meth:`exit`."""
 
     loop: TimeLoop
+
+    @staticmethod
+    def make_loop(
+        budget: TimeBudget | None,
+        *,
+        deadline: DeadlineWatcher | Deadline | None,
+        margin: float | None,
+        initial_save_estimate: float,
+        warmup_steps: int,
+        signals: Iterable[str | int],
+        **loop_kw: Any,
+    ) -> TimeLoop:
+        """A callback's loop: its own stop signals, its budget ready-made or from the settings."""
+        names = tuple(signals) or STOP_SIGNALS
+        if budget is not None:
+            return TimeLoop(budget, signals=names, **loop_kw)
+        return TimeLoop(
+            deadline=deadline,
+            margin=margin,
+            initial_save_estimate=initial_save_estimate,
+            warmup_steps=warmup_steps,
+            signals=names,
+            **loop_kw,
+        )
 
     @property
     def budget(self) -> TimeBudget:
