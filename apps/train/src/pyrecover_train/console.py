@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import logging
+import os
 import time
 import zlib
 from pathlib import Path
@@ -74,6 +75,7 @@ class Console:
             "deadline": None if d is None else d.iso(),
             "deadline_source": None if d is None else d.source,
             "process_start": slurmclock.process_start_time(),
+            "pid": os.getpid(),
         }
         self.metrics.log(
             "start",
