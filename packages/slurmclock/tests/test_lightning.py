@@ -207,10 +207,11 @@ def test_an_extra_save_not_durable_in_time_is_abandoned_and_the_final_one_stands
 
 
 def test_takes_over_lightning_slurm_auto_requeue(
-    straight: Net, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    straight: Net, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: Any
 ) -> None:
     """Under SLURM Lightning would save inside its SIGUSR1 handler and run scontrol requeue; the
-    callback turns SIGUSR1 into a stop at the next step boundary and leaves the requeue to 75."""
+    callback turns SIGUSR1 into a stop at the next step boundary and leaves the requeue to 75.
+    It says so when the signal comes, and says nothing in a job without one."""
     for key, value in {
         "SLURM_NTASKS": "1",
         "SLURM_JOB_NAME": "train",
@@ -222,8 +223,13 @@ def test_takes_over_lightning_slurm_auto_requeue(
     }.items():
         monkeypatch.setenv(key, value)
     monkeypatch.setenv("PATH", str(tmp_path / "no-scontrol"))  # a requeue attempt would fail
+    with caplog.at_level("INFO"):
+        _, quiet, _ = fit(tmp_path / "no-signal")
+    assert quiet.exit_code == 0 and "taken over" not in caplog.text
     usr1 = At(5, lambda: os.kill(os.getpid(), signal.SIGUSR1))
-    _, timer, trainer = fit(tmp_path, usr1)
+    with caplog.at_level("INFO"):
+        _, timer, trainer = fit(tmp_path, usr1)
+    assert "SIGUSR1 is Lightning's requeue signal, taken over" in caplog.text
     env = trainer._accelerator_connector.cluster_environment
     assert isinstance(env, SLURMEnvironment) and env.auto_requeue is False
     assert timer.exit_code == EXIT_STOPPED and trainer.global_step == 5
@@ -231,7 +237,7 @@ def test_takes_over_lightning_slurm_auto_requeue(
     # The stop's checkpoint, durable, is marked in the job's timeline: the exit that follows
     # until the requeue is measured for the next allocation (as pyrecover-train does).
     marks = [(e.name, e.info.get("step")) for e in JobTimeline().events()]
-    assert marks[:2] == [("checkpoint", 5), ("saved", None)]
+    assert marks[-2:] == [("checkpoint", 5), ("saved", None)]
     monkeypatch.delenv("SLURM_JOB_ID")
     monkeypatch.delenv("SLURM_NTASKS")
     resumed, _, _ = fit(tmp_path)
