@@ -18,12 +18,9 @@ from typing import Any
 from transformers import Trainer
 
 sys.path.insert(0, str(Path(__file__).parent))
-from test_hf import train  # noqa: E402  - the same model, data and arguments
+from test_hf import stop_for_time, train  # noqa: E402  - the same model, data, arguments
 
-from slurmclock import Deadline, TimeBudget  # noqa: E402
-from slurmclock.hf import TimeAwareCallback  # noqa: E402
-
-CLOCK = [86.5]
+CLOCK = [0.0]
 save = Trainer._save_checkpoint
 
 
@@ -37,15 +34,7 @@ def stalls_in_the_extra_save(self: Trainer, *args: Any, **kw: Any) -> Any:
 
 def main() -> int:
     Trainer._save_checkpoint = stalls_in_the_extra_save  # type: ignore[method-assign]
-    budget = TimeBudget(
-        Deadline(100.0, "override"),
-        margin=2.0,
-        initial_save_estimate=2.0,
-        warmup_steps=0,
-        clock=lambda: CLOCK[0],
-    )
-    timer = TimeAwareCallback(budget=budget, probe_saves=False)
-    train(Path(sys.argv[1]), timer=timer, clock=CLOCK)
+    train(Path(sys.argv[1]), timer=stop_for_time(CLOCK), clock=CLOCK)
     print("not abandoned", flush=True)
     return 1
 

@@ -17,10 +17,7 @@ from typing import Any
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
 sys.path.insert(0, str(Path(__file__).parent))
-from test_lightning import fit  # noqa: E402  - the same model, data and trainer
-
-from slurmclock import Deadline, TimeBudget  # noqa: E402
-from slurmclock.lightning import TimeAwareCallback  # noqa: E402
+from test_lightning import fit, stop_for_time  # noqa: E402  - the same model, data, trainer
 
 
 class StallsInTheExtraSave(TorchCheckpointIO):
@@ -37,15 +34,8 @@ class StallsInTheExtraSave(TorchCheckpointIO):
 
 
 def main() -> int:
-    root, clock = Path(sys.argv[1]), [86.5]
-    budget = TimeBudget(
-        Deadline(100.0, "override"),
-        margin=2.0,
-        initial_save_estimate=2.0,
-        warmup_steps=0,
-        clock=lambda: clock[0],
-    )
-    timer = TimeAwareCallback(root, budget=budget, probe_saves=False)
+    root, clock = Path(sys.argv[1]), [0.0]
+    timer = stop_for_time(root, clock)
     fit(root, timer=timer, clock=clock, plugins=[StallsInTheExtraSave(clock)])
     print("not abandoned", flush=True)
     return 1

@@ -169,13 +169,11 @@ def test_deadline_stop(straight: Net, tmp_path: Path) -> None:
     assert timer2.exit_code == 0 and same_weights(resumed, straight)
 
 
-def test_the_time_the_final_save_left_is_trained_and_saved_again(
-    straight: Net, tmp_path: Path
-) -> None:
-    """After the final save (step 9 at 95.5 on the fake clock), two more steps fit before the
-    exit must begin (100 - margin 2): the Trainer writes checkpoint-11 too, and the run resumes
-    from it bitwise."""
-    clock = [86.5]
+def stop_for_time(clock: list[float]) -> TimeAwareCallback:
+    """A stop for time on the fake clock (one fake second per step): the final save after step
+    9 (at 95.5), then two more steps fit before the exit must begin (100 - margin 2): an extra
+    save of step 11."""
+    clock[0] = 86.5
     budget = TimeBudget(
         Deadline(100.0, "override"),
         margin=2.0,
@@ -183,14 +181,21 @@ def test_the_time_the_final_save_left_is_trained_and_saved_again(
         warmup_steps=0,
         clock=lambda: clock[0],
     )
-    timer = TimeAwareCallback(budget=budget, probe_saves=False)
-    _, timer, trainer = train(tmp_path, timer=timer, clock=clock)
+    return TimeAwareCallback(budget=budget, probe_saves=False)
+
+
+def test_the_time_the_final_save_left_is_trained_and_saved_again(
+    straight: Net, tmp_path: Path
+) -> None:
+    """The Trainer writes checkpoint-11 too, and the run resumes from it bitwise."""
+    clock = [0.0]
+    _, timer, trainer = train(tmp_path, timer=stop_for_time(clock), clock=clock)
     assert timer.exit_code == EXIT_STOPPED and trainer.state.global_step == 11
     assert sorted(p.name for p in tmp_path.glob("checkpoint-*")) == [
         "checkpoint-11",
         "checkpoint-9",
     ]
-    assert budget.saves_measured == 1  # the extra save is not a save-time sample
+    assert timer.budget.saves_measured == 1  # the extra save is not a save-time sample
     resumed, timer2, _ = train(tmp_path)
     assert timer2.exit_code == 0 and same_weights(resumed, straight)
 

@@ -153,13 +153,11 @@ def test_deadline_stop_keeps_the_margin(straight: Net, tmp_path: Path) -> None:
     assert carried["steps"] and carried["saves"] == []
 
 
-def test_the_time_the_final_save_left_is_trained_and_saved_again(
-    straight: Net, tmp_path: Path
-) -> None:
-    """An extra save: after the final save (step 9, at 95.5 on the fake clock, which took a
-    fraction of its 2 s guess), two more steps fit before the exit must begin (100 - margin 2);
-    they are saved at the same path, and the run resumes from there bitwise."""
-    clock = [86.5]
+def stop_for_time(root: Path, clock: list[float]) -> TimeAwareCallback:
+    """A stop for time on the fake clock (one fake second per step): the final save after step
+    9 (at 95.5; it takes a fraction of its 2 s guess), then two more steps fit before the exit
+    must begin (100 - margin 2): an extra save of step 11."""
+    clock[0] = 86.5
     budget = TimeBudget(
         Deadline(100.0, "override"),
         margin=2.0,
@@ -167,17 +165,24 @@ def test_the_time_the_final_save_left_is_trained_and_saved_again(
         warmup_steps=0,
         clock=lambda: clock[0],
     )
+    return TimeAwareCallback(root, budget=budget, probe_saves=False)
+
+
+def test_the_time_the_final_save_left_is_trained_and_saved_again(
+    straight: Net, tmp_path: Path
+) -> None:
+    """The extra save is written at the same path, and the run resumes from it bitwise."""
     saves: list[int] = []
 
     class Count(L.Callback):
         def on_save_checkpoint(self, trainer: L.Trainer, *args: Any) -> None:
             saves.append(trainer.global_step)
 
-    timer = TimeAwareCallback(tmp_path, budget=budget, probe_saves=False)
-    _, timer, trainer = fit(tmp_path, Count(), timer=timer, clock=clock)
+    clock = [0.0]
+    _, timer, trainer = fit(tmp_path, Count(), timer=stop_for_time(tmp_path, clock), clock=clock)
     assert saves == [9, 11] and trainer.global_step == 11  # final, then extra
     assert timer.exit_code == EXIT_STOPPED and timer.loop.abandoned is None
-    assert budget.saves_measured == 1  # the extra save is not a save-time sample
+    assert timer.budget.saves_measured == 1  # the extra save is not a save-time sample
     resumed, timer2, trainer2 = fit(tmp_path)
     assert timer2.exit_code == 0 and same_weights(resumed, straight)
 
