@@ -159,7 +159,7 @@ def test_a_stop_signal_saves_once_and_exits_75_without_extra_saves(
     run.save(act)
     assert not run.loop.training and run.loop.exit_code == EXIT_STOPPED
     assert "stopping at step 2/9 (stop: received SIGTERM" in run.loop.stop_message(2, 9)
-    with pytest.raises(RuntimeError, match="the loop is over"):
+    with pytest.raises(RuntimeError, match="after the loop ended"):
         run.train()
 
 
@@ -255,6 +255,12 @@ def test_a_loop_given_its_settings_makes_its_budget_and_installs_its_signals() -
     assert signal.getsignal(signal.SIGUSR1) == before
     with pytest.raises(TypeError, match="either a ready budget or its settings"):
         TimeLoop(loop.budget, margin=3.0)
+    # A budget that reads a flag of its own, and a loop given signal names: both are read.
+    theirs = StopSignals(("TERM",))
+    budget = TimeBudget(Deadline(None, "none"), signals=theirs, env={})
+    both = TimeLoop(budget, signals=("USR1",))
+    both.request_stop("SIGUSR1")
+    assert budget.stop_signal() == "SIGUSR1"
 
 
 END = """

@@ -51,7 +51,7 @@ import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, NoReturn, TypeVar
+from typing import Any, NoReturn
 
 from slurmclock.allocation import allocation_start
 from slurmclock.budget import Decision, ExtraSave, TimeBudget
@@ -71,7 +71,6 @@ __all__ = [
 ]
 
 log = logging.getLogger("slurmclock")
-T = TypeVar("T")
 
 EXIT_FINISHED = 0
 EXIT_STOPPED = 75  # EX_TEMPFAIL: stopped early with a durable checkpoint; requeue and resume
@@ -177,10 +176,12 @@ class TimeLoop:
         """(the flag the budget reads, the StopSignals this loop installs itself, if any)."""
         if isinstance(signals, StopFlag):
             return signals, None
-        if signals is None and budget is not None and budget.signals is not None:
-            return budget.signals, None
-        names = tuple(signals or ()) or STOP_SIGNALS
-        owned = StopSignals(names, chain=False)
+        mine = None if budget is None else budget.signals
+        if signals is None and mine is not None:
+            return mine, None
+        owned = StopSignals(tuple(signals or ()) or STOP_SIGNALS, chain=False)
+        if mine is not None:  # the budget's flag and the loop's own, read as one
+            budget.signals = AnyFlag(mine, owned)  # type: ignore[union-attr]
         return owned, owned
 
     # -- around the loop -------------------------------------------------------------------
@@ -269,7 +270,11 @@ class TimeLoop:
             return self._train_boundary(step, save_due, last)
         if self._phase == "extra":
             return self._extra_boundary(step, last)
-        raise RuntimeError(f"after_step() in phase {self._phase!r}: the loop is over")
+        if self._phase == "exit":
+            raise RuntimeError("after_step() after the loop ended: leave it when not training")
+        raise RuntimeError(
+            f"after_step() with the {self._phase} pending: make it in `with loop.saving(act):`"
+        )
 
     def _train_boundary(self, step: int, save_due: bool, last: bool) -> Action:
         if last:
