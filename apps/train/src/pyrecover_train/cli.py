@@ -32,7 +32,6 @@ IMPORT_USAGE = (
     "checkpoint becomes the first checkpoint of --experiment_name (with the --model-size, "
     "--tokenizer, ... it was trained with); then resume with --resume-from-checkpoint latest"
 )
-STOP_SIGNALS = slurmclock.STOP_SIGNALS  # SLURM's warning (information for the budget), stop now
 
 
 DATA_ERROR_NOTE = (
@@ -119,9 +118,9 @@ def _run(
 def _arm_stop_signals() -> slurmclock.StopSignals:
     """Flag-only handlers for SIGUSR2 and SIGTERM, over SIG_IGN (what stays once they are
     restored). The trainer reads this flag: a signal that came during start-up is not lost."""
-    for name in STOP_SIGNALS:
+    for name in slurmclock.STOP_SIGNALS:  # SLURM's warning (information for the budget), stop now
         signal.signal(slurmclock.signal_number(name), signal.SIG_IGN)
-    return slurmclock.StopSignals(STOP_SIGNALS).install()
+    return slurmclock.StopSignals(slurmclock.STOP_SIGNALS).install()
 
 
 def _usage(e: UsageError) -> int:
