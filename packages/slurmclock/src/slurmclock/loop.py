@@ -111,7 +111,8 @@ class TimeLoop:
     ``background_saves``: periodic saves are written while training goes on (async).
     ``on_abandon(message)``: called on the watchdog thread before the process exits 75.
     ``launch``: seconds from the allocation's start to this process's start (None: measured by
-    :func:`measured_launch` after the warm-up, rank 0); the first allocation's exit guess.
+    :func:`measured_launch` after the warm-up, rank 0); the first allocation's exit guess, in a
+    job on one node.
     ``timer`` times steps when ``after_step`` is not given their seconds (default: the
     budget's). ``exit`` ends the process after an abandon (``os._exit``); ``watchdog=False``: no
     abandon thread (a simulation decides abandons itself from :attr:`plan`).
@@ -342,10 +343,14 @@ class TimeLoop:
 
     def _measure_launch(self) -> None:
         """Once, after the warm-up (off the way to the first step): the allocation's launch,
-        from which the budget guesses the exit until one is measured."""
+        from which the budget guesses the exit until one is measured. On one node only: across
+        nodes the exit also tears down what the launch did not build (the communication between
+        them), so the plain guess stands until the job's timeline has measured an exit."""
         if self._launch_asked or self.budget.steps_measured <= self.budget.config.warmup_steps:
             return
         self._launch_asked = True
+        if _job_nodes() > 1:
+            return
         given = self._launch
         launch = given() if callable(given) else measured_launch() if given is None else given
         if launch is not None:
@@ -553,6 +558,15 @@ def measured_launch() -> float | None:
     if start.source == "process":
         return None
     return max(0.0, process_start_time() - start.at)
+
+
+def _job_nodes() -> int:
+    """The nodes of this SLURM job (1 outside SLURM or when SLURM does not say)."""
+    raw = os.environ.get("SLURM_JOB_NUM_NODES") or os.environ.get("SLURM_NNODES") or "1"
+    try:
+        return int(raw)
+    except ValueError:
+        return 1
 
 
 def flush_logs() -> None:
