@@ -257,18 +257,8 @@ def test_distributed_run_then_resume_on_one_process(
     base = tiny_flags(
         corpus, cache_dir, ckpt, "--use-torch-distributed-ckpt", "--checkpoint-frequency", "3"
     )
-    r = run_torchrun(
-        [
-            "--distributed",
-            *base,
-            "--training-steps",
-            "6",
-            "--eval-every",
-            "3",
-            "--val-fraction",
-            "0.1",
-        ]
-    )
+    evaluated = ["--eval-every", "3", "--val-fraction", "0.1"]
+    r = run_torchrun(["--distributed", *base, "--training-steps", "6", *evaluated])
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     manifest, state = final_state(ckpt)
     assert manifest.world_size == 2 and manifest.format == "dcp" and manifest.step == 6
@@ -280,17 +270,8 @@ def test_distributed_run_then_resume_on_one_process(
     assert [e["step"] for e in two if e["event"] == "eval"] == [3, 6]  # rank 0 logs only
     assert next(e for e in two if e["event"] == "start")["world_size"] == 2
 
-    r = run_cli(
-        [
-            *base,
-            "--training-steps",
-            "10",
-            "--resume-from-checkpoint",
-            "latest",
-            "--val-fraction",
-            "0.1",
-        ]
-    )
+    again = ["--training-steps", "10", "--resume-from-checkpoint", "latest"]
+    r = run_cli([*base, *again, "--val-fraction", "0.1"])
     assert r.returncode == 0, r.stdout + r.stderr
     assert "world size changed (2 in the checkpoint, 1 now)" in r.stdout
     evs = events(ckpt)
