@@ -22,7 +22,8 @@
   from this allocation's measured *launch* (allocation start -> this process's start: batch
   script, ``srun``, Python; :meth:`TimeBudget.record_launch`), which the exit retraces
   backwards: ``EXIT_GUESS_BASE + EXIT_PER_LAUNCH x launch`` (1 s + 2 x launch; on a local
-  SLURM 22.05 a 0.7-1.7 s launch, as squeue's whole seconds give it, and 1.5-3.5 s exits; a
+  SLURM 22.05, one node, launches of 0.4-0.85 s, as squeue's whole seconds give them, and exits
+  of 0.3-0.6 s, 2.2 s once at a load average of 30; a
   :class:`~slurmclock.TimeLoop` records the launch in a job on one node only), else
   ``EXIT_GUESS`` (5 s).
 * *slack* -- a few seconds for the rest: deadline resolution, clock skew, step jitter.
