@@ -10,8 +10,9 @@ the same GPT (``pyrecover_train.model``), the same Shakespeare parquet packed by
   ``auto_requeue=True``), launched by ``srun`` under ``#SBATCH --signal=SIGUSR1@90``: on SIGUSR1
   Lightning saves ``hpc_ckpt_N.ckpt`` from inside the signal handler and runs ``scontrol requeue``;
   the requeued job resumes from it automatically (``ckpt_path=None``).
-- ``ours``: the same Trainer with slurmclock's ``TimeAwareCallback`` and ckptstore's
-  ``CkptStoreIO``; exit 75 makes the batch script requeue (examples/slurm/requeue-on-75.sh).
+- ``ours``: the same Trainer with slurmclock's ``TimeAwareCallback`` (its defaults) and
+  ckptstore's ``CkptStoreIO``; exit 75 makes the batch script requeue
+  (examples/slurm/requeue-on-75.sh).
 
 Every optimizer step prints ``RACE step N EPOCH`` so the harness can tell, from the job log, how far
 each allocation trained; the end prints ``RACE weights DIGEST``.
@@ -107,7 +108,9 @@ def main(argv: list[str] | None = None) -> int:
         from ckptstore.lightning import CkptStoreIO
         from slurmclock.lightning import TimeAwareCallback
 
-        timer = TimeAwareCallback(args.root, margin=args.margin, initial_save_estimate=5)
+        # Shipped defaults: the first save is measured right after the warm-up (probe_saves),
+        # the first allocation's exit guessed from its measured launch, extra saves on.
+        timer = TimeAwareCallback(args.root, margin=args.margin)
         callbacks.append(timer)
         plugins.append(CkptStoreIO())
     trainer = L.Trainer(
@@ -128,7 +131,9 @@ def main(argv: list[str] | None = None) -> int:
     trainer.fit(model, data, ckpt_path=ckpt_path)
     if trainer.global_step >= args.steps:
         print(f"RACE weights {digest(model.gpt)}", flush=True)
-    return timer.exit_code if timer is not None else 0
+    if timer is not None:
+        timer.exit()  # 75 or 0, without the interpreter's teardown (part of the job's exit)
+    return 0
 
 
 if __name__ == "__main__":

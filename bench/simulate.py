@@ -77,10 +77,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import RESULTS, print_table, write_results  # noqa: E402
 
 from slurmclock import (  # noqa: E402
+    STOP_SIGNALS,
     Deadline,
     SaveTail,
     StopSignals,
     TimeBudget,
+    TimeLoop,
     checkpoint_interval,
 )
 
@@ -140,6 +142,7 @@ class Scenario:
     first_snapshot_s: float = 0.0
     async_durable_median: float = 0.0
     periodic_every: float = 30 * MINUTE  # wall seconds of steps between periodic saves
+    nodes: int = 1  # across nodes the first allocation keeps the exit guess (TimeLoop)
     restart: float | None = None  # after a failure (part 2): requeue wait + startup
     sources: tuple[str, ...] = ()  # where the figures come from
 
@@ -237,6 +240,7 @@ SCENARIOS = (
         },
         exit_median=12.0,  # assumed
         exit_sigma=0.4,
+        nodes=4,
         async_periodic=True,  # --async-checkpoint auto: on with CUDA (FSDP: each rank its shard)
         # scaled: each of 16 ranks snapshots its 6 GB shard (1/3 of the 1.5B's 18 GB), and the
         # writer makes a save durable 22.2 / 15.6 times later than a blocking save would be
@@ -464,16 +468,18 @@ class _FakeClock:
 def slurmclock_rule(
     trial: Trial, margin: float | None = None, *, fast: bool = True, extra: bool = True
 ) -> Outcome:
-    """Drive the real TimeBudget as pyrecover-train does: record each step, ask should_stop()
-    after it, can_save() before a periodic save, record each save once it is durable (an async
-    one some steps later, as the trainer finds it finished); the final save waits for a save
-    still in flight, and is followed by extra saves while ``extra_save()`` plans one
-    (``extra=False``: pyrecover-train --no-extra-saves). SLURM's USR2 warning is raised on the
-    budget's stop flag when it arrives. ``fast``: skip, step-free, the part of the run where the
-    budget cannot stop (same result)."""
+    """Drive slurmclock's TimeLoop -- the object pyrecover-train drives -- with the budget the
+    trainer builds: after each step the loop says go on, save (a periodic save, only when the
+    budget says it fits) or stop (the final save); each save is reported to it once durable (an
+    async one some steps later, as the trainer learns it from the store, and before the final
+    save's record, which waits for it); after the final save, the loop's extra saves (train
+    while it says a step fits, save, abandoned when not durable at the plan's abandon time;
+    ``extra=False``: pyrecover-train --no-extra-saves). SLURM's USR2 warning is raised on the
+    stop flag when it arrives. ``fast``: skip, step-free, the part of the run where the budget
+    cannot stop (same result)."""
     sc, L, d = trial.sc, trial.length, trial.d
     clock = _FakeClock()
-    flag = StopSignals(("USR2", "TERM"), clock=clock)  # not installed: raised by the simulator
+    flag = StopSignals(STOP_SIGNALS, clock=clock)  # not installed: raised by the simulator
     budget = TimeBudget(
         Deadline(end=L, source="simulated"),
         margin=margin,
@@ -485,6 +491,14 @@ def slurmclock_rule(
         timer=clock,
     )
     budget.load_state_dict(trial.prior_state)
+    loop = TimeLoop(
+        budget,
+        extra_saves=extra,
+        background_saves=sc.async_periodic,
+        # As the trainer measures it after its first step; across nodes it keeps the exit guess.
+        launch=sc.startup_parts["launch"] if sc.nodes == 1 else lambda: None,
+        watchdog=False,  # the abandon is simulated: the save's drawn time against the plan
+    )
     i0 = _first_close_step(trial, budget) if fast else 0
     cfg = budget.config
     w, window = cfg.warmup_steps, cfg.step_window
@@ -493,79 +507,83 @@ def slurmclock_rule(
     for x in d[max(w, i0 - window) : i0]:
         budget.record_step(float(x))
     now = float(trial.t_start[i0])
-    saves = _Durable(budget, background=sc.async_periodic)
+    saves = _Durable(loop, background=sc.async_periodic)
     for k in range(1, i0 // trial.every + 1):  # the periodic saves started before step i0
         seconds = float(trial.saves[k - 1])
         saves.started(float(trial.t_end[k * trial.every - 1]) + seconds, seconds, k * trial.every)
     if now > L:  # the kill came during the periodic save after step i0 - 1
         return trial.result(saves.committed_by(L), i0, False)
     saves.record_until(now)
-    k_next, i = i0 // trial.every + 1, i0
     signalled = False
-    while i < len(d):
+    for i in range(i0, len(d)):
         now += float(d[i])
         if now > L:  # killed mid-step
             return trial.result(saves.committed_by(L), i, False)
-        budget.record_step(float(d[i]))
         if not signalled and now >= trial.signal_at:
             clock.now, signalled = trial.signal_at, True
             flag.request("SIGUSR2")  # stamped with its arrival time
         clock.now = now
         saves.record_until(now)
-        if budget.should_stop():
+        due = (i + 1) % trial.every == 0
+        act = loop.after_step(i + 1, seconds=float(d[i]), save_due=due)
+        if act.save == "final":
             done = max(now, saves.in_flight_until()) + trial.final_save
             if done > L:
                 return trial.result(saves.committed_by(L), i + 1, False)
-            if not extra:
-                return trial.result(i + 1, i + 1, True, done)
-            persisted, computed, saved_at = _extra_saves(trial, budget, clock, i, done)
+            clock.now = done
+            with loop.saving(act):  # every save durable, the final one last
+                saves.record_until(done)
+                loop.saved(i + 1, trial.final_save)
+            persisted, computed, saved_at = _extra_saves(trial, loop, clock, i, done)
             return trial.result(persisted, computed, True, saved_at)
-        if (i + 1) % trial.every == 0:
-            k, k_next = k_next, k_next + 1
-            if budget.can_save(background=sc.async_periodic):
-                now = max(now, saves.in_flight_until())  # one save in flight: wait for it
-                saves.record_until(now)
-                started, now = now, now + float(trial.block[k - 1])
-                if now > L:  # killed mid-save
-                    return trial.result(saves.committed_by(L), i + 1, False)
-                saves.started(started + float(trial.saves[k - 1]), float(trial.saves[k - 1]), i + 1)
-                saves.record_until(now)
-        i += 1
+        if act.save == "periodic":
+            now = max(now, saves.in_flight_until())  # one save in flight: wait for it
+            saves.record_until(now)
+            k = (i + 1) // trial.every
+            started, now = now, now + float(trial.block[k - 1])
+            if now > L:  # killed mid-save
+                return trial.result(saves.committed_by(L), i + 1, False)
+            saves.started(started + float(trial.saves[k - 1]), float(trial.saves[k - 1]), i + 1)
+            saves.record_until(now)
     raise RuntimeError("simulation ran out of drawn steps: raise the step count bound")
 
 
 def _extra_saves(
-    trial: Trial, budget: TimeBudget, clock: _FakeClock, i: int, now: float
+    trial: Trial, loop: TimeLoop, clock: _FakeClock, i: int, now: float
 ) -> tuple[int, int, float]:
-    """After the final save of step index ``i``, durable at ``now``: the trainer's extra saves
-    (train while a step fits the plan, save, abandon it at the plan's deadline). Returns (steps
-    persisted, steps computed, when the exit began: a durable save's end or the abandon)."""
-    persisted, saved_at = i + 1, now
+    """After the final save of step index ``i``, durable at ``now``: the loop's extra saves
+    (train while it says a step fits, save; abandoned at the plan's abandon time). Returns
+    (steps persisted, steps computed, when the exit began: a durable save's end or the
+    abandon)."""
+    persisted, saved_at, j = i + 1, now, i
     for save in trial.extra_saves:
-        clock.now = now
-        plan = budget.extra_save()
-        if plan is None:
-            break
-        j = i
-        while plan.step_fits(now, budget.step_estimate or 0.0):
+        while loop.training:
             j += 1
             now += float(trial.d[j])
-            budget.record_step(float(trial.d[j]))
-        if j == i:
+            clock.now = now
+            act = loop.after_step(j + 1, seconds=float(trial.d[j]))
+            if act.save == "extra":
+                break
+        if not loop.training:
             break
+        plan = loop.plan
+        assert plan is not None
         if now + float(save) > plan.abandon_at:  # abandoned: the exit starts then
             return persisted, j + 1, plan.abandon_at
-        now += float(save)  # not recorded: abandoned ones would be missing (a biased sample)
-        persisted, saved_at, i = j + 1, now, j
-    return persisted, i + 1, saved_at
+        now += float(save)
+        clock.now = now
+        with loop.saving(act):
+            loop.saved(j + 1, float(save))  # not a save-time sample (the loop knows)
+        persisted, saved_at = j + 1, now
+    return persisted, j + 1, saved_at  # a stop signal may have ended extra training
 
 
 class _Durable:
-    """Periodic saves started and not yet recorded: each is recorded (and its steps count as
-    persisted) once durable, as the trainer learns it from the store."""
+    """Periodic saves started and not yet recorded: each is reported to the loop (and its steps
+    count as persisted) once durable, as the trainer learns it from the store."""
 
-    def __init__(self, budget: TimeBudget, *, background: bool) -> None:
-        self.budget, self.background = budget, background
+    def __init__(self, loop: TimeLoop, *, background: bool) -> None:
+        self.loop, self.background = loop, background
         self.pending: list[tuple[float, float, int]] = []  # (durable at, seconds, steps)
         self.persisted = 0
 
@@ -575,7 +593,7 @@ class _Durable:
     def record_until(self, now: float) -> None:
         while self.pending and self.pending[0][0] <= now:
             _, seconds, self.persisted = self.pending.pop(0)
-            self.budget.record_save(seconds, background=self.background)
+            self.loop.saved(self.persisted, seconds, background=self.background)
 
     def in_flight_until(self) -> float:
         return self.pending[-1][0] if self.pending else 0.0
@@ -611,11 +629,8 @@ def _first_close_step(trial: Trial, budget: TimeBudget) -> int:
     for x in trial.saves[: int(seen[-1]) + 1]:
         tail.add(float(x), background=background)
         save_bound.append(bounds())
-    end = (
-        cfg.margin
-        if cfg.margin is not None
-        else (budget.exit_estimate or cfg.initial_exit_estimate) + cfg.slack
-    )
+    # Before the launch is recorded (the first allocation's exit guess comes from it): the most.
+    end = budget.needed_after_save()
     # can_save(background=True) keeps a periodic save's bound free on top of the stop's needs
     worst = np.maximum.accumulate([final + periodic for final, periodic in save_bound])
     bound = step_bound + worst[seen] + end
@@ -697,6 +712,7 @@ def early_study(
                         "goodput_mean": float(np.mean([o.useful for o in outs])) / length,
                         "oracle_goodput_mean": float(np.mean(ceiling)) / length,
                         "final_save_killed": float(np.mean([not o.final_ok for o in outs])),
+                        "not_requeued": float(np.mean([not o.requeued for o in outs])),
                         "trials": trials,
                     }
                 )
@@ -712,11 +728,12 @@ def print_early(erows: list[dict[str, Any]], rows: list[dict[str, Any]]) -> None
         picked += [steady[key]] if key in steady else []
         cells += [
             f"{r['goodput_mean'] * 100:5.1f}% / {r['final_save_killed'] * 100:4.1f}%"
+            f" / {r['not_requeued'] * 100:4.1f}%"
             for r in picked
         ]
         table.append(cells)
     print_table(
-        "early allocations, slurmclock: goodput / final save killed "
+        "early allocations, slurmclock: goodput / final save killed / not requeued in time "
         f"(mean of {erows[0]['trials']} trials)",
         ["profile", "allocation", *(f"history {h}" for h in EARLY_HISTORIES), "steady"],
         table,

@@ -19,12 +19,12 @@ from __future__ import annotations
 
 import hashlib
 import os
-import sys
 
 import torch
 from torch import nn
 from transformers import Trainer, TrainingArguments
 
+from slurmclock import end_process
 from slurmclock.hf import TimeAwareCallback, checkpoint_step, last_checkpoint
 
 STEPS = 3000
@@ -97,4 +97,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    end_process(main())  # sys.exit without the interpreter's teardown (part of the job's exit)

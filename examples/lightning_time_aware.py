@@ -11,9 +11,10 @@ with weights bitwise equal to a run that never stopped:
 
 Two plugins, each usable alone:
 
-- ``slurmclock.lightning.TimeAwareCallback`` -- the time budget (measured steps and saves, SLURM's
-  end time), stop signals as flags, every rank agreeing through the strategy, the final save, the
-  RNG states, exit code 75. Under SLURM it takes over Lightning's auto-requeue signal handling.
+- ``slurmclock.lightning.TimeAwareCallback`` -- slurmclock's time-aware loop (measured steps and
+  saves, SLURM's end time, stop signals as flags, every rank agreeing through the strategy, the
+  final save and extra saves after it), the RNG states, exit code 75. Under SLURM it takes over
+  Lightning's auto-requeue signal handling.
 - ``ckptstore.lightning.CkptStoreIO`` -- every checkpoint Lightning writes, verified, atomic and in
   the background, on any fsspec URL, never pickled.
 
@@ -24,7 +25,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import sys
 import warnings
 from typing import Any
 
@@ -34,6 +34,7 @@ from torch import nn
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from ckptstore.lightning import CkptStoreIO
+from slurmclock import end_process
 from slurmclock.lightning import TimeAwareCallback
 
 STEPS = 4000
@@ -104,4 +105,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    end_process(main())  # sys.exit without the interpreter's teardown (part of the job's exit)

@@ -10,17 +10,17 @@ and it resumes exactly where it stopped (weights, optimizer, data position) and 
     python examples/own_loop.py; echo $?                                              # 0
 
 Under ``torchrun``/``srun`` every rank joins (ddpkit) and they stop at the same step. Who does what:
-ddpkit (process group, seeding, "any rank wants to stop"), parquetlm (packed, shuffled, exactly
+ddpkit (process group, seeding, the per-step agreement), parquetlm (packed, shuffled, exactly
 resumable batches from any 1-D token array), ckptstore (verified, atomic, async saves on any fsspec
-URL), slurmclock (deadline, measured step and save times, stop signals). The model and the data
-are yours: replace ``your_model`` and ``your_tokens``.
+URL), slurmclock's ``TimeLoop`` (deadline, measured step and save times, stop signals, when to
+stop and to save, extra saves after the final one -- the protocol pyrecover-train follows). The
+model and the data are yours: replace ``your_model`` and ``your_tokens``.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
-import sys
 from typing import Any
 
 import numpy as np
@@ -30,12 +30,11 @@ from torch import nn
 import ddpkit
 from ckptstore import CheckpointStore
 from parquetlm import PackedLoader
-from slurmclock import DeadlineWatcher, StopSignals, TimeBudget
+from slurmclock import DeadlineWatcher, TimeLoop, end_process
 
 STEPS = int(os.environ.get("EXAMPLE_STEPS", 600))  # more: a longer run, e.g. under SLURM
 SAVE_EVERY = 100  # periodic async saves: a crash without warning loses at most this many steps
 CKPT_URL = os.environ.get("EXAMPLE_CKPT_URL", "example-runs/own_loop")  # or s3://bucket/run
-EXIT_STOPPED = 75  # as pyrecover-train: stopped early with a checkpoint, requeue and resume
 
 
 def your_tokens() -> np.ndarray:
@@ -69,6 +68,40 @@ def weights_digest(model: nn.Module) -> str:
     return h.hexdigest()[:16]
 
 
+def train(dist: ddpkit.Dist, state: dict[str, Any], store: CheckpointStore) -> TimeLoop:
+    """Train from ``state["step"]`` until the steps are done or the loop says stop."""
+    model, opt, data = state["model"], state["optim"], state["data"]
+    # SIGUSR2/SIGTERM only raise a flag; rank 0 watches the clock, every rank follows its answer.
+    # A fixed small margin for a tiny model on a local disk; on a cluster: measured (omit it).
+    loop = TimeLoop(
+        deadline=DeadlineWatcher(), margin=3, initial_save_estimate=2, background_saves=True,
+        leader=dist.rank == 0, agree=dist.agree, share=dist.broadcast_object,
+    )  # fmt: skip
+    loop.begin()
+    while loop.training:
+        batch = torch.from_numpy(data.next_batch()).to(dist.device)
+        logits = model(batch[:, :-1])
+        loss = nn.functional.cross_entropy(logits.flatten(0, 1), batch[:, 1:].flatten())
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        state["step"] += 1
+        durable(store, loop)  # async saves that finished meanwhile: their time until durable
+        step = state["step"]
+        act = loop.after_step(step, save_due=step % SAVE_EVERY == 0, last=step == STEPS)
+        if act.save:  # periodic (async), or final/extra: durable before training goes on
+            with loop.saving(act):  # an extra save: abandoned (exit 75) if not durable in time
+                store.save(step, state, metadata={"loss": loss.item()}, blocking=act.durable)
+                durable(store, loop)
+    loop.end()
+    return loop
+
+
+def durable(store: CheckpointStore, loop: TimeLoop) -> None:
+    for done in store.saves_completed():
+        loop.saved(done.step, done.total_s, background=done.background)
+
+
 def main() -> int:
     torch.set_num_threads(1)
     with ddpkit.init() as dist:
@@ -84,43 +117,15 @@ def main() -> int:
         if store.latest_step() is not None:
             store.load(state)  # model, optimizer, data position in place; "step" replaced
             dist.print(f"resumed from step {state['step']}")
-        step = state["step"]
-
-        signals = StopSignals().install()  # SIGUSR2/SIGTERM only raise a flag
-        # Fixed small margins for a tiny model on a local disk; on a cluster: measured (omit).
-        budget = TimeBudget(DeadlineWatcher(), margin=3, initial_save_estimate=2, signals=signals)
-        stopped, loss = None, None
-        while step < STEPS:
-            with budget.step():
-                batch = torch.from_numpy(data.next_batch()).to(dist.device)
-                logits = model(batch[:, :-1])
-                loss = nn.functional.cross_entropy(logits.flatten(0, 1), batch[:, 1:].flatten())
-                opt.zero_grad()
-                loss.backward()
-                opt.step()
-            step += 1
-            for done in store.saves_completed():  # async saves, timed until durable
-                budget.record_save(done.total_s, background=True)  # written while training
-            decision = budget.should_stop()
-            stop = dist.any_rank(bool(decision))
-            if stop or step == STEPS:
-                state["step"] = step
-                with budget.save():
-                    store.save(step, state, metadata={"loss": loss.item()})  # blocking: durable
-                stopped = decision.reason if stop and step < STEPS else None
-                break
-            if step % SAVE_EVERY == 0 and budget.can_save(background=True):
-                state["step"] = step
-                store.save(step, state, metadata={"loss": loss.item()}, blocking=False)
+        loop = train(dist, state, store) if state["step"] < STEPS else None
         store.close()  # waits for anything in flight; re-raises a background failure
-        signals.restore()
-        if stopped:
-            dist.print(f"stopped at step {step}/{STEPS} ({stopped}); exit {EXIT_STOPPED}")
-            return EXIT_STOPPED
-        dist.print(f"finished step {step}/{STEPS}" + (f" loss {loss.item():.3f}" if loss else ""))
+        if loop is not None and loop.stopped_early:
+            dist.print(f"stopped at step {state['step']}/{STEPS} ({loop.reason})")
+            return loop.exit_code  # 75: requeue and resume
+        dist.print(f"finished step {state['step']}/{STEPS}")
         dist.print(f"weights {weights_digest(model)}")
         return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    end_process(main())  # sys.exit without the interpreter's teardown (part of the job's exit)

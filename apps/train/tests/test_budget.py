@@ -213,6 +213,9 @@ def test_the_final_save_marks_the_job_timeline_and_the_next_run_keeps_that_exit_
     clock = [sys.executable, "-m", "slurmclock", "mark", "exited", "rc=75"]
     assert subprocess.run(clock, env=child_env(**job), check=False).returncode == 0
     lines = [json.loads(x) for x in (timelines / "job-4242.jsonl").read_text().splitlines()]
+    durable = [e["step"] for e in lines if e["event"] == "checkpoint"]
+    assert durable and durable[-1] == 6, lines  # every durable save, the final one last
+    lines = [e for e in lines if e["event"] != "checkpoint"]
     assert [e["event"] for e in lines] == ["saved", "exited"], lines
     exit_s = lines[1]["time"] - lines[0]["time"]
 

@@ -13,6 +13,8 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -269,6 +271,30 @@ def wait_for_step(
                 return seen
         time.sleep(0.005)
     raise AssertionError(f"no step >= {at_least} within {timeout} s")
+
+
+@dataclass(frozen=True)
+class OwnSpeed:
+    """A run's deadline and process start (epoch seconds) and what its imports took: a timing
+    assertion about that process takes its allowance from how fast the process itself was."""
+
+    deadline: float
+    process_start: float
+    imports: float
+
+    @classmethod
+    def of(cls, ckpt: Path, exp: str = "default-exp") -> OwnSpeed:
+        evs = events(ckpt, exp)
+        start = [e for e in evs if e["event"] == "start"][-1]
+        startup = [e for e in evs if e["event"] == "startup"][-1]
+        iso = start["deadline"]
+        deadline = datetime.fromisoformat(iso).timestamp() if iso else float("inf")
+        return cls(deadline, start["process_start"], startup["parts"]["imports"])
+
+    @property
+    def exit_allowance(self) -> float:
+        """What ending the process may take (the teardown it skips took ~0.5x its imports)."""
+        return 0.2 * self.imports
 
 
 def line_count(path: Path) -> int:

@@ -42,7 +42,7 @@ class RankOneStops(L.Callback):
 
     def on_train_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
         if trainer.global_step == self.step and trainer.global_rank == 1:
-            self.timer.policy.signals.request("rank 1 only")
+            self.timer.loop.request_stop("rank 1 only")
 
 
 def main() -> int:

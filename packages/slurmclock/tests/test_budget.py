@@ -23,6 +23,7 @@ from slurmclock import (
     ExtraSave,
     JobTimeline,
     SaveTail,
+    SignalMeaning,
     StopSignals,
     TimeBudget,
     signal_lead_from_env,
@@ -662,39 +663,54 @@ def test_several_flags_read_as_one(clock: Any) -> None:
         AnyFlag()
 
 
-def test_a_home_made_combination_of_stop_signals_is_read_inside(clock: Any) -> None:
-    """pyrecover-train's own `_AnyFlag` (requested/received over `.flags`): a TERM after the
-    USR2 warning must still stop at once."""
+def test_any_stop_flag_with_arrivals_is_read_as_one(clock: Any) -> None:
+    """A stop-signal source of one's own (here: a file to watch) is a StopFlag: requested,
+    received and arrivals. Combined with SLURM's signals, a TERM after the USR2 warning still
+    stops at once, and the warning stays information."""
 
-    class Combined:  # the shape of pyrecover-train's `_AnyFlag`
-        def __init__(self, *flags: StopSignals) -> None:
-            self.flags = flags
+    class StopFile:
+        def __init__(self) -> None:
+            self.arrivals: list[tuple[str, float]] = []
 
-        requested = property(lambda self: any(f.requested for f in self.flags))
-        received = property(lambda self: next((f.received for f in self.flags if f.received), None))
+        requested = property(lambda self: bool(self.arrivals))
+        received = property(lambda self: self.arrivals[0][0] if self.arrivals else None)
 
-    slurm, ctrl_c = StopSignals(("USR2", "TERM"), clock=clock), StopSignals(("INT",), clock=clock)
+    slurm, stop_file = StopSignals(("USR2", "TERM"), clock=clock), StopFile()
+    flag = AnyFlag(slurm, stop_file)
     budget = TimeBudget(
-        Deadline(clock.now + 3600, "squeue"),
-        signals=Combined(slurm, ctrl_c),
-        signal_lead=3600.0,
-        env=NO_ENV,
+        Deadline(clock.now + 3600, "squeue"), signals=flag, signal_lead=3600.0, env=NO_ENV,
         clock=clock,
-    )
+    )  # fmt: skip
     slurm.request("SIGUSR2")
     assert not budget.should_stop()
-    slurm.request("SIGTERM")  # received stays "SIGUSR2": only the arrivals tell
-    assert budget.should_stop().reason.startswith("stop: received SIGTERM")
+    stop_file.arrivals.append(("stop file", clock.now))
+    assert budget.should_stop().reason.startswith("stop: received stop file")
+    with pytest.raises(TypeError, match="raises the first flag"):
+        AnyFlag(stop_file, slurm).request()
 
 
-def test_a_flag_without_arrivals_still_works(clock: Any) -> None:
+def test_a_flag_without_arrivals_is_refused_in_one_line(clock: Any) -> None:
     class Plain:
         requested = True
         received = "SIGUSR2"
 
-    budget = TimeBudget(None, signals=Plain(), signal_lead=60.0, clock=clock, env=NO_ENV)
-    d = budget.deadline()
-    assert d is not None and d.source == "signal" and d.end == clock.now + 60.0
+    with pytest.raises(TypeError, match="requested, received and arrivals"):
+        TimeBudget(None, signals=Plain(), signal_lead=60.0, clock=clock, env=NO_ENV)  # type: ignore[arg-type]
+
+
+def test_what_a_signal_means_is_slurmclocks(clock: Any) -> None:
+    flag = StopSignals(("USR2", "TERM"), clock=clock)
+    flag.request("SIGUSR2")
+    known, unknown = SignalMeaning(300.0), SignalMeaning(None)
+    assert known.stop_now(flag) is None and unknown.stop_now(flag) == "SIGUSR2"
+    assert SignalMeaning.from_env({"PYRECOVER_SIGNAL_LEAD": "5m"}).lead == 300.0
+    assert "warning 300 s before the end" in known.describe()
+    assert "SIGUSR2 stops at once" in unknown.describe()
+    budget = TimeBudget(Deadline(clock.now + 60, "x"), signals=flag, signal_lead=300.0, env=NO_ENV)
+    assert budget.describe_rule() == (
+        "stop when left < next step + final save + exit (not measured yet) + 5 s slack; "
+        + known.describe()
+    )
 
 
 def test_snapshot_is_json_ready(clock: Any) -> None:

@@ -154,7 +154,7 @@ def test_the_budget_carries_its_measurements_to_the_resumed_run(
 
 
 def test_deadline_stop(straight: Net, tmp_path: Path) -> None:
-    clock = [91.0]  # left = 100 - t; needed = step + 2 + 5.5: stops when t reaches 93 (step 2)
+    clock = [90.0]  # left = 100 - t; needed = step (1 fake s) + 2 + 5.5: stops at t = 92, step 2
     budget = TimeBudget(
         Deadline(100.0, "override"),
         margin=5.5,
@@ -162,8 +162,65 @@ def test_deadline_stop(straight: Net, tmp_path: Path) -> None:
         warmup_steps=0,
         clock=lambda: clock[0],
     )
-    _, timer, trainer = train(tmp_path, timer=TimeAwareCallback(budget=budget), clock=clock)
+    timer = TimeAwareCallback(budget=budget, probe_saves=False, extra_saves=False)
+    _, timer, trainer = train(tmp_path, timer=timer, clock=clock)
     assert timer.exit_code == EXIT_STOPPED and trainer.state.global_step == 2
+    resumed, timer2, _ = train(tmp_path)
+    assert timer2.exit_code == 0 and same_weights(resumed, straight)
+
+
+def stop_for_time(clock: list[float]) -> TimeAwareCallback:
+    """A stop for time on the fake clock (one fake second per step): the final save after step
+    9 (at 95.5), then two more steps fit before the exit must begin (100 - margin 2): an extra
+    save of step 11."""
+    clock[0] = 86.5
+    budget = TimeBudget(
+        Deadline(100.0, "override"),
+        margin=2.0,
+        initial_save_estimate=2.0,
+        warmup_steps=0,
+        clock=lambda: clock[0],
+    )
+    return TimeAwareCallback(budget=budget, probe_saves=False)
+
+
+def test_the_time_the_final_save_left_is_trained_and_saved_again(
+    straight: Net, tmp_path: Path
+) -> None:
+    """The Trainer writes checkpoint-11 too, and the run resumes from it bitwise."""
+    clock = [0.0]
+    _, timer, trainer = train(tmp_path, timer=stop_for_time(clock), clock=clock)
+    assert timer.exit_code == EXIT_STOPPED and trainer.state.global_step == 11
+    assert sorted(p.name for p in tmp_path.glob("checkpoint-*")) == [
+        "checkpoint-11",
+        "checkpoint-9",
+    ]
+    assert timer.budget.saves_measured == 1  # the extra save is not a save-time sample
+    resumed, timer2, _ = train(tmp_path)
+    assert timer2.exit_code == 0 and same_weights(resumed, straight)
+
+
+def test_an_extra_save_not_durable_in_time_is_abandoned_and_the_final_one_stands(
+    straight: Net, tmp_path: Path
+) -> None:
+    """In a process of its own (the abandon ends it): the Trainer's save stalls in the extra
+    save; the watchdog ends the process with 75, last_checkpoint skips the cut-short folder, and
+    the next run resumes from the final save, bitwise."""
+    import re
+    import subprocess
+    import sys
+
+    worker = Path(__file__).with_name("hf_worker.py")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "PYRECOVER_"))}
+    r = subprocess.run(
+        [sys.executable, str(worker), str(tmp_path)],
+        env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    out = r.stdout + r.stderr
+    assert r.returncode == EXIT_STOPPED, out[-3000:]
+    said = re.search(r"extra save of step (\d+) abandoned \(the exit must begin\): step (\d+)", out)
+    assert said is not None and (said[1], said[2]) == ("11", "9"), out[-3000:]
+    assert last_checkpoint(tmp_path) == str(tmp_path / "checkpoint-9")
     resumed, timer2, _ = train(tmp_path)
     assert timer2.exit_code == 0 and same_weights(resumed, straight)
 
@@ -193,4 +250,5 @@ def test_the_stop_save_is_marked_in_the_jobs_timeline(
     usr2 = At(7, lambda: os.kill(os.getpid(), signal.SIGUSR2))
     _, timer, _ = train(tmp_path / "out", usr2)
     assert timer.exit_code == EXIT_STOPPED
-    assert [e.name for e in JobTimeline().events()] == ["saved"]
+    marks = [(e.name, e.info.get("step")) for e in JobTimeline().events()]
+    assert marks == [("checkpoint", 7), ("saved", None)]

@@ -8,6 +8,7 @@ dataloader crossing epochs, AdamW and a per-step LR schedule all take part.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import warnings
 from pathlib import Path
@@ -112,7 +113,7 @@ def test_real_signal_stops_saves_and_resumes_bitwise(straight: Net, tmp_path: Pa
     first, timer, trainer = fit(tmp_path, usr2)
     assert timer.exit_code == EXIT_STOPPED and timer.stopped_early
     assert trainer.global_step == 7
-    assert timer.policy.decision is not None and "SIGUSR2" in timer.policy.decision.reason
+    assert "SIGUSR2" in timer.loop.reason
     assert not same_weights(first, straight)
     assert signal.getsignal(signal.SIGUSR2) is signal.SIG_DFL  # handlers put back
 
@@ -134,13 +135,13 @@ def test_deadline_stop_keeps_the_margin(straight: Net, tmp_path: Path) -> None:
         warmup_steps=0,
         clock=lambda: clock[0],
     )
-    # left = 100 - k after step k; needed = step (real, < 0.5 s) + 2 + 5.5: first stop at k = 93,
-    # so start the fake clock at 87: stop after step 6.
+    # left = 100 - k after step k; needed = step (1 fake s) + 2 + 5.5: first stop at k = 92,
+    # so start the fake clock at 87: stop after step 5.
     clock[0] = 87.0
-    timer = TimeAwareCallback(tmp_path, budget=budget)
+    timer = TimeAwareCallback(tmp_path, budget=budget, probe_saves=False, extra_saves=False)
     _, timer, trainer = fit(tmp_path, timer=timer, clock=clock)
-    assert timer.exit_code == EXIT_STOPPED and trainer.global_step == 6
-    assert "s left <" in timer.policy.decision.reason  # type: ignore[union-attr]
+    assert timer.exit_code == EXIT_STOPPED and trainer.global_step == 5
+    assert "s left <" in timer.loop.reason
     assert budget.saves_measured == 1  # the final save fed the budget
 
     resumed, timer2, _ = fit(tmp_path)
@@ -152,11 +153,70 @@ def test_deadline_stop_keeps_the_margin(straight: Net, tmp_path: Path) -> None:
     assert carried["steps"] and carried["saves"] == []
 
 
+def stop_for_time(root: Path, clock: list[float]) -> TimeAwareCallback:
+    """A stop for time on the fake clock (one fake second per step): the final save after step
+    9 (at 95.5; it takes a fraction of its 2 s guess), then two more steps fit before the exit
+    must begin (100 - margin 2): an extra save of step 11."""
+    clock[0] = 86.5
+    budget = TimeBudget(
+        Deadline(100.0, "override"),
+        margin=2.0,
+        initial_save_estimate=2.0,
+        warmup_steps=0,
+        clock=lambda: clock[0],
+    )
+    return TimeAwareCallback(root, budget=budget, probe_saves=False)
+
+
+def test_the_time_the_final_save_left_is_trained_and_saved_again(
+    straight: Net, tmp_path: Path
+) -> None:
+    """The extra save is written at the same path, and the run resumes from it bitwise."""
+    saves: list[int] = []
+
+    class Count(L.Callback):
+        def on_save_checkpoint(self, trainer: L.Trainer, *args: Any) -> None:
+            saves.append(trainer.global_step)
+
+    clock = [0.0]
+    _, timer, trainer = fit(tmp_path, Count(), timer=stop_for_time(tmp_path, clock), clock=clock)
+    assert saves == [9, 11] and trainer.global_step == 11  # final, then extra
+    assert timer.exit_code == EXIT_STOPPED and timer.loop.abandoned is None
+    assert timer.budget.saves_measured == 1  # the extra save is not a save-time sample
+    resumed, timer2, trainer2 = fit(tmp_path)
+    assert timer2.exit_code == 0 and same_weights(resumed, straight)
+
+
+def test_an_extra_save_not_durable_in_time_is_abandoned_and_the_final_one_stands(
+    straight: Net, tmp_path: Path
+) -> None:
+    """In a process of its own (the abandon ends it): a CheckpointIO that stalls in the extra
+    save; the watchdog ends the process with 75 when the exit must begin, and the next run
+    resumes from the final save, bitwise."""
+    import subprocess
+    import sys
+
+    worker = Path(__file__).with_name("lightning_worker.py")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "PYRECOVER_"))}
+    r = subprocess.run(
+        [sys.executable, str(worker), str(tmp_path)],
+        env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    out = r.stdout + r.stderr
+    assert r.returncode == EXIT_STOPPED, out[-3000:]
+    said = re.search(r"extra save of step (\d+) abandoned \(the exit must begin\): step (\d+)", out)
+    assert said is not None and int(said[2]) < int(said[1]), out[-3000:]
+    assert torch.load(tmp_path / "timeaware.ckpt", weights_only=True)["global_step"] == int(said[2])
+    resumed, timer2, _ = fit(tmp_path)
+    assert timer2.exit_code == 0 and same_weights(resumed, straight)
+
+
 def test_takes_over_lightning_slurm_auto_requeue(
-    straight: Net, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    straight: Net, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: Any
 ) -> None:
     """Under SLURM Lightning would save inside its SIGUSR1 handler and run scontrol requeue; the
-    callback turns SIGUSR1 into a stop at the next step boundary and leaves the requeue to 75."""
+    callback turns SIGUSR1 into a stop at the next step boundary and leaves the requeue to 75.
+    It says so when the signal comes, and says nothing in a job without one."""
     for key, value in {
         "SLURM_NTASKS": "1",
         "SLURM_JOB_NAME": "train",
@@ -168,15 +228,21 @@ def test_takes_over_lightning_slurm_auto_requeue(
     }.items():
         monkeypatch.setenv(key, value)
     monkeypatch.setenv("PATH", str(tmp_path / "no-scontrol"))  # a requeue attempt would fail
+    with caplog.at_level("INFO"):
+        _, quiet, _ = fit(tmp_path / "no-signal")
+    assert quiet.exit_code == 0 and "taken over" not in caplog.text
     usr1 = At(5, lambda: os.kill(os.getpid(), signal.SIGUSR1))
-    _, timer, trainer = fit(tmp_path, usr1)
+    with caplog.at_level("INFO"):
+        _, timer, trainer = fit(tmp_path, usr1)
+    assert "SIGUSR1 is Lightning's requeue signal, taken over" in caplog.text
     env = trainer._accelerator_connector.cluster_environment
     assert isinstance(env, SLURMEnvironment) and env.auto_requeue is False
     assert timer.exit_code == EXIT_STOPPED and trainer.global_step == 5
     assert not list(tmp_path.glob("hpc_ckpt_*"))  # Lightning's own handler did not run
     # The stop's checkpoint, durable, is marked in the job's timeline: the exit that follows
     # until the requeue is measured for the next allocation (as pyrecover-train does).
-    assert [e.name for e in JobTimeline().events()][:1] == ["saved"]
+    marks = [(e.name, e.info.get("step")) for e in JobTimeline().events()]
+    assert marks[-2:] == [("checkpoint", 5), ("saved", None)]
     monkeypatch.delenv("SLURM_JOB_ID")
     monkeypatch.delenv("SLURM_NTASKS")
     resumed, _, _ = fit(tmp_path)

@@ -122,31 +122,26 @@ def test_where_the_file_lives(tmp_path: Path) -> None:
     assert JobTimeline("55", directory=tmp_path, env={}).path == tmp_path / "job-55.jsonl"
 
 
-def test_the_trainer_callbacks_measure_their_exit_like_pyrecover_train(
-    tmp_path: Path, clock: Any
-) -> None:
-    """The Lightning and HF callbacks' policy marks `saved` once the stop's checkpoint is
-    durable; with `requeued` after it, the next allocation's budget keeps the measured exit free
-    instead of the 5 s guess."""
-    from slurmclock import Deadline
-    from slurmclock._trainers import StopPolicy
+def test_every_loop_measures_its_exit_like_pyrecover_train(tmp_path: Path, clock: Any) -> None:
+    """The TimeLoop (pyrecover-train's, the Lightning and HF callbacks') marks `saved` once the
+    stop's checkpoint is durable; with `requeued` after it, the next allocation's budget keeps
+    the measured exit free instead of the first guess."""
+    from slurmclock import Deadline, TimeBudget, TimeLoop
 
-    def policy(restart: int) -> StopPolicy:
-        return StopPolicy(
-            budget=None,
-            deadline=Deadline(None, "none"),
-            margin=None,
-            initial_save_estimate=60.0,
-            warmup_steps=0,
-            signals=("USR2",),
-            timeline=timeline(tmp_path, clock, restart),
+    def loop(restart: int) -> TimeLoop:
+        budget = TimeBudget(
+            Deadline(None, "none"), timeline=timeline(tmp_path, clock, restart), env={}
         )
+        return TimeLoop(budget, signals=("USR2",), launch=lambda: None)
 
-    first = policy(0)
+    first = loop(0)
     assert first.budget.exit_estimate is None  # nothing measured: the initial guess stands
-    first.final_save_done()
+    first.request_stop("SIGTERM")
+    act = first.after_step(1, seconds=1.0)
+    with first.saving(act):
+        first.saved(1, 0.5)
     clock.now += 3.0
     timeline(tmp_path, clock, 0).mark("requeued")
-    second = policy(1)
+    second = loop(1)
     assert len(second.budget.state_dict()["exits"]) == 1
     assert second.budget.exit_estimate is not None and second.budget.exit_estimate < 10.0

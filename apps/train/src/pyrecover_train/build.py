@@ -54,11 +54,9 @@ class Parts:
     original: OriginalCheckpoint | None  # --resume-from-checkpoint FILE.pt of the original
     new_folders: list[Path] = field(default_factory=list)  # made by the writer lock
 
-    def undo_start(self) -> None:
+    def undo(self) -> None:
         """A refused start: see :func:`undo_start`."""
         undo_start(self.store, self.new_folders)
-
-    abandon = undo_start  # the old name, until trainer.py calls undo_start (then remove)
 
 
 def check_launcher(cfg: TrainConfig) -> ddpkit.DistInfo:

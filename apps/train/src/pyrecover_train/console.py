@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import logging
+import os
 import time
 import zlib
 from pathlib import Path
@@ -74,6 +75,7 @@ class Console:
             "deadline": None if d is None else d.iso(),
             "deadline_source": None if d is None else d.source,
             "process_start": slurmclock.process_start_time(),
+            "pid": os.getpid(),
         }
         self.metrics.log(
             "start",
@@ -124,7 +126,7 @@ class Console:
         left = budget.seconds_left()
         if left is not None:
             log.info("  time left:   %s (%s)", fmt_duration(left), budget.deadline())
-        log.info("  stop rule:   %s", _stop_rule(budget))
+        log.info("  stop rule:   %s", budget.describe_rule())
 
     def startup(self, step: int, startup: Startup) -> None:
         """Start-up ends with the first step: from the allocation's start, in parts."""
@@ -184,6 +186,33 @@ class Console:
         log.info("step %d: validation loss %.4f", step, val_loss)
         if self.wandb is not None:
             self.wandb.log({"val_loss": val_loss}, step=step)
+
+    def stop(
+        self,
+        *,
+        step: int,
+        reason: str,
+        cause: str,
+        exit_code: int,
+        budget: slurmclock.TimeBudget,
+        losses: tuple[float | None, float | None],
+    ) -> None:
+        """The ``stop`` event (how the run ended, the signals that came, the budget's figures)
+        and the summary lines."""
+        flag = budget.signals
+        self.metrics.log(
+            "stop",
+            step=step,
+            reason=reason,
+            cause=cause,
+            exit_code=exit_code,
+            seconds_left=budget.seconds_left(),
+            signal=None if flag is None else flag.received,  # the first; all, in arrival order:
+            signals=[] if flag is None else [name for name, _ in flag.arrivals],
+            budget=budget.snapshot(),
+        )
+        done = exit_code == slurmclock.EXIT_FINISHED
+        self.summary(done=done, step=step, reason=reason, exit_code=exit_code, losses=losses)
 
     def summary(
         self,
@@ -284,24 +313,6 @@ class LossWindow:
         if self.each is not None:
             self.each = []
         return (*out, each)
-
-
-def _stop_rule(budget: slurmclock.TimeBudget) -> str:
-    """What the budget keeps free before the deadline, and what SLURM's warning means to it."""
-    cfg = budget.config
-    end = (
-        f"--stop-margin {cfg.margin:g} s"
-        if cfg.margin is not None
-        else f"exit ({'measured' if budget.exit_estimate is not None else 'not measured yet'}) "
-        f"+ {cfg.slack:g} s slack"
-    )
-    lead = cfg.signal_lead
-    warning = (
-        f"SIGUSR2 is SLURM's warning {lead:g} s before the end (PYRECOVER_SIGNAL_LEAD): information"
-        if lead is not None
-        else "SIGUSR2 stops at once (no PYRECOVER_SIGNAL_LEAD)"
-    )
-    return f"stop when left < next step + final save + {end}; {warning}; SIGTERM stops at once"
 
 
 def _say_original_flags(cfg: TrainConfig) -> None:

@@ -54,7 +54,7 @@ def _session(
 ) -> RunResult:
     # Armed first: SLURM's warning signal may come while the corpus is still being prepared.
     own = signals is None
-    flag = slurmclock.StopSignals(("USR2", "TERM")).install() if signals is None else signals
+    flag = slurmclock.StopSignals(slurmclock.STOP_SIGNALS).install() if signals is None else signals
     startup = Startup.now() if startup is None else startup
     try:
         info = build.check_launcher(cfg)
@@ -82,8 +82,8 @@ def _session(
 def _stop_requested(flag: slurmclock.StopSignals) -> Callable[[], bool]:
     """For the wait at the rendezvous: a stop signal ends it; SLURM's warning only when its lead
     is unknown (with PYRECOVER_SIGNAL_LEAD it is information for the time budget)."""
-    warning = {"SIGUSR2"} if slurmclock.signal_lead_from_env() is not None else set()
-    return lambda: any(name not in warning for name, _ in flag.arrivals)
+    meaning = slurmclock.SignalMeaning.from_env()
+    return lambda: meaning.stop_now(flag) is not None
 
 
 def _interrupted(e: ddpkit.InitInterrupted, signals: slurmclock.StopSignals) -> RunResult:

@@ -91,6 +91,12 @@ class Startup:
             previous = max(previous, at)
         return {p: out[p] for p in PARTS if p in out}
 
+    def launch(self) -> float | None:
+        """Seconds from the allocation's start to this process's start, once :meth:`locate`
+        found the allocation's start in SLURM (else None): the time budget guesses the first
+        allocation's exit from it."""
+        return self.parts().get("launch") if self.from_slurm else None
+
     def seconds(self) -> float:
         """From :attr:`start` to the last mark (the first step's end, once it is marked)."""
         last = self.marks[-1][1] if self.marks else self.clock()

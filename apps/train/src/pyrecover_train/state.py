@@ -58,6 +58,13 @@ class TrainState:
     def sharded(self) -> bool:
         return ddpkit.is_sharded(self.model)
 
+    def weights_finite(self, dist: ddpkit.Dist) -> bool:
+        """Are all weights finite? One reduction per tensor and one sync: cheap next to the save
+        it guards. Sharded: each rank checks its shards and the ranks agree."""
+        sums = torch.stack([local(p.detach()).sum() for p in self.model.parameters()])
+        finite = bool(torch.isfinite(sums).all())
+        return dist.all_ranks(finite) if self.sharded else finite
+
     def live(self) -> dict[str, Any]:
         """The comparable values now, as a save writes them (the dry run checks a read-back
         against them); DTensors when sharded."""

@@ -3,23 +3,20 @@
 
     per step: train step -> progress line -> evaluation (every --eval-every)
               -> finished background saves refine the save-time estimate
-              -> agree across ranks: stop? (time budget, stop signal) save? (schedule, budget)
-              -> stop: final blocking save, wait for background saves, exit 75 (0 when done)
-                 else: the periodic save, if due
-    after a stop for time: extra saves (train on, save again) while the budget plans one; an
-    extra save not durable when the exit must begin is abandoned: the process exits 75 at once
-    and the final save stands (abandon.py)
+              -> slurmclock's TimeLoop: stop? save? (one agreement across ranks)
+              -> the save it asks for: periodic (async with --async-checkpoint), or the final
+                 one (blocking), or, after a stop for time, an extra one after more training
+    exit 75 after a stop with steps left, 0 when --training-steps are done
 
-Exit status: 0 finished --training-steps, 75 stopped early (requeue wanted), 1 error, 2 usage
-error. The save decision is agreed together with the stop decision so that every rank takes part
-in the same saves (a sharded save is collective) with one collective per step; a stop replaces a
-periodic save due at the same step, since the final save covers it.
+The protocol -- when to stop, the final save, extra saves and their abandon (exit 75 at once,
+the last durable save stands), the exit codes, the job timeline's marks -- is slurmclock's
+:class:`~slurmclock.TimeLoop`, shared with the Lightning and Hugging Face callbacks. This module
+only trains, evaluates, saves and reports. Exit status: 0 finished, 75 stopped early (requeue
+wanted), 1 error, 2 usage error.
 """
 
 from __future__ import annotations
 
-import enum
-import functools
 import logging
 import math
 import time
@@ -28,13 +25,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
-
 import ddpkit
 import slurmclock
 
 from . import build, logs
-from .abandon import AbandonAt
 from .config import TrainConfig, UsageError
 from .console import Console, LossWindow
 from .dryrun import dry_run
@@ -43,46 +37,14 @@ from .profiling import StepProfiler
 from .resume import Resume, first_line
 from .save_schedule import SaveSchedule
 from .startup import Startup
-from .state import local
 from .step import OutOfMemory, Stepper, memory_guard
 
-__all__ = [
-    "EXIT_ERROR",
-    "EXIT_FINISHED",
-    "EXIT_STOPPED",
-    "EXIT_USAGE",
-    "ExitCode",
-    "OutOfMemory",
-    "RunResult",
-    "StopCause",
-    "Trainer",
-    "TrainingDiverged",
-]
+__all__ = ["EXIT_ERROR", "OutOfMemory", "RunResult", "Trainer", "TrainingDiverged"]
 
 log = logging.getLogger("pyrecover_train")
 
 
-class ExitCode(enum.IntEnum):
-    FINISHED = 0
-    ERROR = 1
-    USAGE = 2
-    STOPPED = 75  # EX_TEMPFAIL: stopped for time or by a signal; requeue and resume
-
-
-EXIT_FINISHED, EXIT_ERROR = ExitCode.FINISHED, ExitCode.ERROR
-EXIT_USAGE, EXIT_STOPPED = ExitCode.USAGE, ExitCode.STOPPED
-
-
-class StopCause(enum.IntEnum):
-    """Why the loop ends; ordered so that the ranks' maximum is the one to act on."""
-
-    NONE = 0  # the steps are done (or the loop goes on)
-    TIME = 1
-    SIGNAL = 2
-
-    @property
-    def event(self) -> str:
-        return {0: "done", 1: "time", 2: "signal"}[self.value]
+EXIT_ERROR = 1  # and 2: a usage error; 0 and 75: slurmclock.EXIT_FINISHED, EXIT_STOPPED
 
 
 @dataclass(slots=True)
@@ -125,20 +87,9 @@ class Trainer:
         self.state, self.store = parts.state, parts.store
         self.stepper = Stepper(cfg, self.state, parts.train_model, self.precision)
         try:  # may raise UsageError: nothing has been written yet
-            resume = Resume(
-                cfg,
-                self.store,
-                self.state,
-                dist,
-                model_cfg=self.model_cfg,
-                tokenizer=self.data.tokenizer.fingerprint(),
-            )
-            self.resumed_from = resume.run(parts.original)
-            self.budget = build.budget(
-                cfg, self.state.model, self.stop_flag, resumed=resume.metadata
-            )
+            self._resume(parts)
         except BaseException:
-            parts.abandon()  # nothing written: the lock released, the folders it made removed
+            parts.undo()  # nothing written: the lock released, the folders it made removed
             raise
         self.startup.mark("resume")
         self.start_step = self.state.step
@@ -150,12 +101,31 @@ class Trainer:
             background=self.async_saves,
             clock=clock,
         )
+        self.loop = slurmclock.TimeLoop(  # rank 0 decides; one agreement per step
+            self.budget,
+            leader=dist.rank == 0,
+            agree=dist.agree,
+            share=dist.broadcast_object,
+            extra_saves=cfg.extra_saves,
+            background_saves=self.async_saves,
+            on_abandon=self._abandoned,
+            launch=self.startup.launch,  # measured after the first step (one squeue)
+        )
         self.profiler = StepProfiler(cfg, self.device, dist.rank)
         self.last_loss: float | None = None
         self.last_val: float | None = None
         self.evaluated_at: int | None = None
-        self.stop_reason = ""
         self.window: LossWindow  # losses since the last progress line: made when the loop starts
+
+    def _resume(self, parts: build.Parts) -> None:
+        """The checkpoint to resume from (if any) loaded, and the time budget with the figures
+        the earlier allocations measured."""
+        cfg, tokenizer = self.cfg, self.data.tokenizer.fingerprint()
+        resume = Resume(
+            cfg, self.store, self.state, self.dist, model_cfg=self.model_cfg, tokenizer=tokenizer
+        )
+        self.resumed_from = resume.run(parts.original)
+        self.budget = build.budget(cfg, self.state.model, self.stop_flag, resumed=resume.metadata)
 
     # -- the loop ---------------------------------------------------------------------------
 
@@ -166,21 +136,22 @@ class Trainer:
             return self._dry_run()
         if s.step >= cfg.training_steps:
             log.info("already at step %d of %d: nothing to do", s.step, cfg.training_steps)
-            return self._finish(ExitCode.FINISHED, "already finished", StopCause.NONE)
+            return self._finish("already finished")
         self.interrupt.install()  # from here on Ctrl-C means "save and stop"
         self.window = LossWindow(self.device, each=cfg.log_loss_to_csv)
-        while True:
-            self._train_step()
+        self.loop.begin()
+        while self.loop.training:
+            seconds = self._train_step()
             evaluated = self._evaluate_if_due()
             self._record_finished_saves()
-            cause, save_now = self._agree(evaluated)
-            if cause != StopCause.NONE or s.step >= cfg.training_steps:
-                break
-            if save_now:
-                self.save(kind="periodic", blocking=not self.async_saves)
-        return self._stop(cause)
+            due, last = self.schedule.due(s.step, evaluated), s.step >= cfg.training_steps
+            act = self.loop.after_step(s.step, seconds=seconds, save_due=due, last=last)
+            if act.save:
+                self._save_as_asked(act)
+        return self._finish(self._reason())
 
-    def _train_step(self) -> None:
+    def _train_step(self) -> float:
+        """One optimizer step (with its progress line); returns its seconds."""
         cfg, s = self.cfg, self.state
         t0 = time.perf_counter()
         with self.profiler.around(s.step + 1), memory_guard(cfg, f"step {s.step + 1}"):
@@ -190,7 +161,21 @@ class Trainer:
             self._first_step_done()
         if s.step % cfg.log_every == 0 or s.step == cfg.training_steps:
             self._progress(self.window.take())
-        self.budget.record_step(time.perf_counter() - t0)
+        return time.perf_counter() - t0
+
+    def _save_as_asked(self, act: slurmclock.Action) -> None:
+        """The save the loop asked for. A final or extra one is durable before the loop goes on
+        (with a background save still in flight: the final save must not wait for it later); a
+        final one replaces a periodic save of the same step, which holds the same state."""
+        step = self.state.step
+        if act.durable:
+            self._say_stop(act)
+        with self.loop.saving(act):  # an extra save: abandoned if not durable in time
+            if act.save != "final" or self.schedule.unsaved(step):
+                self.save(kind=str(act.save), blocking=act.durable or not self.async_saves)
+            if act.durable:
+                self.store.wait()
+                self._record_finished_saves()
 
     def save(self, *, kind: str, blocking: bool) -> None:
         """One checkpoint of the state now (the store snapshots it; async: persists later)."""
@@ -209,85 +194,26 @@ class Trainer:
         if kind == "periodic":  # the others are recorded by their caller, once durable
             self._record_finished_saves()
 
-    def _agree(self, evaluated: bool) -> tuple[StopCause, bool]:
-        """(stop cause, save now?) agreed by all ranks in one tiny all-reduce (the maximum
-        of each: any rank's stop or save wins)."""
-        decision = self.budget.should_stop()
-        cause = StopCause.NONE
-        if decision.stop:  # a warning signal only moves the deadline: a stop for time
-            cause = StopCause.SIGNAL if decision.cause == "signal" else StopCause.TIME
-        due = self.schedule.due(self.state.step, evaluated)
-        cannot = due and not self.schedule.may_start()
-        code, due_i, cannot_i = self.dist.agree(int(cause), int(due), int(cannot))
-        cause, due, cannot = StopCause(code), bool(due_i), bool(cannot_i)
-        if cause != StopCause.NONE:
-            self.stop_reason = decision.reason if decision.stop else "another rank asked to stop"
-        elif due and cannot:
-            why = self.schedule.may_start().reason
-            log.info("step %d: periodic save skipped: %s", self.state.step, why)
-        return cause, bool(due and not cannot)
-
-    def _stop(self, cause: StopCause) -> RunResult:
-        cfg, step = self.cfg, self.state.step
-        done = step >= cfg.training_steps
-        reason = f"reached --training-steps {cfg.training_steps}" if done else None
-        reason = reason or self.stop_reason or "stop requested"
-        log.info("step %d: %s (%s)", step, "finished" if done else "stopping early", reason)
-        self.console.loss_rows(step, self.window.take()[3])  # since the last progress line
-        if self.schedule.unsaved(step):
-            self.save(kind="final", blocking=True)
-        self.store.wait()  # a background save still in flight must be durable before we exit
-        self._record_finished_saves(final_step=step)
-        if cause == StopCause.TIME and not done and cfg.extra_saves:
-            self._extra_saves(reason)
-            done = self.state.step >= cfg.training_steps
-            reason = f"reached --training-steps {cfg.training_steps}" if done else reason
-        exit_code = ExitCode.FINISHED if done else ExitCode.STOPPED
-        return self._finish(exit_code, reason, StopCause.NONE if done else cause)
-
-    def _extra_saves(self, reason: str) -> None:
-        """The final save's bound keeps it safe, so it usually ends early: spend the rest on
-        training and another save while the budget plans one (rank 0's plan, for every rank).
-        A save still running when the exit must begin is abandoned: the process exits at once
-        (an abandoned save is as harmless as a SIGKILL mid-save) and the last durable one
-        stands. A stop signal ends the extra training, and an extra save, at once."""
-        s, cfg = self.state, self.cfg
-        while s.step < cfg.training_steps:
-            plan = self.dist.broadcast_object(self.budget.extra_save())
-            if plan is None:
-                return
-            log.info("step %d: %s", s.step, plan.reason)
-            start, signalled = s.step, False
-            while s.step < cfg.training_steps:
-                fits = plan.step_fits(time.time(), self.budget.step_estimate or 0.0)
-                signal = self.budget.stop_signal() is not None
-                stop, signalled_i = self.dist.agree(int(not fits or signal), int(signal))
-                if stop:
-                    signalled = bool(signalled_i)
-                    break
-                self._train_step()
-            self.console.loss_rows(s.step, self.window.take()[3])
-            if s.step == start or signalled:  # a stop signal: the exit, now
-                return
-            with AbandonAt(  # every save before it is durable: step `start` is the checkpoint
-                plan.abandon_at,
-                code=int(ExitCode.STOPPED),
-                on_abandon=functools.partial(self._abandoned, reason=reason, saved=start),
-                interrupted=self.budget.stop_signal,
-            ):
-                self.save(kind="extra", blocking=True)
-                self.store.wait()
-            self._record_finished_saves(extra_step=s.step)
-
-    def _abandoned(self, why: str, reason: str, *, saved: int) -> None:
-        """On the watchdog thread, just before the process exits 75: say so, everywhere."""
+    def _say_stop(self, act: slurmclock.Action) -> None:
+        """Before a final or extra save: why, and the losses since the last progress line."""
         step = self.state.step
-        what = f"extra save of step {step} abandoned ({why}): step {saved} is the checkpoint"
-        log.warning("%s", what)
-        self.budget.extra_abandoned(step)
-        self.state.step = saved  # what the next allocation resumes from
+        if act.save == "final":
+            how = "stopping early" if self.loop.stopped_early else "finished"
+            log.info("step %d: %s (%s)", step, how, self._reason())
+        self.console.loss_rows(step, self.window.take()[3])
+
+    def _reason(self) -> str:
+        if self.loop.finished or self.loop.cause is None:
+            return f"reached --training-steps {self.cfg.training_steps}"
+        return self.loop.reason
+
+    def _abandoned(self, message: str) -> None:
+        """On the watchdog thread, just before the process exits 75: the stop event and the
+        summary say which checkpoint stands."""
+        if self.loop.durable_step is not None:
+            self.state.step = self.loop.durable_step  # what the next allocation resumes from
         try:
-            self._finish(ExitCode.STOPPED, f"{reason}; {what}", StopCause.TIME)
+            self._finish(f"{self.loop.reason}; {message}")
         finally:
             self.console.close()
 
@@ -308,7 +234,7 @@ class Trainer:
             window,
             lr=float(self.state.scheduler.get_last_lr()[0]),
             grad_norm=None if grad_norm is None else float(grad_norm),
-            seconds_left=self.budget.seconds_left(),
+            seconds_left=self.budget.seconds_left() if self.dist.rank == 0 else None,
             data_position=self.state.loader.position,
         )
 
@@ -349,37 +275,21 @@ class Trainer:
         return s.checkpoint(rng), meta
 
     def _check_finite(self) -> None:
-        """Never save NaN/inf weights over good checkpoints (keep_last would rotate them out).
-        One reduction per tensor and one sync; cheap next to the save it guards. Sharded: each
-        rank checks its shards and the ranks agree."""
-        sums = torch.stack([local(p.detach()).sum() for p in self.state.model.parameters()])
-        finite = bool(torch.isfinite(sums).all())
-        if self.state.sharded:
-            finite = self.dist.all_ranks(finite)
-        if not finite:
+        """Never save NaN/inf weights over good checkpoints (keep_last would rotate them out)."""
+        if not self.state.weights_finite(self.dist):
             raise TrainingDiverged(
                 f"the weights are NaN/inf at step {self.state.step}: stopping without saving "
                 f"(the checkpoints hold step {self.schedule.last_step} and earlier); resume from "
                 "one with a lower --learning-rate or --grad-clip"
             )
 
-    def _record_finished_saves(
-        self, *, final_step: int | None = None, extra_step: int | None = None
-    ) -> None:
-        """Durable saves refine the budget's save estimate. The final one (of ``final_step``,
-        recorded once every save is durable) also marks ``saved`` in the job's timeline: what
-        follows it until the requeue is this allocation's exit, measured for the next one. An
-        extra one (of ``extra_step``) moves that mark and is not a save-time sample."""
+    def _record_finished_saves(self) -> None:
+        """Durable saves: into the metrics, and to the loop (the budget's save times, the job's
+        timeline: the final save marks where the exit begins)."""
         for stats in self.store.saves_completed():
             self.console.event("saved", **stats.to_dict())
-            if stats.target == "primary" and stats.step == extra_step:
-                self.budget.extra_saved(stats.total_s)  # the exit begins; not a save sample
-            elif stats.target == "primary":
-                # Until durable: the final save must be complete before the kill. A save written
-                # while training went on is slower than the final one: the budget keeps it apart.
-                self.budget.record_save(
-                    stats.total_s, final=stats.step == final_step, background=stats.background
-                )
+            if stats.target == "primary":
+                self.loop.saved(stats.step, stats.total_s, background=stats.background)
 
     # -- start, end -------------------------------------------------------------------------
 
@@ -415,24 +325,16 @@ class Trainer:
             startup=self.startup,
         )
 
-    def _finish(self, exit_code: ExitCode, reason: str, cause: StopCause) -> RunResult:
+    def _finish(self, reason: str) -> RunResult:
+        """The stop event and the summary; the result the CLI exits with."""
+        exit_code, loop = self.loop.exit_code, self.loop
         self.profiler.close()
-        self.console.event(
-            "stop",
+        self.console.stop(
             step=self.state.step,
             reason=reason,
-            cause=cause.event,
-            exit_code=int(exit_code),
-            seconds_left=self.budget.seconds_left(),
-            signal=self.stop_flag.received,  # the first; all of them in arrival order:
-            signals=[name for name, _ in self.stop_flag.arrivals],
-            budget=self.budget.snapshot(),
-        )
-        self.console.summary(
-            done=exit_code == ExitCode.FINISHED,
-            step=self.state.step,
-            reason=reason,
-            exit_code=int(exit_code),
+            cause=(loop.cause if loop.stopped_early else None) or "done",
+            exit_code=exit_code,
+            budget=self.budget,
             losses=(self.last_loss, self.last_val),
         )
         return RunResult(
@@ -453,7 +355,7 @@ class Trainer:
 
         dry_run(self.cfg, self.dist, self.state, take_step=take_step, checkpoint=self._checkpoint)
         self.state.step = self.start_step  # nothing of the dry run is kept
-        return self._finish(ExitCode.FINISHED, "dry run OK", StopCause.NONE)
+        return self._finish("dry run OK")
 
     def save_imported(self) -> RunResult:
         """``import-checkpoint``: the imported state as this experiment's first checkpoint."""
@@ -472,7 +374,7 @@ class Trainer:
             self.cfg.experiment_url,
             self.state.step,
         )
-        return self._finish(ExitCode.FINISHED, "imported", StopCause.NONE)
+        return self._finish("imported")
 
     def record_error(self, e: BaseException) -> None:
         """A stop event for a run that failed, so the report can tell it from a kill; the
@@ -484,7 +386,7 @@ class Trainer:
                 step=self.state.step,
                 reason=f"{type(e).__name__}: {first_line(e)}",
                 cause="error",
-                exit_code=int(ExitCode.ERROR),
+                exit_code=EXIT_ERROR,
             )
         except Exception as again:  # the metrics file itself may be what failed
             log.debug("could not record the error: %s", again)

@@ -2,8 +2,10 @@
 
 :class:`DeadlineWatcher` knows when the job ends (and notices extensions), :class:`TimeBudget`
 says when to stop so the final checkpoint is durable and the job requeued before the kill,
-:class:`StopSignals` turns SLURM's signals into a flag, :class:`JobTimeline` remembers what the
-end of each allocation took, :func:`requeue` puts the job back in the queue. See README.md.
+:class:`TimeLoop` is the time-aware loop protocol every trainer drives (stop, saves, extra saves,
+exit codes), :class:`StopSignals` turns SLURM's signals into a flag, :class:`JobTimeline`
+remembers what the end of each allocation took, :func:`requeue` puts the job back in the queue.
+See README.md.
 """
 
 from slurmclock.allocation import AllocationStart, allocation_start
@@ -14,9 +16,7 @@ from slurmclock.budget import (
     ExtraSave,
     RobustEstimate,
     SaveTail,
-    StopFlag,
     TimeBudget,
-    signal_lead_from_env,
 )
 from slurmclock.commands import CommandError, Runner, SubprocessRunner, default_runner
 from slurmclock.deadline import (
@@ -38,16 +38,36 @@ from slurmclock.durations import (
     young_daly_interval,
 )
 from slurmclock.job import array_task, check_job_id, in_slurm, job_id, restart_count
+from slurmclock.loop import (
+    EXIT_FINISHED,
+    EXIT_STOPPED,
+    Action,
+    TimeLoop,
+    end_process,
+    measured_launch,
+)
 from slurmclock.requeue import RequeueResult, requeue
-from slurmclock.signals import AnyFlag, StopSignals, signal_number
+from slurmclock.signals import (
+    STOP_SIGNALS,
+    AnyFlag,
+    SignalMeaning,
+    StopFlag,
+    StopSignals,
+    signal_lead_from_env,
+    signal_number,
+)
 from slurmclock.timeline import EVENTS, Event, ExitSample, JobTimeline, timeline_dir
 
 __version__ = "0.1.0"
 
 __all__ = [
     "EVENTS",
+    "EXIT_FINISHED",
+    "EXIT_STOPPED",
     "SAVE_PRIOR_SPREAD",
     "SOURCES",
+    "STOP_SIGNALS",
+    "Action",
     "AllocationStart",
     "AnyFlag",
     "BudgetConfig",
@@ -63,10 +83,12 @@ __all__ = [
     "RobustEstimate",
     "Runner",
     "SaveTail",
+    "SignalMeaning",
     "StopFlag",
     "StopSignals",
     "SubprocessRunner",
     "TimeBudget",
+    "TimeLoop",
     "__version__",
     "allocation_start",
     "array_task",
@@ -74,9 +96,11 @@ __all__ = [
     "check_seconds",
     "checkpoint_interval",
     "default_runner",
+    "end_process",
     "find_deadline",
     "in_slurm",
     "job_id",
+    "measured_launch",
     "parse_duration",
     "parse_human_duration",
     "parse_slurm_time",

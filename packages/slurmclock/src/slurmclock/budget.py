@@ -17,8 +17,15 @@
 * *exit* -- what the job needs after its final save is durable: process exit, ``srun``
   teardown and the batch script's ``scontrol requeue``. Measured per allocation from the
   timestamps in the job's :class:`~slurmclock.JobTimeline` (1.25 x the longest of the last
-  ``exit_window``), remembered across allocations in :meth:`TimeBudget.state_dict`; before
-  anything was measured, ``initial_exit_estimate``.
+  ``exit_window``), remembered across allocations in :meth:`TimeBudget.state_dict`. Before
+  anything was measured (a job's first allocation): ``initial_exit_estimate`` when given, else
+  from this allocation's measured *launch* (allocation start -> this process's start: batch
+  script, ``srun``, Python; :meth:`TimeBudget.record_launch`), which the exit retraces
+  backwards: ``EXIT_GUESS_BASE + EXIT_PER_LAUNCH x launch`` (1 s + 2 x launch; on a local
+  SLURM 22.05, one node, launches of 0.4-0.85 s, as squeue's whole seconds give them, and exits
+  of 0.3-0.6 s, 2.2 s once at a load average of 30; a
+  :class:`~slurmclock.TimeLoop` records the launch in a job on one node only), else
+  ``EXIT_GUESS`` (5 s).
 * *slack* -- a few seconds for the rest: deadline resolution, clock skew, step jitter.
 
 ``margin=`` (pyrecover-train's ``--stop-margin``) overrides *exit + slack* with a fixed number.
@@ -41,16 +48,22 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-import os
 import statistics
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from slurmclock.deadline import Deadline, DeadlineWatcher
-from slurmclock.durations import check_seconds, parse_duration
+from slurmclock.durations import check_seconds
+from slurmclock.signals import (
+    LEAD_ENV,
+    SignalMeaning,
+    StopFlag,
+    signal_lead_from_env,
+    signal_name,
+)
 
 if TYPE_CHECKING:
     from slurmclock.timeline import ExitSample, JobTimeline
@@ -63,9 +76,7 @@ __all__ = [
     "ExtraSave",
     "RobustEstimate",
     "SaveTail",
-    "StopFlag",
     "TimeBudget",
-    "signal_lead_from_env",
 ]
 
 log = logging.getLogger("slurmclock")
@@ -78,9 +89,10 @@ log = logging.getLogger("slurmclock")
 SAVE_PRIOR_SPREAD = 0.3
 SAVE_PRIOR_WEIGHT = 4.0
 EXIT_FACTOR = 1.25  # the exit bound: this times the longest measured exit
+# The exit before one is measured: from this allocation's launch when known, else a guess.
+EXIT_GUESS_BASE, EXIT_PER_LAUNCH, EXIT_GUESS = 1.0, 2.0, 5.0
 EXTRA_EXIT_FACTOR = 1.5  # after an extra save: this times the exit bound
 STATE_VERSION = 1
-LEAD_ENV = "PYRECOVER_SIGNAL_LEAD"
 
 
 def _fmt(seconds: float, *, down: bool = False) -> str:
@@ -139,20 +151,6 @@ class Decision:
     @property
     def ok(self) -> bool:
         return self.yes
-
-
-class StopFlag(Protocol):
-    """What the budget needs of :class:`slurmclock.StopSignals` (or any other stop flag).
-
-    A flag that also has ``arrivals`` (``[(name, epoch time), ...]``, as StopSignals and
-    AnyFlag do) lets the budget read warning signals as information.
-    """
-
-    @property
-    def requested(self) -> bool: ...
-
-    @property
-    def received(self) -> str | None: ...
 
 
 def _check_samples(what: str, values: Iterable[Any]) -> list[float]:
@@ -371,19 +369,6 @@ class SaveTail:
         )
 
 
-def signal_lead_from_env(env: Mapping[str, str] | None = None) -> float | None:
-    """``PYRECOVER_SIGNAL_LEAD`` in seconds (``300``, ``5m``); None when unset or malformed
-    (logged: a broken environment must not stop a training run)."""
-    raw = (os.environ if env is None else env).get(LEAD_ENV, "").strip()
-    if not raw:
-        return None
-    try:
-        return parse_duration(raw)
-    except ValueError as e:
-        log.warning("ignoring %s: %s; a warning signal then stops at once", LEAD_ENV, e)
-        return None
-
-
 @dataclass(kw_only=True, slots=True)
 class BudgetConfig:
     """Knobs of :class:`TimeBudget` (see the module docstring for what each one does)."""
@@ -391,7 +376,7 @@ class BudgetConfig:
     margin: float | None = None
     initial_step_estimate: float = 0.0
     initial_save_estimate: float = 60.0
-    initial_exit_estimate: float = 5.0
+    initial_exit_estimate: float | None = None
     slack: float = 5.0
     warmup_steps: int = 2
     step_window: int = 50
@@ -407,12 +392,11 @@ class BudgetConfig:
         for name in (
             "initial_step_estimate",
             "initial_save_estimate",
-            "initial_exit_estimate",
             "slack",
             "signal_jitter",
         ):
             check_seconds(name, getattr(self, name))
-        for name in ("margin", "signal_lead"):
+        for name in ("margin", "signal_lead", "initial_exit_estimate"):
             if getattr(self, name) is not None:
                 check_seconds(name, getattr(self, name))
         for name in ("warmup_steps", "step_window", "save_window", "exit_window"):
@@ -430,16 +414,11 @@ class BudgetConfig:
             )
         if isinstance(self.warning_signals, str):
             raise ValueError("warning_signals is a tuple of names, e.g. ('SIGUSR2',)")
-        self.warning_signals = tuple(_signal_name(s) for s in self.warning_signals)
+        self.warning_signals = tuple(signal_name(s) for s in self.warning_signals)
 
 
 def _number(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def _signal_name(name: str) -> str:
-    text = str(name).strip().upper()
-    return text if text.startswith("SIG") else "SIG" + text
 
 
 @dataclass(frozen=True, slots=True)
@@ -475,7 +454,7 @@ class TimeBudget:
         margin: float | None = None,
         initial_step_estimate: float = 0.0,
         initial_save_estimate: float = 60.0,
-        initial_exit_estimate: float = 5.0,
+        initial_exit_estimate: float | None = None,
         slack: float = 5.0,
         warmup_steps: int = 2,
         step_window: int = 50,
@@ -514,6 +493,7 @@ class TimeBudget:
         )
         self._deadline = deadline
         self.signals = signals
+        self._meaning = self.meaning  # fixed with the config: read at every step
         self.timeline = timeline
         if clock is None:
             clock = deadline.clock if isinstance(deadline, DeadlineWatcher) else time.time
@@ -522,6 +502,7 @@ class TimeBudget:
         self._steps = RobustEstimate(skip=warmup_steps, window=step_window, quantile=step_quantile)
         self._saves = SaveTail(window=save_window, quantile=save_quantile)
         self._exits: dict[tuple[str, int], float] = {}
+        self.launch_s: float | None = None  # record_launch()
         self._warnings_seen = 0
         self._said: set[str] = set()
         self._parts_cache: dict[bool, tuple[float, str]] = {}  # with_step -> (needed, said)
@@ -554,19 +535,32 @@ class TimeBudget:
         if self._valid("step", seconds):
             self._steps.add(float(seconds))
 
-    def record_save(self, seconds: float, *, final: bool = False, background: bool = False) -> None:
+    def record_save(
+        self,
+        seconds: float,
+        *,
+        final: bool = False,
+        background: bool = False,
+        step: int | None = None,
+    ) -> None:
         """Add a measured save duration (until the checkpoint is durable); see :meth:`save`.
 
         ``background=True``: training went on while it was written (an async save, timed until
         durable). Such saves take longer than one with the machine to itself, so they get their
         own median: the final save's bound comes from blocking saves (from background ones only
         until a blocking save was measured), the bound of a background save from background ones.
+        ``step``: the step the checkpoint holds, marked ``checkpoint step=N`` in the timeline.
         """
         if self._valid("save", seconds):
             self._saves.add(float(seconds), background=background)
             self._parts_cache.clear()
+        self._mark_checkpoint(step)
         if final and self.timeline is not None:
             self.timeline.mark("saved", seconds=round(float(seconds), 3))
+
+    def _mark_checkpoint(self, step: int | None) -> None:
+        if step is not None and self.timeline is not None:
+            self.timeline.mark("checkpoint", step=int(step))
 
     def record_exit(self, seconds: float, *, job: str = "?", restart: int = -1) -> None:
         """Add what one earlier run needed after its final save (exit, teardown, requeue).
@@ -579,6 +573,13 @@ class TimeBudget:
             self._exits[(job, restart)] = float(seconds)
             while len(self._exits) > self.config.exit_window:
                 del self._exits[next(iter(self._exits))]
+            self._parts_cache.clear()
+
+    def record_launch(self, seconds: float) -> None:
+        """This allocation's launch: its start (SLURM) -> this process's start. Until an exit is
+        measured, the exit is guessed from it (the way out retraces the way in)."""
+        if self._valid("launch", seconds):
+            self.launch_s = float(seconds)
             self._parts_cache.clear()
 
     def load_timeline(self, timeline: JobTimeline) -> int:
@@ -594,6 +595,20 @@ class TimeBudget:
             return True
         log.warning("ignoring %s duration %r: not a finite number of seconds >= 0", what, seconds)
         return False
+
+    def now(self) -> float:
+        """Epoch seconds by the budget's clock (the deadline's)."""
+        return self._clock()
+
+    @property
+    def timer(self) -> Callable[[], float]:
+        """What measures durations (monotonic seconds; the clock when one was given)."""
+        return self._timer
+
+    @property
+    def has_save_estimate(self) -> bool:
+        """A save time is known (measured here, or loaded from an earlier allocation)."""
+        return self._saves.bound() is not None
 
     @property
     def steps_measured(self) -> int:
@@ -633,28 +648,28 @@ class TimeBudget:
             return self._deadline.get()
         return self._deadline
 
-    def _arrivals(self) -> list[tuple[str, float]]:
-        flag = self.signals
-        if flag is None or not flag.requested:
-            return []
-        got = getattr(flag, "arrivals", None)
-        if got is None:  # a combination of flags that has no arrivals itself: look inside
-            inner = [getattr(f, "arrivals", None) for f in getattr(flag, "flags", ())]
-            known = [a for a in inner if a is not None]
-            if inner and len(known) == len(inner):
-                got = sorted((x for arrivals in known for x in arrivals), key=lambda x: x[1])
-        if got is not None:
-            return list(got)
-        at = getattr(flag, "received_at", None)
-        return [(flag.received or "request", self._clock() if at is None else at)]
+    @property
+    def signals(self) -> StopFlag | None:
+        """The stop flag whose arrivals the budget reads (None: no signals)."""
+        return self._signals
 
-    def _is_warning(self, name: str) -> bool:
-        lead = self.config.signal_lead
-        return lead is not None and _signal_name(name) in self.config.warning_signals
+    @signals.setter
+    def signals(self, flag: StopFlag | None) -> None:
+        if flag is not None and not isinstance(flag, StopFlag):
+            raise TypeError(
+                f"signals must be a stop flag with requested, received and arrivals (e.g. "
+                f"slurmclock.StopSignals or AnyFlag), got {type(flag).__name__}"
+            )
+        self._signals = flag
 
-    def _warning(self, arrivals: list[tuple[str, float]]) -> tuple[str, float] | None:
+    @property
+    def meaning(self) -> SignalMeaning:
+        """What each arrival means to this budget (a warning with a known lead, or stop now)."""
+        return SignalMeaning(self.config.signal_lead, self.config.warning_signals)
+
+    def _warning(self) -> tuple[str, float] | None:
         """The earliest warning signal (name, epoch time) among the arrivals, if any."""
-        warnings = [a for a in arrivals if self._is_warning(a[0])]
+        warnings = self._meaning.warnings_in(self._signals)
         if len(warnings) > self._warnings_seen:
             # News from SLURM: the time limit may have changed since the last poll.
             self._warnings_seen = len(warnings)
@@ -669,7 +684,7 @@ class TimeBudget:
         it up to 30 s early, so a known deadline up to ``signal_jitter`` later still agrees).
         """
         known = self._source_deadline()
-        warning = self._warning(self._arrivals())
+        warning = self._warning()
         if warning is None:
             return known
         name, at = warning
@@ -714,6 +729,18 @@ class TimeBudget:
             return _Part("next step", self.config.initial_step_estimate, how)
         return _Part("next step", step, self._steps.describe("step"))
 
+    def _exit_guess(self) -> tuple[float, str]:
+        """(seconds, how) of the exit before one is measured."""
+        if self.config.initial_exit_estimate is not None:
+            return self.config.initial_exit_estimate, "initial guess, none measured"
+        if self.launch_s is not None:
+            guess = EXIT_GUESS_BASE + EXIT_PER_LAUNCH * self.launch_s
+            return (
+                guess,
+                f"{EXIT_GUESS_BASE:g} + {EXIT_PER_LAUNCH:g} x launch {_fmt(self.launch_s)} s",
+            )
+        return EXIT_GUESS, "initial guess, none measured"
+
     def _end_parts(self, save_name: str) -> list[_Part]:
         cfg = self.config
         parts = [self._save_part(save_name)]
@@ -722,7 +749,7 @@ class TimeBudget:
             return parts
         exit_bound = self.exit_estimate
         if exit_bound is None:
-            parts.append(_Part("exit", cfg.initial_exit_estimate, "initial guess, none measured"))
+            parts.append(_Part("exit", *self._exit_guess()))
         else:
             n = len(self._exits)
             parts.append(_Part("exit", exit_bound, f"{EXIT_FACTOR:g} x max of {n} measured"))
@@ -741,6 +768,10 @@ class TimeBudget:
             return cached
         step = self._step_part()
         return step.seconds + cached[0], f"{step} + {cached[1]}"
+
+    def needed_after_save(self) -> float:
+        """Seconds kept free after the final save: the exit and the slack (or the margin)."""
+        return sum(p.seconds for p in self._end_parts("save")[1:])
 
     def needed_to_stop(self) -> float:
         """Seconds the next step, a final save, the exit and the slack need together."""
@@ -838,10 +869,12 @@ class TimeBudget:
         )
         return ExtraSave(now + x, abandon_at, chance, gain, reason)
 
-    def extra_saved(self, seconds: float) -> None:
-        """An extra save is durable: the exit begins now (the timeline is marked ``saved``). Its
-        time is not a sample of the save tail: the abandoned ones would be missing from it, the
-        slow ones, which would make the final save's bound too tight."""
+    def extra_saved(self, seconds: float, *, step: int | None = None) -> None:
+        """An extra save (of ``step``) is durable: the exit begins now (the timeline is marked
+        ``checkpoint`` and ``saved``). Its time is not a sample of the save tail: the abandoned
+        ones would be missing from it, the slow ones, which would make the final save's bound
+        too tight."""
+        self._mark_checkpoint(step)
         if self.timeline is not None:
             self.timeline.mark("saved", seconds=round(float(seconds), 3), extra=True)
 
@@ -852,14 +885,24 @@ class TimeBudget:
 
     def stop_signal(self) -> str | None:
         """The first stop signal received (a warning signal with a known lead is not one)."""
-        return next((n for n, _ in self._arrivals() if not self._is_warning(n)), None)
+        return self._meaning.stop_now(self._signals)
 
     def _signal_source(self, d: Deadline) -> str:
         if d.source != "signal":
             return ""
-        warning = self._warning(self._arrivals())
+        warning = self._warning()
         name = warning[0] if warning else "warning"
         return f" (deadline: {name} + lead {_fmt(self.config.signal_lead or 0.0)} s)"
+
+    def describe_rule(self) -> str:
+        """The stop rule in one line, for a start banner: what is kept free, what signals mean."""
+        cfg = self.config
+        if cfg.margin is not None:
+            end = f"a fixed margin of {cfg.margin:g} s"
+        else:
+            how = "measured" if self._exits else "not measured yet"
+            end = f"exit ({how}) + {cfg.slack:g} s slack"
+        return f"stop when left < next step + final save + {end}; {self._meaning.describe()}"
 
     @staticmethod
     def _no_deadline(d: Deadline | None) -> str:
@@ -881,6 +924,7 @@ class TimeBudget:
             "steps_measured": self.steps_measured,
             "saves_measured": self.saves_measured,
             "exits_measured": len(self._exits),
+            "launch_s": self.launch_s,
             "margin": self.config.margin,
             "slack": self.config.slack,
             "signal_lead": self.config.signal_lead,

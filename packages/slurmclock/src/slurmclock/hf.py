@@ -9,16 +9,25 @@
     trainer.train(resume_from_checkpoint=last_checkpoint(args.output_dir))  # None at first
     sys.exit(timer.exit_code)  # 75: stopped early with a checkpoint (requeue); 0: finished
 
-After every optimizer step it measures the step, asks :class:`slurmclock.TimeBudget` whether the
-next step plus a save plus the margin still fit before the job's end, makes every rank agree (an
-all-reduce when ``torch.distributed`` is initialized: any rank that must stop stops them all), and
-if not, sets ``control.should_save`` and ``control.should_training_stop``: the Trainer writes its
-regular ``checkpoint-N`` (model, optimizer, scheduler, RNG states, ``trainer_state.json``) and
-returns. Stop signals (default SIGUSR2 and SIGTERM) only raise a flag read at the next step. The
-save is timed (``on_save``) and feeds the budget, like periodic ``save_steps`` saves. Rank 0 writes
+After every optimizer step it drives slurmclock's :class:`~slurmclock.TimeLoop` -- the protocol
+pyrecover-train follows too: rank 0 asks the time budget whether the next step plus a save plus
+the exit still fit before the job's end, every rank adds its stop signals, and they agree (a MAX
+all-reduce when ``torch.distributed`` is initialized). To stop it sets ``control.should_save``:
+the Trainer writes its regular ``checkpoint-N`` (model, optimizer, scheduler, RNG states,
+``trainer_state.json``) and returns -- or, after a stop for time, trains on and saves again while
+the final save's unused time allows (extra saves). A periodic ``save_steps`` save starts only
+when the budget says it ends in time. Stop signals (default SIGUSR2 and SIGTERM) only raise a
+flag read at the next step. Saves are timed until ``on_save`` and feed the budget; rank 0 writes
 the budget's measurements next to the checkpoint (``checkpoint-N/slurmclock_budget.json``, after
 the Trainer's own files): the resumed run starts from the save times and exits the earlier
-allocations measured, not from the initial guesses.
+allocations measured. In the first allocation, with no save time known, one save right after the
+warm-up measures it (``probe_saves``).
+
+An extra save still being written when the exit must begin (or when a stop signal comes) is
+abandoned: a watchdog thread marks the job's timeline and ends the process with 75. Its
+``checkpoint-N`` folder then lacks ``trainer_state.json`` (the Trainer writes it last), so
+:func:`last_checkpoint` skips it and the run resumes from the one before (``transformers``' own
+``get_last_checkpoint`` would not skip it).
 
 Resume is the Trainer's own, from :func:`last_checkpoint`: ``train(resume_from_checkpoint=...)``
 restores weights, optimizer, scheduler and RNG, and skips the batches of the current epoch already
@@ -36,15 +45,10 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from slurmclock._trainers import (
-    EXIT_FINISHED,
-    EXIT_STOPPED,
-    StopPolicy,
-    TimeAware,
-    stop_message,
-)
 from slurmclock.budget import TimeBudget
 from slurmclock.deadline import Deadline, DeadlineWatcher
+from slurmclock.loop import EXIT_FINISHED, EXIT_STOPPED, TimeAware
+from slurmclock.signals import STOP_SIGNALS
 
 try:
     from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
@@ -110,10 +114,12 @@ class TimeAwareCallback(TimeAware, TrainerCallback):
 
     ``deadline``: a :class:`DeadlineWatcher` or :class:`Deadline` (default ``DeadlineWatcher()``:
     override, then ``PYRECOVER_END_TIME``, then SLURM). ``margin`` (None: slurmclock's measured
-    exit + slack), ``initial_save_estimate``,
-    ``warmup_steps``: as in :class:`TimeBudget`, or pass a ready ``budget``. ``signals``: stop
-    signals. ``save_on_train_end``: also save at the last step, so that running the job again
-    finds it finished instead of redoing the steps after the last checkpoint.
+    exit + slack), ``initial_save_estimate`` (until a save is measured), ``warmup_steps``: as in
+    :class:`TimeBudget`, or pass a ready ``budget``. ``signals``: stop signals. ``probe_saves``:
+    with no save time known, save once after the warm-up to measure it. ``extra_saves``: after
+    a stop for time, train on and save again while the final save's unused time allows.
+    ``save_on_train_end``: also save at the last step, so that running the job again finds it
+    finished instead of redoing the steps after the last checkpoint.
     """
 
     def __init__(
@@ -123,69 +129,88 @@ class TimeAwareCallback(TimeAware, TrainerCallback):
         margin: float | None = None,
         initial_save_estimate: float = 60.0,
         warmup_steps: int = 2,
-        signals: Iterable[str | int] = ("USR2", "TERM"),
+        signals: Iterable[str | int] = STOP_SIGNALS,
+        probe_saves: bool = True,
+        extra_saves: bool = True,
         save_on_train_end: bool = True,
         budget: TimeBudget | None = None,
     ) -> None:
-        self.policy = StopPolicy(
-            budget=budget,
+        self.loop = self.make_loop(
+            budget,
             deadline=deadline,
             margin=margin,
             initial_save_estimate=initial_save_estimate,
             warmup_steps=warmup_steps,
             signals=signals,
+            probe_saves=probe_saves,
+            extra_saves=extra_saves,
         )
         self.save_on_train_end = save_on_train_end
-        self.stopped_early = False
         self._save_started: float | None = None
+        self._saving: Any = None  # the loop's context of the save the Trainer makes next
 
     def on_train_begin(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
     ) -> None:
-        self.stopped_early = False
         if state.global_step > 0:  # resumed: the Trainer loaded checkpoint-N's state
             _load_budget(self.budget, _checkpoint_dir(args, state) / BUDGET_FILE)
-        self.policy.begin()
+        device = args.device
+        self.loop.connect(
+            leader=state.is_world_process_zero,
+            agree=lambda *values: _agree(values, device),
+            share=lambda obj: _share(obj, device),
+        )
+        self.loop.begin()
 
     def on_step_end(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
     ) -> None:
-        decision = self.policy.after_step(watch_clock=state.is_world_process_zero)
-        stop = _any_rank(bool(decision), args)
-        finished = state.max_steps > 0 and state.global_step >= state.max_steps
-        if stop and not finished:
-            if state.is_world_process_zero:
-                print(stop_message(state.global_step, state.max_steps, decision or None, "a peer"))
-            self.stopped_early = True
-            control.should_save = True
-            control.should_training_stop = True
-        elif finished and self.save_on_train_end:
-            control.should_save = True
+        if not self.loop.training:
+            return
+        step, finished = state.global_step, 0 < state.max_steps <= state.global_step
+        due = control.should_save  # the Trainer's own save_steps save
+        act = self.loop.after_step(step, save_due=due, last=finished)
+        if act.save == "final" and self.loop.stopped_early and state.is_world_process_zero:
+            print(self.loop.stop_message(step, state.max_steps))
+        at_end = act.save == "final" and self.loop.finished and not self.save_on_train_end
+        control.should_save = due if at_end else act.save is not None
+        if act.save is not None:
+            self._saving = self.loop.saving(act)  # an extra save: abandoned if not in time
+            self._saving.__enter__()
         if control.should_save:
-            self._save_started = self.policy.now()
+            self._save_started = self.loop.budget.timer()
+        else:
+            self._close_save(control)
 
     def on_save(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
     ) -> None:
-        if self._save_started is not None:
+        if self._save_started is not None and state.is_world_process_zero:
             # The Trainer writes synchronously: the save is done when on_save fires.
-            self.policy.time_save(self.policy.now() - self._save_started)
-            self._save_started = None
+            seconds = self.loop.budget.timer() - self._save_started
+            self.loop.saved(state.global_step, seconds)
+        self._save_started = None
         if state.is_world_process_zero:
             _store_budget(self.budget, _checkpoint_dir(args, state))
-        if self.stopped_early:
-            self.policy.final_save_done()
-        self.policy.paused()
+        self._close_save(control)
 
     def on_evaluate(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
     ) -> None:
-        self.policy.paused()  # an evaluation is not a training step
+        self.loop.paused()  # an evaluation is not a training step
 
     def on_train_end(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
     ) -> None:
-        self.policy.end()
+        self.loop.end()
+
+    def _close_save(self, control: TrainerControl) -> None:
+        """The save (if any) is done: the loop plans on or ends, and the Trainer follows."""
+        if self._saving is not None:
+            saving, self._saving = self._saving, None
+            saving.__exit__(None, None, None)
+        if not self.loop.training:
+            control.should_training_stop = True
 
 
 def _checkpoint_dir(args: TrainingArguments, state: TrainerState) -> Path:
@@ -216,13 +241,24 @@ def _load_budget(budget: TimeBudget, path: Path) -> None:
         log.warning("slurmclock: ignoring %s (%s): starting from the initial estimates", path, e)
 
 
-def _any_rank(flag: bool, args: TrainingArguments) -> bool:
-    """True on every rank when it is true on any (MAX all-reduce on the training device)."""
+def _agree(values: tuple[int, ...], device: Any) -> tuple[int, ...]:
+    """Every rank's ``values``, element-wise maximum (one all-reduce on the training device)."""
     import torch
     import torch.distributed as dist
 
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-        return flag
-    t = torch.tensor([1 if flag else 0], device=args.device)
+        return tuple(values)
+    t = torch.tensor(values, dtype=torch.int64, device=device)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return bool(t.item())
+    return tuple(int(v) for v in t.tolist())
+
+
+def _share(obj: Any, device: Any) -> Any:
+    """Rank 0's ``obj`` on every rank."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0, device=device)
+    return box[0]

@@ -1,25 +1,127 @@
-"""Stop signals that only raise a flag.
+"""Stop signals that only raise a flag, and what each signal means.
 
 The handler never does work (no checkpointing inside a signal handler: the main thread may be in
 the middle of anything, including a collective or a write of the very same file). The training
 loop polls :attr:`StopSignals.requested` at a step boundary and stops cleanly there.
+
+:class:`StopFlag` is what a stop flag offers (:class:`StopSignals`, :class:`AnyFlag`, or a
+source of your own: a file to watch, a cloud provider's preemption notice); :class:`SignalMeaning`
+says which arrivals are SLURM's *warning* (the end is LEAD seconds away: information) and which
+say "stop now".
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from types import FrameType, TracebackType
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
-from slurmclock.durations import check_seconds
+from slurmclock.durations import check_seconds, parse_duration
 
-__all__ = ["AnyFlag", "StopSignals", "signal_number"]
+__all__ = [
+    "LEAD_ENV",
+    "STOP_SIGNALS",
+    "AnyFlag",
+    "SignalMeaning",
+    "StopFlag",
+    "StopSignals",
+    "signal_lead_from_env",
+    "signal_number",
+]
 
 log = logging.getLogger("slurmclock")
+
+# SLURM's warning (USR2 rather than USR1, which NCCL may catch) and "stop now" (scancel,
+# preemption, the time limit): the stop signals every trainer in this repository listens to.
+STOP_SIGNALS = ("USR2", "TERM")
+LEAD_ENV = "PYRECOVER_SIGNAL_LEAD"
+
+
+@runtime_checkable
+class StopFlag(Protocol):
+    """A stop flag: :class:`StopSignals`, :class:`AnyFlag`, or any other source of stop requests.
+
+    ``requested``: anything arrived; ``received``: the first arrival's name (``"SIGUSR2"``);
+    ``arrivals``: every arrival as ``(name, epoch time)`` in time order. The arrivals carry the
+    meaning (:class:`SignalMeaning`): a warning with a known lead is information, not an order.
+    """
+
+    @property
+    def requested(self) -> bool: ...
+
+    @property
+    def received(self) -> str | None: ...
+
+    @property
+    def arrivals(self) -> Sequence[tuple[str, float]]: ...
+
+
+def signal_lead_from_env(env: Mapping[str, str] | None = None) -> float | None:
+    """``PYRECOVER_SIGNAL_LEAD`` in seconds (``300``, ``5m``); None when unset or malformed
+    (logged: a broken environment must not stop a training run)."""
+    raw = (os.environ if env is None else env).get(LEAD_ENV, "").strip()
+    if not raw:
+        return None
+    try:
+        return parse_duration(raw)
+    except ValueError as e:
+        log.warning("ignoring %s: %s; a warning signal then stops at once", LEAD_ENV, e)
+        return None
+
+
+def signal_name(sig: str) -> str:
+    """``"usr2"``, ``"USR2"`` or ``"SIGUSR2"`` -> ``"SIGUSR2"`` (any other name as given)."""
+    text = str(sig).strip().upper()
+    return text if text.startswith("SIG") else "SIG" + text
+
+
+@dataclass(frozen=True, slots=True)
+class SignalMeaning:
+    """What an arrival means: SLURM's warning with a known ``lead`` (seconds between
+    ``--signal=B:USR2@LEAD`` and the end) is information; every other arrival -- TERM, INT, a
+    ``request()``, a warning whose lead is unknown -- means "stop now"."""
+
+    lead: float | None = None
+    warnings: tuple[str, ...] = ("SIGUSR2",)
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> SignalMeaning:
+        """The lead from ``PYRECOVER_SIGNAL_LEAD`` (which the sbatch scripts export)."""
+        return cls(signal_lead_from_env(env))
+
+    def is_warning(self, name: str) -> bool:
+        return self.lead is not None and signal_name(name) in self.warnings
+
+    def stop_now(self, flag: StopFlag | None) -> str | None:
+        """The first arrival on ``flag`` that means "stop now" (None: none, or warnings only)."""
+        if flag is None or not flag.requested:
+            return None
+        return next((n for n, _ in flag.arrivals if not self.is_warning(n)), None)
+
+    def warnings_in(self, flag: StopFlag | None) -> list[tuple[str, float]]:
+        """The warning arrivals on ``flag``, in time order."""
+        if flag is None or not flag.requested:
+            return []
+        return [a for a in flag.arrivals if self.is_warning(a[0])]
+
+    def describe(self) -> str:
+        """One line for a start banner: what each signal does."""
+        names = "/".join(w.removeprefix("SIG") for w in self.warnings)
+        if self.lead is None:
+            warning = f"SIG{names} stops at once (no {LEAD_ENV})"
+        else:
+            warning = (
+                f"SIG{names} is SLURM's warning {self.lead:g} s before the end ({LEAD_ENV}): "
+                "information"
+            )
+        return f"{warning}; SIGTERM stops at once"
+
 
 # What signal.getsignal returns: a callable, SIG_DFL/SIG_IGN, or None (set from C).
 _Handler = Any
@@ -62,7 +164,7 @@ class StopSignals:
 
     def __init__(
         self,
-        signals: Iterable[str | int | signal.Signals] = ("USR2", "TERM"),
+        signals: Iterable[str | int | signal.Signals] = STOP_SIGNALS,
         *,
         chain: bool = True,
         clock: Callable[[], float] = time.time,
@@ -173,7 +275,7 @@ class AnyFlag:
     ``request()`` raises the first flag.
     """
 
-    def __init__(self, *flags: StopSignals | AnyFlag) -> None:
+    def __init__(self, *flags: StopFlag) -> None:
         if not flags:
             raise ValueError("AnyFlag needs at least one flag, e.g. AnyFlag(signals, interrupt)")
         self.flags = flags
@@ -197,7 +299,11 @@ class AnyFlag:
         return first[0][1] if first else None
 
     def request(self, reason: str = "manual") -> None:
-        self.flags[0].request(reason)
+        """Raise the first flag (a :class:`StopSignals` or :class:`AnyFlag`)."""
+        first = self.flags[0]
+        if not isinstance(first, (StopSignals, AnyFlag)):
+            raise TypeError(f"AnyFlag.request() raises the first flag: {first!r} cannot be")
+        first.request(reason)
 
     def __repr__(self) -> str:
         return f"AnyFlag({', '.join(map(repr, self.flags))})"
