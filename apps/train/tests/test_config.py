@@ -469,8 +469,12 @@ def test_consistent_flags_and_the_presets_say_nothing(argv: list[str]) -> None:
 def test_help_states_the_stop_margin_slurmclock_uses(capsys: pytest.CaptureFixture[str]) -> None:
     """The shown default is read from slurmclock's defaults (it said 10 s after they were 5)."""
     from slurmclock import BudgetConfig
+    from slurmclock.budget import EXIT_GUESS, EXIT_GUESS_BASE, EXIT_PER_LAUNCH
 
     assert main(["--help"]) == 0
     text = " ".join(capsys.readouterr().out.split())
     b = BudgetConfig()
-    assert f"({b.initial_exit_estimate:g} s until one is measured) + {b.slack:g} s slack" in text
+    assert (
+        f"(until one is measured: {EXIT_GUESS_BASE:g} s + {EXIT_PER_LAUNCH:g} x the measured "
+        f"launch on one node, else {EXIT_GUESS:g} s) + {b.slack:g} s slack"
+    ) in text

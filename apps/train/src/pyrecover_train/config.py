@@ -28,6 +28,7 @@ from typing import Any
 import ckptstore
 import parquetlm
 from slurmclock import BudgetConfig, parse_human_duration, parse_time_limit
+from slurmclock.budget import EXIT_GUESS, EXIT_GUESS_BASE, EXIT_PER_LAUNCH
 
 from .sizes import DEFAULT_SIZE, PRESET_FLAGS, SIZES, describe_preset, preset_defaults
 
@@ -260,7 +261,8 @@ _MARGIN_HELP = (
 _BUDGET = BudgetConfig()  # slurmclock's defaults: help cannot drift from them
 _MARGIN_SHOWN = (
     f"measured: 1.25 x the longest exit-and-requeue of the last {_BUDGET.exit_window} "
-    f"allocations ({_BUDGET.initial_exit_estimate:g} s until one is measured) + "
+    f"allocations (until one is measured: {EXIT_GUESS_BASE:g} s + {EXIT_PER_LAUNCH:g} x the "
+    f"measured launch on one node, else {EXIT_GUESS:g} s) + "
     f"{_BUDGET.slack:g} s slack"
 )
 _EXTRA_HELP = (
