@@ -4,11 +4,13 @@ goes, `~` in a flag's value, and a resume whose flags differ from the checkpoint
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
-from train_helpers import child_env, events, final_state, run_cli, tiny_flags
+from train_helpers import ROOT, child_env, events, final_state, run_cli, tiny_flags
 
 from pyrecover_train.cli import main
 
@@ -135,3 +137,23 @@ def test_a_resume_with_another_sequence_length_is_refused_in_one_line(
     err = capsys.readouterr().err.strip()
     assert "--sequence-length 16 differs from the checkpoint's 32" in err
     assert len(err.splitlines()) == 1
+
+
+def test_training_into_a_closed_pipe_finishes_with_one_line(
+    corpus: Path, cache_dir: Path, tmp_path: Path
+) -> None:
+    """`pyrecover-train | head -1`: the run trains to the end (train.log has every line), and
+    the console says once that it stopped printing instead of a logging traceback per line."""
+    ckpt = tmp_path / "ckpt"
+    argv = [*tiny_flags(corpus, cache_dir, ckpt, "--training-steps", "3"), "--log-every", "1"]
+    tool = str(ROOT / "tools" / "closedpipe.py")
+    done = subprocess.run(
+        [sys.executable, tool, sys.executable, "-m", "pyrecover_train", *argv],
+        capture_output=True,
+        text=True,
+        env=child_env(),
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == "ddpkit: stdout was closed by its reader; console logging stops\n"
+    assert "finished: step 3/3" in (ckpt / "default-exp" / "train.log").read_text()

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import orjson
 import pytest
+from train_helpers import ROOT
 
 from pyrecover_train.cli import main
 from pyrecover_train.report import summarize
@@ -158,3 +161,12 @@ def test_a_run_with_nothing_to_do_has_its_own_outcome_and_legend(
     assert "run 3: steps 50->50" in capsys.readouterr().out
     assert "nothing to do: already finished" in report.format_summary(s)
     assert f"{report.MARKERS['nothing to do']} nothing to do" in report.LEGEND
+
+
+def test_report_into_a_closed_pipe_is_quiet(tmp_path: Path) -> None:
+    """`pyrecover-train report EXP | head -1`: exit 141 (SIGPIPE's), no "Broken pipe" message."""
+    write(tmp_path / "exp" / "metrics.jsonl", two_runs())
+    report = ["-m", "pyrecover_train", "report", str(tmp_path / "exp"), "--no-plot"]
+    tool = str(ROOT / "tools" / "closedpipe.py")
+    done = subprocess.run([sys.executable, tool, sys.executable, *report], capture_output=True)
+    assert done.returncode == 141 and done.stderr == b""

@@ -11,7 +11,7 @@ from typing import Any
 import orjson
 import pytest
 import torch
-from ckpt_helpers import corrupt, make_state
+from ckpt_helpers import ROOT, corrupt, make_state
 
 from ckptstore import CheckpointStore
 from ckptstore.cli import main
@@ -160,3 +160,15 @@ def test_list_on_s3_with_storage_options(moto: Any, capsys: Any) -> None:
     opts = orjson.dumps(moto.storage_options()).decode()
     code, out, _ = run(capsys, "list", url, "--storage-options", opts)
     assert code == 0 and out.splitlines()[1].startswith("3")
+
+
+def test_a_reader_that_leaves_early_ends_it_quietly(ckpts: Path) -> None:
+    """`ckptstore verify DIR | head -1`: no "[Errno 32] Broken pipe", SIGPIPE's status 141."""
+    argv = [sys.executable, "-m", "ckptstore", "verify", str(ckpts), "--step", "all"]
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "tools" / "closedpipe.py"), *argv],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert (done.returncode, done.stderr) == (141, "")

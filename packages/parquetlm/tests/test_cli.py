@@ -121,3 +121,14 @@ def test_usage_errors_exit_2(capsys: Any) -> None:
     with pytest.raises(SystemExit) as e:
         main(["stats", "x.parquet", "--seq-len", "0"])
     assert e.value.code == 2 and "must be >= 1" in capsys.readouterr().err
+
+
+def test_stats_to_a_reader_that_left_ends_with_141_and_no_message(
+    corpus: tuple[Path, list[str]], tmp_path: Path
+) -> None:
+    tool = Path(__file__).resolve().parents[3] / "tools" / "closedpipe.py"
+    stats = ["-m", "parquetlm", "stats", str(corpus[0]), "--cache-dir", str(tmp_path / "c")]
+    done = subprocess.run(
+        [sys.executable, str(tool), sys.executable, *stats], capture_output=True, text=True
+    )
+    assert done.returncode == 141 and done.stderr == "", done.stderr  # as `| head -1` gives

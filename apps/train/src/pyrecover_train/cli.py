@@ -3,7 +3,8 @@
 
 Exit status of ``train``: 0 finished all --training-steps; 75 (EX_TEMPFAIL) stopped early for
 time or by a signal, a checkpoint was saved and a requeue is wanted; 1 error; 2 usage error
-(nothing written). ``python -m pyrecover_train`` is the same command.
+(nothing written); every command: 141 quietly when the reader of stdout left early (``| head
+-1``), as SIGPIPE gives. ``python -m pyrecover_train`` is the same command.
 
 Only the standard library and slurmclock (stdlib only) are imported before :func:`main` runs:
 the stop signals' flag-only handlers are armed first thing, then torch is imported (seconds). A
@@ -14,6 +15,7 @@ otherwise kill the process (their default action) instead of being read by the t
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import sys
 from typing import TYPE_CHECKING
@@ -48,13 +50,18 @@ def main(argv: list[str] | None = None) -> int:
     signals = _arm_stop_signals() if entry else None
     startup = Startup.at_process_start() if entry else Startup.now()
     try:
-        return _main(sys.argv[1:] if argv is None else list(argv), signals, startup)
+        code = _main(sys.argv[1:] if argv is None else list(argv), signals, startup)
+        sys.stdout.flush()  # a closed pipe shows here, not as a message at interpreter exit
+    except BrokenPipeError:  # `report ... | head -1`: the reader left early; quiet, as SIGPIPE
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing left to flush
+        code = 141
     finally:
         if signals is not None:
             # SLURM's warning and its SIGTERM come on their own schedule: one may arrive after
             # the run stopped by itself and saved. It must not turn a clean exit 75 into "killed
             # by a signal", which the sbatch script would not requeue: ignored from here on.
             signals.restore()
+    return code
 
 
 def _main(args: list[str], signals: slurmclock.StopSignals | None, startup: Startup) -> int:

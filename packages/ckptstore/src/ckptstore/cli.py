@@ -1,8 +1,9 @@
 """``ckptstore`` command line: list, verify, inspect, prune, export, lock.
 
 Exit codes: 0 fine, 1 corrupt / untrusted / nothing found / failed, 2 usage error (one line on
-stderr). URL is an experiment folder (``/ckpt/run1``, ``s3://bucket/run``), one step folder of
-it, or a root holding experiment folders (``list`` then lists the experiments).
+stderr), 141 quietly when the reader of stdout left early (``| head -1``), as SIGPIPE gives. URL
+is an experiment folder (``/ckpt/run1``, ``s3://bucket/run``), one step folder of it, or a root
+holding experiment folders (``list`` then lists the experiments).
 """
 
 from __future__ import annotations
@@ -373,10 +374,15 @@ _COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
 def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = _parser().parse_args(argv)
-        return _COMMANDS[args.cmd](args)
+        code = _COMMANDS[args.cmd](args)
+        sys.stdout.flush()  # a closed pipe shows here, not as a message at interpreter exit
+        return code
     except _UsageError as e:
         print(f"ckptstore: error: {e} (see ckptstore --help)", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # the reader left early (`| head -1`): quiet, as SIGPIPE would
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing left to flush
+        return 141
     except ValueError as e:  # bad option values found by the store's validation
         print(f"ckptstore: error: {e}", file=sys.stderr)
         return 2

@@ -1,12 +1,14 @@
 """``parquetlm`` command line: tokenize, train-tokenizer, stats, verify.
 
-Bad input (a missing file, a wrong column, a corrupt tokenizer...) prints one line and exits 2.
+Bad input (a missing file, a wrong column, a corrupt tokenizer...) prints one line and exits 2; a
+reader of stdout that left early (``| head -1``) ends it quietly with 141, as SIGPIPE gives.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from collections.abc import Sequence
@@ -177,9 +179,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         COMMANDS[args.command](args)
+        sys.stdout.flush()  # a closed pipe shows here, not as a message at interpreter exit
     except ParquetLMError as e:
         print(f"parquetlm: error: {e}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # the reader left early (`| head -1`): quiet, as SIGPIPE would
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing left to flush
+        return 141
     except KeyboardInterrupt:
         print("parquetlm: interrupted", file=sys.stderr)
         return 130

@@ -14,7 +14,8 @@
                                     batch shell, which forwards it; the trainer saves and exits)
 
 Exit codes: 0 success, 1 the answer is "no" (no deadline, not requeued, not written), 2 usage
-error (bad arguments or a malformed PYRECOVER_END_TIME / SLURM_JOB_END_TIME).
+error (bad arguments or a malformed PYRECOVER_END_TIME / SLURM_JOB_END_TIME), 141 quietly when
+the reader of stdout left early (``| head -1``), as SIGPIPE gives.
 """
 
 from __future__ import annotations
@@ -136,7 +137,12 @@ def main(
     logger = logging.getLogger("slurmclock")
     logger.addHandler(handler)
     try:
-        return _run(args, env, runner)
+        code = _run(args, env, runner)
+        sys.stdout.flush()  # a closed pipe shows here, not as a message at interpreter exit
+        return code
+    except BrokenPipeError:  # the reader left early (`| head -1`): quiet, as SIGPIPE would
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing left to flush
+        return 141
     finally:
         logger.removeHandler(handler)
 
