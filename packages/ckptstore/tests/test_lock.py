@@ -224,6 +224,26 @@ def test_cli_shows_and_breaks_the_lock(tmp_path: Path, capsys: Any) -> None:
     assert cli(["lock", str(tmp_path / "ckpt")]) == 0 and "not locked" in capsys.readouterr().out
 
 
+def test_cli_lock_of_what_is_no_experiment_says_so(tmp_path: Path, capsys: Any) -> None:
+    """A missing path, a file, a root of experiments: one line naming it and exit 1, never
+    "not locked" (which reads as "safe to start")."""
+    (tmp_path / "file").write_text("x")
+    with CheckpointStore(str(tmp_path / "root"), experiment="run1") as store:
+        store.save(1, {"w": torch.ones(1)})
+    for url, said in [
+        (tmp_path / "missing", "does not exist: no experiment there, nothing to lock"),
+        (tmp_path / "file", "is a file, not an experiment folder"),
+        (tmp_path / "root", f"name one, e.g. ckptstore lock {tmp_path / 'root' / 'run1'}"),
+    ]:
+        for extra in ([], ["--break"]):
+            assert cli(["lock", str(url), *extra]) == 1
+            out, err = capsys.readouterr()
+            assert out == "" and said in err and len(err.splitlines()) == 1, err
+    assert not (tmp_path / "missing").exists()
+    assert cli(["lock", str(tmp_path / "root" / "run1")]) == 0
+    assert "not locked" in capsys.readouterr().out
+
+
 def test_cli_prune_is_refused_while_a_trainer_writes(tmp_path: Path, capsys: Any) -> None:
     with CheckpointStore(str(tmp_path)) as store:
         for step in (1, 2, 3):

@@ -346,11 +346,12 @@ def cmd_lock(args: argparse.Namespace) -> int:
     from .lock import break_lock, holder_alive, read_lock, takeover_reason, whoami
 
     loc = Location.open(split_step_url(args.url)[0], args.experiment, args.storage_options)
-    current = read_lock(loc.storage, loc.root) if not args.break_ else None
+    _lockable(loc)
     if args.break_:
         removed = break_lock(loc.storage, loc.root)
         print(f"removed the writer lock of {loc.url}" if removed else f"{loc.url}: not locked")
         return 0
+    current = read_lock(loc.storage, loc.root)
     if current is None:
         print(f"{loc.url}: not locked (no run writes it)")
         return 0
@@ -359,6 +360,21 @@ def cmd_lock(args: argparse.Namespace) -> int:
     state = f"stale: a new writer takes it over ({reason})" if reason else "held by a live writer"
     print(f"{loc.url}: written by {holder.describe(now)}; lease {holder.lease_s:.0f} s; {state}")
     return 0
+
+
+def _lockable(loc: Location) -> None:
+    """An experiment folder, or one line saying what ``loc`` is instead ("not locked" of a
+    typo would read as "free to start")."""
+    if not loc.storage.exists(loc.root):
+        raise NoCheckpointError(f"{loc.url} does not exist: no experiment there, nothing to lock")
+    if os.path.isfile(loc.storage.local_path(loc.root) or ""):
+        raise NoCheckpointError(f"{loc.url} is a file, not an experiment folder")
+    exps = [] if loc.step_dirs() else loc.experiments()
+    if exps:  # a root: the experiments below it hold the locks
+        raise NoCheckpointError(
+            f"{loc.url} holds experiments, not a writer lock: name one, e.g. "
+            f"ckptstore lock {loc.url.rstrip('/')}/{exps[0]}"
+        )
 
 
 _COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
