@@ -157,3 +157,26 @@ def test_training_into_a_closed_pipe_finishes_with_one_line(
     assert done.returncode == 0, done.stderr
     assert done.stderr == "ddpkit: stdout was closed by its reader; console logging stops\n"
     assert "finished: step 3/3" in (ckpt / "default-exp" / "train.log").read_text()
+
+
+def test_a_rebuilt_token_cache_and_a_skipped_checkpoint_are_one_line_each(
+    corpus: Path, tmp_path: Path
+) -> None:
+    """Python's warnings reach the user as one log line each (console and log), never in their
+    raw format with a source line: a token cache found damaged (rebuilt), a checkpoint that
+    fails its checksum (the resume falls back, said once by ckptstore)."""
+    ckpt, cache = tmp_path / "ckpt", tmp_path / "cache"
+    argv = tiny_flags(corpus, cache, ckpt, "--training-steps", "4", "--checkpoint-frequency", "2")
+    assert run_cli(argv).returncode == 0
+    (docs,) = cache.glob("tokens/tokens-*/docs.bin")
+    docs.write_bytes(docs.read_bytes()[:100])
+    (newest,) = (ckpt / "default-exp" / "step-00000004").glob("state.*")
+    newest.write_bytes(newest.read_bytes()[:-100] + bytes(100))
+    done = run_cli([*argv, "--training-steps", "6", "--resume-from-checkpoint", "latest"])
+    assert done.returncode == 0, done.stderr
+    said = (done.stdout + done.stderr).splitlines()
+    rebuilt = [ln for ln in said if "rebuilding a damaged token cache" in ln]
+    assert len(rebuilt) == 1 and rebuilt[0].startswith("warning: rebuilding"), said
+    skipped = [ln for ln in said if "step-00000004" in ln]
+    assert len(skipped) == 1 and skipped[0].startswith("ckptstore: skipped "), said
+    assert not [ln for ln in said if "Warning:" in ln or "warnings.warn" in ln], said

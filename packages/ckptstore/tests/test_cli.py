@@ -172,3 +172,16 @@ def test_a_reader_that_leaves_early_ends_it_quietly(ckpts: Path) -> None:
         timeout=300,
     )
     assert (done.returncode, done.stderr) == (141, "")
+
+
+def test_a_skipped_checkpoint_is_said_once_in_one_line(ckpts: Path, tmp_path: Path) -> None:
+    """`ckptstore export --step latest` past a corrupt newest step: the fallback is one line on
+    stderr, not that line again as a CheckpointWarning with a source line under it."""
+    corrupt(str(ckpts / "step-00010000"), {}, "flip")
+    argv = ["export", str(ckpts), "--step", "latest", "--out", str(tmp_path / "m.pt")]
+    done = subprocess.run(
+        [sys.executable, "-m", "ckptstore", *argv], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0 and "of step 9000" in done.stdout, done.stderr
+    (line,) = done.stderr.splitlines()
+    assert line.startswith("ckptstore: skipped ") and "trying step 9000" in line

@@ -13,12 +13,13 @@ import datetime
 import os
 import sys
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
 import orjson
 
-from .errors import CheckpointError, NoCheckpointError
+from .errors import CheckpointError, CheckpointWarning, NoCheckpointError
 from .layout import Location, StepSpec, split_step_url
 from .manifest import Manifest
 from .storage import parse_storage_options
@@ -388,6 +389,17 @@ _COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    with warnings.catch_warnings():
+        # A skipped checkpoint is one line already (the ckptstore logger, on stderr): no second
+        # copy in Python's warning format. Any other warning: one line, without a source line.
+        warnings.simplefilter("ignore", CheckpointWarning)
+        warnings.showwarning = lambda msg, *_, **__: print(
+            f"ckptstore: warning: {msg}", file=sys.stderr
+        )
+        return _main(argv)
+
+
+def _main(argv: Sequence[str] | None) -> int:
     try:
         args = _parser().parse_args(argv)
         code = _COMMANDS[args.cmd](args)

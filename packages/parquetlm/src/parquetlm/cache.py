@@ -30,6 +30,7 @@ import importlib.util
 import json
 import os
 import pickle
+import re
 import selectors
 import shutil
 import subprocess
@@ -50,7 +51,13 @@ import numpy as np
 import pyarrow as pa
 
 from .cachedir import CACHE_DIRNAME, CACHE_ENV, default_cache_dir
-from .errors import CacheError, EmptyDatasetError, NullRowsWarning, TokenizerError
+from .errors import (
+    CacheError,
+    CacheRebuiltWarning,
+    EmptyDatasetError,
+    NullRowsWarning,
+    TokenizerError,
+)
 from .integrity import CHUNK_BYTES, SUMS_FILE, ChunkCrc, LazyCheck, pieces, read_sums
 from .source import ParquetSource, Unit
 from .tokenizer import Tokenizer, encode_to_array
@@ -306,7 +313,11 @@ def _try_open(final: Path, *, repair: bool = False, verify: bool = False) -> Tok
     except CacheError as e:
         if not repair:
             return None  # looked at again, and repaired, under the lock
-        warnings.warn(f"rebuilding a damaged token cache: {e}", stacklevel=3)
+        # What was damaged, without the message's "delete it and run again": done here.
+        damage = re.sub(r"[;:] delete \S+( and (run|build) again.*)?$", "", str(e))
+        warnings.warn(
+            f"rebuilding a damaged token cache: {damage}", CacheRebuiltWarning, stacklevel=3
+        )
         shutil.rmtree(final)
         return None
 

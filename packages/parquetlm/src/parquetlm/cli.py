@@ -11,6 +11,7 @@ import json
 import os
 import sys
 import time
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -177,6 +178,14 @@ COMMANDS = {
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    with warnings.catch_warnings():  # the library's warnings, for a user: one line each
+        warnings.showwarning = lambda msg, *_, **__: print(
+            f"parquetlm: warning: {msg}", file=sys.stderr
+        )
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
     try:
         COMMANDS[args.command](args)
         sys.stdout.flush()  # a closed pipe shows here, not as a message at interpreter exit
