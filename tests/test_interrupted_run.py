@@ -4,10 +4,10 @@ folders in /tmp).
 
 A real pytest run, through tools/tempguard.py as nox runs it, starts a local cluster
 (tools/localslurm.py) and a job that would run for minutes; then it is stopped the ways a run
-ends early: Ctrl-C under nox (SIGINT from the terminal and from nox, SIGTERM, then SIGKILL to
-tempguard within half a second), SIGTERM to pytest, SIGKILL to pytest. Afterwards no process of
-the cluster is left (daemons, slurmstepd, the job's own processes, the reaper) and the temp
-folder is gone.
+ends early: Ctrl-C under nox (SIGINT from the terminal, pressed twice; nox's SIGTERM, then
+SIGKILL to tempguard within half a second), SIGTERM to pytest, SIGKILL to pytest. Afterwards no
+process of the cluster is left (daemons, slurmstepd, the job's own processes, the reaper) and
+the temp folder is gone.
 """
 
 from __future__ import annotations
@@ -103,7 +103,7 @@ def interrupt(how: str, parent: Path, ready: Path, tmp_path: Path) -> None:
     info = json.loads(ready.read_text())
     assert cluster_processes(info["conf"], info["daemons"])  # it runs: the check can fail
     if how == "ctrl-c under nox":
-        for sig in (signal.SIGINT, signal.SIGINT, signal.SIGTERM):  # the terminal's, nox's
+        for sig in (signal.SIGINT, signal.SIGINT, signal.SIGTERM):  # Ctrl-C twice, nox's SIGTERM
             guard.send_signal(sig)
             time.sleep(0.2)
         guard.kill()  # nox's last word, half a second after the Ctrl-C

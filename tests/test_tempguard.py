@@ -141,7 +141,7 @@ sys.exit(2)  # as pytest after an interrupt
 
 
 def test_an_interrupt_reaches_the_command_once_and_the_folder_goes(tmp_path: Path) -> None:
-    """Ctrl-C under nox: SIGINT from the terminal, SIGINT again and SIGTERM from nox, all within
+    """Ctrl-C under nox: SIGINT from the terminal (pressed twice), SIGTERM from nox, all within
     half a second. The command (pytest) gets one SIGINT -- a second would cut its teardown --
     and the temp folder is removed once it has stopped."""
     code = COUNT_SIGINTS.format(ready=str(tmp_path / "ready"), count=str(tmp_path / "count"))

@@ -26,8 +26,8 @@ user's ``~/.cache/slurmclock``; here they are leftovers like any other. Afterwar
   reapers stop the servers a killed pytest left).
 
 The command runs in its own process group, so a Ctrl-C reaches it once, through tempguard,
-however many times the terminal and nox repeat it (nox sends SIGINT, then SIGTERM, then SIGKILL
-to tempguard within half a second). Should tempguard itself be killed, a janitor it started (in a
+however often it is pressed, and whatever nox adds (SIGTERM to tempguard 0.3 s after a Ctrl-C,
+SIGKILL 0.2 s later). Should tempguard itself be killed, a janitor it started (in a
 session of its own) removes the folder once no process started with that ``TMPDIR`` is left; a
 run that finds the folder of a killed run with nothing running in it removes it too.
 
@@ -228,8 +228,8 @@ def _start_janitor(folder: str) -> subprocess.Popen[bytes]:
 
 class _Interrupts:
     """Signals to tempguard while the command runs: the first becomes one SIGINT to the
-    command's process group; the repeats a terminal and nox send within seconds are dropped, a
-    later one (the user insists) becomes SIGTERM."""
+    command's process group; the repeats within seconds (a second Ctrl-C, nox's SIGTERM) are
+    dropped, a later one (the user insists) becomes SIGTERM."""
 
     def __init__(self) -> None:
         self.child: subprocess.Popen[bytes] | None = None
