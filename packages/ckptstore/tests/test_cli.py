@@ -13,7 +13,7 @@ import pytest
 import torch
 from ckpt_helpers import ROOT, corrupt, make_state
 
-from ckptstore import CheckpointStore
+from ckptstore import CheckpointStore, cli
 from ckptstore.cli import main
 
 
@@ -185,3 +185,26 @@ def test_a_skipped_checkpoint_is_said_once_in_one_line(ckpts: Path, tmp_path: Pa
     assert done.returncode == 0 and "of step 9000" in done.stdout, done.stderr
     (line,) = done.stderr.splitlines()
     assert line.startswith("ckptstore: skipped ") and "trying step 9000" in line
+
+
+def test_what_is_no_checkpoint_folder_is_one_line(
+    ckpts: Path, tmp_path: Path, capsys: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Probes of issue 24: an empty URL read as '/', a file as 'no checkpoints in FILE', a
+    writer.lock folder as '[Errno 21]', a Ctrl-C as a traceback per thread."""
+    (tmp_path / "w.pt").write_bytes(b"x")
+    (ckpts / "writer.lock").mkdir()
+    code, _, err = run(capsys, "list", "")
+    assert code == 2 and "the URL is empty" in err and len(err.splitlines()) == 1
+    for argv, said in [
+        (["list", str(tmp_path / "w.pt")], "w.pt is a file, not a folder of checkpoints"),
+        (["inspect", str(tmp_path / "w.pt")], "w.pt is a file, not a folder of checkpoints"),
+        (["lock", str(ckpts)], "its writer.lock is a folder, not a lock file; if no run"),
+    ]:
+        code, out, err = run(capsys, *argv)
+        assert code == 1 and out == "" and said in err and len(err.splitlines()) == 1, err
+    monkeypatch.setitem(
+        cli._COMMANDS, "list", lambda args: (_ for _ in ()).throw(KeyboardInterrupt)
+    )
+    assert run(capsys, "list", str(ckpts))[1:] == ("", "ckptstore: interrupted\n")
+    assert main(["list", str(ckpts)]) == 130

@@ -35,7 +35,9 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _common(sp: argparse.ArgumentParser) -> None:
-    sp.add_argument("url", help="experiment folder, step folder or root (path or fsspec URL)")
+    sp.add_argument(
+        "url", type=_url, help="experiment folder, step folder or root (path or fsspec URL)"
+    )
     sp.add_argument("--experiment", help="experiment sub-directory under the root")
     sp.add_argument(
         "--storage-options",
@@ -73,6 +75,12 @@ def _command(sub: Any, name: str, help: str) -> argparse.ArgumentParser:
     sp: argparse.ArgumentParser = sub.add_parser(name, help=help)
     _common(sp)
     return sp
+
+
+def _url(text: str) -> str:
+    if not text.strip():  # '' would be this folder, or / on some stores: never what was meant
+        raise argparse.ArgumentTypeError("the URL is empty: give a folder or fsspec URL")
+    return text
 
 
 def _json_dict(text: str) -> dict[str, Any]:
@@ -140,6 +148,8 @@ def _table(rows: Sequence[Sequence[str]]) -> None:
 
 def _nothing(store: Any) -> NoCheckpointError:
     """No checkpoint here: say whether the folder exists or holds experiments instead."""
+    if os.path.isfile(store.local_path or ""):
+        return NoCheckpointError(f"{store.url} is a file, not a folder of checkpoints")
     exps = store.experiments()
     if exps:
         more = f" and {len(exps) - 10} more" if len(exps) > 10 else ""
@@ -352,7 +362,13 @@ def cmd_lock(args: argparse.Namespace) -> int:
         removed = break_lock(loc.storage, loc.root)
         print(f"removed the writer lock of {loc.url}" if removed else f"{loc.url}: not locked")
         return 0
-    current = read_lock(loc.storage, loc.root)
+    try:
+        current = read_lock(loc.storage, loc.root)
+    except IsADirectoryError:
+        raise NoCheckpointError(
+            f"{loc.url}: its writer.lock is a folder, not a lock file; if no run writes it, "
+            "remove that folder"
+        ) from None
     if current is None:
         print(f"{loc.url}: not locked (no run writes it)")
         return 0
@@ -396,7 +412,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         warnings.showwarning = lambda msg, *_, **__: print(
             f"ckptstore: warning: {msg}", file=sys.stderr
         )
-        return _main(argv)
+        try:
+            return _main(argv)
+        except KeyboardInterrupt:  # Ctrl-C: one line, not a traceback per thread
+            print("ckptstore: interrupted", file=sys.stderr)
+            return 130
 
 
 def _main(argv: Sequence[str] | None) -> int:
