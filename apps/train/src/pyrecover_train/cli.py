@@ -25,7 +25,7 @@ import slurmclock
 from .startup import Startup
 
 if TYPE_CHECKING:
-    from .config import TrainConfig, UsageError
+    from .config import TrainConfig
 
 PROG = "pyrecover-train"
 log = logging.getLogger("pyrecover_train")
@@ -95,6 +95,7 @@ def _run(
     from parquetlm import ParquetLMError
 
     from .config import UsageError
+    from .corpus import CorpusMissingError
     from .session import import_checkpoint, train
     from .trainer import OutOfMemory, TrainingDiverged
 
@@ -102,7 +103,7 @@ def _run(
     try:
         run = import_checkpoint if command == "import-checkpoint" else train
         return run(cfg, signals=signals, startup=startup).exit_code
-    except UsageError as e:
+    except (UsageError, CorpusMissingError) as e:  # no default corpus: its install line
         return _usage(e)
     except (TrainingDiverged, CheckpointError, OutOfMemory) as e:
         # Their messages say what happened and what to do; the traceback is in train.log.
@@ -128,6 +129,6 @@ def _arm_stop_signals() -> slurmclock.StopSignals:
     return slurmclock.StopSignals(STOP_SIGNALS).install()
 
 
-def _usage(e: UsageError) -> int:
+def _usage(e: Exception) -> int:
     print(f"{PROG}: error: {e}", file=sys.stderr)
     return 2
