@@ -204,3 +204,34 @@ def test_without_the_default_corpus_it_stops_with_one_line(
         == f"pyrecover-train: error: the default corpus is not installed: {corpus.INSTALL_HINT}\n"
     )
     assert not ckpt.exists()
+
+
+CTRL_C_IN_IMPORT = """
+import os, signal, sys
+class CtrlC:  # Ctrl-C pressed while torch is being imported (seconds of a start-up)
+    def find_spec(self, name, path=None, target=None):
+        if name == "torch":
+            os.kill(os.getpid(), signal.SIGINT)
+        return None
+sys.meta_path.insert(0, CtrlC())
+from pyrecover_train.cli import main
+sys.exit(main())
+"""
+
+
+def test_ctrl_c_during_start_up_is_one_line(corpus: Path, cache_dir: Path, tmp_path: Path) -> None:
+    """A Ctrl-C while torch was still being imported printed KeyboardInterrupt's traceback
+    (23-65 lines) and died by the signal."""
+    argv = tiny_flags(corpus, cache_dir, tmp_path / "ckpt", "--training-steps", "1")
+    done = subprocess.run(
+        [sys.executable, "-c", CTRL_C_IN_IMPORT, *argv],
+        capture_output=True,
+        text=True,
+        env=child_env(),
+        timeout=300,
+    )
+    assert done.returncode == 130, done.stderr
+    assert (
+        done.stderr == "pyrecover-train: interrupted before training started; nothing was saved\n"
+    )
+    assert not (tmp_path / "ckpt").exists()

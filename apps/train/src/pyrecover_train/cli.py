@@ -34,6 +34,7 @@ IMPORT_USAGE = (
     "checkpoint becomes the first checkpoint of --experiment_name (with the --model-size, "
     "--tokenizer, ... it was trained with); then resume with --resume-from-checkpoint latest"
 )
+INTERRUPTED = "interrupted before training started; nothing was saved"
 STOP_SIGNALS = ("USR2", "TERM")  # SLURM's warning (information for the budget), stop now
 
 
@@ -55,6 +56,9 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # `report ... | head -1`: the reader left early; quiet, as SIGPIPE
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing left to flush
         code = 141
+    except KeyboardInterrupt:  # Ctrl-C while torch is imported, before the run took it over
+        print(f"{PROG}: {INTERRUPTED}", file=sys.stderr)
+        code = 130
     finally:
         if signals is not None:
             # SLURM's warning and its SIGTERM come on their own schedule: one may arrive after
@@ -113,7 +117,7 @@ def _run(
         print(f"{PROG}: error: data: {e} ({DATA_ERROR_NOTE})", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
-        print(f"{PROG}: interrupted before training started; nothing was saved", file=sys.stderr)
+        print(f"{PROG}: {INTERRUPTED}", file=sys.stderr)
         return 130
     except Exception as e:
         logging.getLogger("pyrecover_train").addHandler(logging.StreamHandler(sys.stderr))
