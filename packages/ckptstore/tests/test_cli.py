@@ -193,12 +193,14 @@ def test_what_is_no_checkpoint_folder_is_one_line(
     """Probes of issue 24: an empty URL read as '/', a file as 'no checkpoints in FILE', a
     writer.lock folder as '[Errno 21]', a Ctrl-C as a traceback per thread."""
     (tmp_path / "w.pt").write_bytes(b"x")
+    os.mkfifo(tmp_path / "fifo")
     (ckpts / "writer.lock").mkdir()
     code, _, err = run(capsys, "list", "")
     assert code == 2 and "the URL is empty" in err and len(err.splitlines()) == 1
     for argv, said in [
         (["list", str(tmp_path / "w.pt")], "w.pt is a file, not a folder of checkpoints"),
         (["inspect", str(tmp_path / "w.pt")], "w.pt is a file, not a folder of checkpoints"),
+        (["list", str(tmp_path / "fifo")], "fifo is a file, not a folder of checkpoints"),
         (["lock", str(ckpts)], "its writer.lock is a folder, not a lock file; if no run"),
     ]:
         code, out, err = run(capsys, *argv)

@@ -148,7 +148,8 @@ def _table(rows: Sequence[Sequence[str]]) -> None:
 
 def _nothing(store: Any) -> NoCheckpointError:
     """No checkpoint here: say whether the folder exists or holds experiments instead."""
-    if os.path.isfile(store.local_path or ""):
+    local = store.local_path or ""
+    if os.path.exists(local) and not os.path.isdir(local):  # a file, a FIFO, a device
         return NoCheckpointError(f"{store.url} is a file, not a folder of checkpoints")
     exps = store.experiments()
     if exps:
