@@ -83,6 +83,7 @@ def test_a_failing_command_keeps_its_folder_and_exit_code(
     assert tempguard.run(python(code), parent=str(tmp_path)) == 3
     (kept,) = tmp_path.iterdir()
     assert kept.name.startswith(tempguard.FAILED) and len(list(kept.iterdir())) == 1
+    assert len(tempguard.owned_name(4_194_304)) <= len("tg-XXXXXXXX") + 1  # pid_max: short
     assert f"kept: {kept} (the newest 3 failed runs' are" in capfd.readouterr().err
 
 
@@ -94,17 +95,19 @@ def test_killed_runs_folders_go_and_failed_runs_folders_are_bounded(
     and keeps only the newest KEEP_FAILED failed runs' folders."""
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait()  # a pid that is no process now
-    (tmp_path / f"tg-{gone.pid}-abc123").mkdir()
-    (tmp_path / f"tg-{gone.pid}-abc123" / "big").write_bytes(b"x" * 1000)
-    (tmp_path / f"tg-{os.getpid()}-live12").mkdir()  # its tempguard (this process) runs
+    dead, live = tempguard.owned_name(gone.pid), tempguard.owned_name(os.getpid())
+    (tmp_path / dead).mkdir()
+    (tmp_path / dead / "big").write_bytes(b"x" * 1000)
+    (tmp_path / live).mkdir()  # its tempguard (this process) runs
+    (tmp_path / "tg-abcdefgh").mkdir()  # an older tempguard's: it may still run, left alone
     failed = [f"{tempguard.FAILED}2026010{i}-120000-{i}" for i in range(5)]
     for name in failed:
         (tmp_path / name).mkdir()
     assert tempguard.run(python("pass"), parent=str(tmp_path)) == 0
     left = sorted(p.name for p in tmp_path.iterdir())
-    assert left == sorted([*failed[-3:], f"tg-{os.getpid()}-live12"])
+    assert left == sorted([*failed[-3:], live, "tg-abcdefgh"])
     err = capfd.readouterr().err
-    assert f"removed the temp folder of a killed run: {tmp_path}/tg-{gone.pid}-abc123" in err
+    assert f"removed the temp folder of a killed run: {tmp_path}/{dead}" in err
     assert err.count("removed an older failed run's temp folder") == 2
 
 

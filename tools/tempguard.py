@@ -7,8 +7,9 @@ session with the names of what it left, instead of filling the system temp folde
     python tools/tempguard.py -- python -m pytest packages/parquetlm/tests
 
 The command (and every process it starts, which inherits ``TMPDIR``) gets a fresh folder
-``$TMPDIR/tg-PID-XXXXXXXX`` as its temp folder, and ``SLURMCLOCK_DIR`` points inside it: a test
-whose runs write slurmclock job timelines without a folder of their own would otherwise fill the
+``$TMPDIR/tgPID-XXXX`` (PID in base 36: short, sockets are made under it) as its temp folder,
+and ``SLURMCLOCK_DIR`` points inside it: a test whose runs write slurmclock job timelines
+without a folder of their own would otherwise fill the
 user's ``~/.cache/slurmclock``; here they are leftovers like any other. Afterwards:
 
 - it passed and left nothing: exit 0. Two per-user folders with a fixed name count as nothing
@@ -39,6 +40,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import re
 import shutil
 import signal
@@ -49,7 +51,7 @@ import time
 from collections.abc import Sequence
 from types import FrameType
 
-PREFIX = "tg-"  # short: sockets made under it must stay within 108 characters
+PREFIX = "tg"
 FAILED = "tg-failed-"
 KEEP_FAILED = 3
 # Fixed-name folders that tools create once and reuse: fine while they hold no file.
@@ -59,7 +61,10 @@ LEAK_EXIT = 1
 TIMELINES = "slurmclock-timelines"
 SETTLE_S = 180.0  # how long daemons torn down after a failed command may still take to exit
 SETTLE_PASSED_S = 15.0  # after a passing one nothing should run: a process still there leaked
-_OWNED = re.compile(rf"{PREFIX}(\d+)-\w+")
+# tg<pid in base 36>-<4 random>: as short as the old tg-XXXXXXXX. Sockets are made under it
+# (slurmd's in a test's tmp_path) and a socket's path has at most 108 characters.
+_OWNED = re.compile(rf"{PREFIX}([0-9a-z]+)-[0-9a-z]{{4}}")
+_DIGITS = "0123456789abcdefghijklmnopqrstuvwxyz"
 _SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
@@ -171,7 +176,7 @@ def sweep(parent: str) -> list[str]:
     for name in names:
         m = _OWNED.fullmatch(name)
         path = os.path.join(parent, name)
-        if m and not _exists(int(m.group(1))) and os.path.isdir(path) and not users(path):
+        if m and not _exists(int(m.group(1), 36)) and os.path.isdir(path) and not users(path):
             said.append(f"removed the temp folder of a killed run: {path} ({_size(path):,} bytes)")
             shutil.rmtree(path, ignore_errors=True)
     failed = [n for n in names if n.startswith(FAILED) and os.path.isdir(os.path.join(parent, n))]
@@ -254,6 +259,24 @@ class _Interrupts:
             signal.signal(s, old)
 
 
+def owned_name(pid: int) -> str:
+    """A fresh folder name that says which tempguard process owns it."""
+    digits = ""
+    while pid:
+        pid, d = divmod(pid, 36)
+        digits = _DIGITS[d] + digits
+    return f"{PREFIX}{digits or '0'}-{''.join(random.choices(_DIGITS, k=4))}"
+
+
+def _make_folder(parent: str) -> str:
+    for _ in range(100):
+        folder = os.path.join(parent, owned_name(os.getpid()))
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(folder, 0o700)
+            return folder
+    raise FileExistsError(f"no free temp folder name under {parent}")
+
+
 def run(argv: Sequence[str], *, parent: str | None = None) -> int:
     """Run ``argv`` with a private TMPDIR under ``parent`` (default: the system temp folder)."""
     if not argv:
@@ -261,7 +284,7 @@ def run(argv: Sequence[str], *, parent: str | None = None) -> int:
     parent = parent or tempfile.gettempdir()
     for line in sweep(parent):
         print(f"tempguard: {line}", file=sys.stderr)
-    folder = tempfile.mkdtemp(prefix=f"{PREFIX}{os.getpid()}-", dir=parent)
+    folder = _make_folder(parent)
     env = dict(os.environ, TMPDIR=folder, TEMP=folder, TMP=folder)
     env["SLURMCLOCK_DIR"] = os.path.join(folder, TIMELINES)  # never the user's, in a test run
     janitor_proc = _start_janitor(folder)
