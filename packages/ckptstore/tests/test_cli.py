@@ -11,9 +11,9 @@ from typing import Any
 import orjson
 import pytest
 import torch
-from ckpt_helpers import corrupt, make_state
+from ckpt_helpers import ROOT, corrupt, make_state
 
-from ckptstore import CheckpointStore
+from ckptstore import CheckpointStore, cli
 from ckptstore.cli import main
 
 
@@ -160,3 +160,53 @@ def test_list_on_s3_with_storage_options(moto: Any, capsys: Any) -> None:
     opts = orjson.dumps(moto.storage_options()).decode()
     code, out, _ = run(capsys, "list", url, "--storage-options", opts)
     assert code == 0 and out.splitlines()[1].startswith("3")
+
+
+def test_a_reader_that_leaves_early_ends_it_quietly(ckpts: Path) -> None:
+    """`ckptstore verify DIR | head -1`: no "[Errno 32] Broken pipe", SIGPIPE's status 141."""
+    argv = [sys.executable, "-m", "ckptstore", "verify", str(ckpts), "--step", "all"]
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "tools" / "closedpipe.py"), *argv],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert (done.returncode, done.stderr) == (141, "")
+
+
+def test_a_skipped_checkpoint_is_said_once_in_one_line(ckpts: Path, tmp_path: Path) -> None:
+    """`ckptstore export --step latest` past a corrupt newest step: the fallback is one line on
+    stderr, not that line again as a CheckpointWarning with a source line under it."""
+    corrupt(str(ckpts / "step-00010000"), {}, "flip")
+    argv = ["export", str(ckpts), "--step", "latest", "--out", str(tmp_path / "m.pt")]
+    done = subprocess.run(
+        [sys.executable, "-m", "ckptstore", *argv], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0 and "of step 9000" in done.stdout, done.stderr
+    (line,) = done.stderr.splitlines()
+    assert line.startswith("ckptstore: skipped ") and "trying step 9000" in line
+
+
+def test_what_is_no_checkpoint_folder_is_one_line(
+    ckpts: Path, tmp_path: Path, capsys: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Probes of issue 24: an empty URL read as '/', a file as 'no checkpoints in FILE', a
+    writer.lock folder as '[Errno 21]', a Ctrl-C as a traceback per thread."""
+    (tmp_path / "w.pt").write_bytes(b"x")
+    os.mkfifo(tmp_path / "fifo")
+    (ckpts / "writer.lock").mkdir()
+    code, _, err = run(capsys, "list", "")
+    assert code == 2 and "the URL is empty" in err and len(err.splitlines()) == 1
+    for argv, said in [
+        (["list", str(tmp_path / "w.pt")], "w.pt is a file, not a folder of checkpoints"),
+        (["inspect", str(tmp_path / "w.pt")], "w.pt is a file, not a folder of checkpoints"),
+        (["list", str(tmp_path / "fifo")], "fifo is a file, not a folder of checkpoints"),
+        (["lock", str(ckpts)], "its writer.lock is a folder, not a lock file; if no run"),
+    ]:
+        code, out, err = run(capsys, *argv)
+        assert code == 1 and out == "" and said in err and len(err.splitlines()) == 1, err
+    monkeypatch.setitem(
+        cli._COMMANDS, "list", lambda args: (_ for _ in ()).throw(KeyboardInterrupt)
+    )
+    assert run(capsys, "list", str(ckpts))[1:] == ("", "ckptstore: interrupted\n")
+    assert main(["list", str(ckpts)]) == 130

@@ -1,25 +1,24 @@
-"""The README's usage examples run as written."""
+"""The README's usage examples run as written and print what its ``<!-- output -->`` blocks show
+(compared by tools/mdexamples.py)."""
 
 from __future__ import annotations
 
-import re
 import tempfile
 from pathlib import Path
 
 import pytest
+from ckpt_helpers import load_tool
 
 README = Path(__file__).resolve().parents[1] / "README.md"
+mdexamples = load_tool("mdexamples")
+EXAMPLES = mdexamples.examples(README.read_text())
 
 
-def python_blocks() -> list[str]:
-    return re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
+def test_readme_has_an_example_with_its_output() -> None:
+    assert EXAMPLES and EXAMPLES[0].output, "README.md must show a ```python usage example"
 
 
-def test_readme_has_an_example() -> None:
-    assert python_blocks(), "README.md must contain a ```python usage example"
-
-
-@pytest.mark.parametrize("i", range(len(python_blocks())))
+@pytest.mark.parametrize("i", range(len(EXAMPLES)))
 def test_readme_example_runs(
     i: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -28,7 +27,8 @@ def test_readme_example_runs(
     # sockets there, and a socket's path must stay short.)
     mkdtemp = tempfile.mkdtemp
     monkeypatch.setattr(tempfile, "mkdtemp", lambda *a, **k: mkdtemp(*a, **{**k, "dir": tmp_path}))
-    exec(compile(python_blocks()[i], f"README.md block {i}", "exec"), {"__name__": "__readme__"})
-    out = capsys.readouterr().out
-    if i == 0:  # the usage example prints what its comments say
-        assert out.splitlines() == ["[3, 4]", "4", "True True"]
+    example = EXAMPLES[i]
+    exec(
+        compile(example.code, f"README.md line {example.line}", "exec"), {"__name__": "__readme__"}
+    )
+    mdexamples.check(example, capsys.readouterr().out)

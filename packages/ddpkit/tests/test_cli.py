@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -111,3 +112,12 @@ def test_check_waiting_for_a_peer_exits_143_on_sigterm(launch: Any) -> None:
     assert last.startswith("ddpkit: [rank 0/2] stopped waiting at the rendezvous at 127.0.0.1:")
     assert last.endswith("SIGTERM received; 1 of 2 ranks arrived (rank 1 never did)")
     assert "Traceback" not in err
+
+
+def test_hostlist_into_a_closed_pipe_ends_quietly() -> None:
+    """`ddpkit hostlist ... | head -1`: the reader left; exit 141 as with SIGPIPE, no traceback."""
+    tool = Path(__file__).resolve().parents[3] / "tools" / "closedpipe.py"
+    cmd = [sys.executable, str(tool), sys.executable, "-m", "ddpkit", "hostlist", "n[1-9999]"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 141, done.stderr
+    assert done.stderr == ""

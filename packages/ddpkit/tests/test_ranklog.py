@@ -1,6 +1,8 @@
 from __future__ import annotations
 
 import logging
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -127,3 +129,21 @@ def test_setup_logging_twice_replaces(capsys: pytest.CaptureFixture[str]) -> Non
     logging.getLogger("ddpkit-test-twice").info("once")
     handle.close()
     assert capsys.readouterr().out == "> once\n"
+
+
+def test_a_console_whose_reader_left_says_so_once_and_the_file_goes_on(tmp_path: Path) -> None:
+    """`python train.py | head -1`: one line on stderr, not a "--- Logging error ---" traceback
+    per record; the log file still gets every record and the program ends normally."""
+    script = (
+        "import logging, ddpkit\n"
+        "logs = ddpkit.setup_logging('train', rank=0)\n"
+        f"logs.add_file({str(tmp_path / 'x.log')!r})\n"
+        "for i in range(3): logging.getLogger('train').info('step %d', i)\n"
+    )
+    tool = Path(__file__).resolve().parents[3] / "tools" / "closedpipe.py"
+    done = subprocess.run(
+        [sys.executable, str(tool), sys.executable, "-c", script], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == "ddpkit: stdout was closed by its reader; console logging stops\n"
+    assert (tmp_path / "x.log").read_text().count(" INFO train: step ") == 3

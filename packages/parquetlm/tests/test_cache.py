@@ -353,3 +353,70 @@ def test_hf_builds_in_process_equal_worker_processes_and_resume_each_other(
     assert resumed.key == inproc.key and leftovers(tmp_path / "b") == []
     assert resumed.tokens.tolist() == want
     assert resumed.doc_offsets.tolist() == inproc.doc_offsets.tolist()
+
+
+def test_a_build_stopped_while_clearing_its_units_finishes_on_the_next_run(
+    corpus: tuple[Path, list[str]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Ctrl-C while a finished build removed its per-unit files left some units with their
+    JSON but without their lengths; the next run took them as done and failed on the missing
+    file (`No such file or directory: .../units/0000000.len`) instead of finishing."""
+    import shutil
+
+    import parquetlm.cache
+
+    root, texts = corpus
+    real = shutil.rmtree
+
+    def stopped(path: Any, *a: Any, **k: Any) -> None:
+        if Path(path).name == "units":  # the clean-up after meta.json: one file, then Ctrl-C
+            next(Path(path).glob("*.len")).unlink()
+            raise KeyboardInterrupt
+        real(path, *a, **k)
+
+    monkeypatch.setattr(parquetlm.cache.shutil, "rmtree", stopped)
+    with pytest.raises(KeyboardInterrupt):
+        TokenCache.build(ParquetSource(root), ByteTokenizer(), tmp_path / "c", workers=1)
+    monkeypatch.setattr(parquetlm.cache.shutil, "rmtree", real)
+    cache = TokenCache.build(ParquetSource(root), ByteTokenizer(), tmp_path / "c", workers=1)
+    assert cache.tokens.tolist() == expected_stream(texts) and leftovers(tmp_path / "c") == []
+    partial = tmp_path / "c" / f"{cache.path.name}.partial"
+    (partial / "units").mkdir(parents=True)  # units without all their files: redone
+    (partial / "units" / "0000000.json").write_text("{}")
+    shutil.rmtree(cache.path)
+    again = TokenCache.build(ParquetSource(root), ByteTokenizer(), tmp_path / "c", workers=1)
+    assert again.tokens.tolist() == expected_stream(texts) and leftovers(tmp_path / "c") == []
+
+
+def test_an_unusable_cache_folder_names_the_setting_that_chose_it(
+    corpus: tuple[Path, list[str]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root, _ = corpus
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(CacheError, match=r"file for token caches \(a file is in the way\); it "):
+        TokenCache.build(ParquetSource(root), ByteTokenizer(), tmp_path / "file")
+    monkeypatch.setenv("PARQUETLM_CACHE", str(tmp_path / "file" / "sub"))
+    with pytest.raises(CacheError, match=r"it comes from \$PARQUETLM_CACHE: point it at a folder"):
+        TokenCache.build(ParquetSource(root), ByteTokenizer())
+    for path, said in [(tmp_path / "file", "is a file"), (tmp_path / "no", "does not exist")]:
+        with pytest.raises(CacheError, match=f"{said}: give a token cache folder"):
+            TokenCache.open(path)
+
+
+def test_a_full_disk_is_one_line_naming_the_folder(
+    corpus: tuple[Path, list[str]], tmp_path: Path
+) -> None:
+    """ENOSPC while building: a CacheError that says where and what to do, not "[Errno 28] No
+    space left on device" (tools/tmpfs.py: a 64 KiB file system)."""
+    import runpy
+
+    tmpfs = runpy.run_path(str(Path(__file__).resolve().parents[3] / "tools" / "tmpfs.py"))
+    root, _ = corpus
+    try:
+        with (
+            tmpfs["mounted"](tmp_path / "tiny", "64k") as tiny,
+            pytest.raises(CacheError, match=f"no space left for the token cache in {tiny}"),
+        ):
+            TokenCache.build(ParquetSource(root), ByteTokenizer(), tiny, workers=1)
+    except tmpfs["Unavailable"] as e:
+        pytest.skip(str(e))

@@ -118,6 +118,40 @@ def test_usage_errors_exit_2(capsys: Any) -> None:
     with pytest.raises(SystemExit) as e:
         main(["tokenize"])
     assert e.value.code == 2
-    with pytest.raises(SystemExit) as e:
-        main(["stats", "x.parquet", "--seq-len", "0"])
-    assert e.value.code == 2 and "must be >= 1" in capsys.readouterr().err
+    capsys.readouterr()
+    for argv, said in [
+        (["stats", "x.parquet", "--seq-len", "0"], "argument --seq-len: 0 must be >= 1"),
+        (["tokenize", "x.parquet", "--workers", "abc"], "argument --workers: 'abc' is not an"),
+        (["stats", "x.parquet", "--storage-options", "{bad"], "--storage-options: not JSON"),
+        ([], "the following arguments are required: COMMAND"),
+    ]:
+        with pytest.raises(SystemExit) as e:
+            main(argv)
+        err = capsys.readouterr().err
+        assert e.value.code == 2 and said in err, err
+        assert len(err.splitlines()) == 1 and err.rstrip().endswith("--help)"), err  # no usage
+
+
+def test_what_is_no_cache_or_no_file_to_write_is_one_line(
+    corpus: tuple[Path, list[str]], tmp_path: Path, capsys: Any
+) -> None:
+    """`parquetlm verify FILE` and `train-tokenizer --out FOLDER` printed tracebacks."""
+    pytest.importorskip("tokenizers")
+    src = str(corpus[0] / "part-0.parquet")
+    for argv, said in [
+        (["verify", src], f"parquetlm: error: {src} is a file: give a token cache folder"),
+        (["train-tokenizer", src, "--out", str(tmp_path)], f"parquetlm: error: {tmp_path} is a fo"),
+    ]:
+        code, _, err = run(capsys, *argv)
+        assert code == 2 and err.startswith(said) and len(err.splitlines()) == 1, err
+
+
+def test_stats_to_a_reader_that_left_ends_with_141_and_no_message(
+    corpus: tuple[Path, list[str]], tmp_path: Path
+) -> None:
+    tool = Path(__file__).resolve().parents[3] / "tools" / "closedpipe.py"
+    stats = ["-m", "parquetlm", "stats", str(corpus[0]), "--cache-dir", str(tmp_path / "c")]
+    done = subprocess.run(
+        [sys.executable, str(tool), sys.executable, *stats], capture_output=True, text=True
+    )
+    assert done.returncode == 141 and done.stderr == "", done.stderr  # as `| head -1` gives

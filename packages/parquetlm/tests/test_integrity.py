@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import zlib
 from pathlib import Path
 from typing import Any
@@ -11,7 +13,14 @@ import numpy as np
 import pytest
 
 import parquetlm.cache
-from parquetlm import ByteTokenizer, CacheError, PackedLoader, ParquetSource, TokenCache
+from parquetlm import (
+    ByteTokenizer,
+    CacheError,
+    CacheRebuiltWarning,
+    PackedLoader,
+    ParquetSource,
+    TokenCache,
+)
 from parquetlm.cli import main as cli
 from parquetlm.integrity import ChunkCrc
 
@@ -123,10 +132,33 @@ def test_build_with_verify_rebuilds_a_damaged_cache(
     source = ParquetSource(corpus[0])
     lazy = TokenCache.build(source, ByteTokenizer(), tmp_path / "c", workers=1)
     assert lazy.path == cache.path  # reused without reading it all: damage shows on use
-    with pytest.warns(UserWarning, match="rebuilding a damaged token cache: .*tokens.bin"):
+    with pytest.warns(CacheRebuiltWarning) as caught:
         rebuilt = TokenCache.build(source, ByteTokenizer(), tmp_path / "c", workers=1, verify=True)
+    (said,) = [str(w.message) for w in caught]  # what was damaged; not "delete it": done here
+    assert said.startswith("rebuilding a damaged token cache: ") and "tokens.bin is dam" in said
+    assert said.endswith("do not match the checksum written when the cache was built"), said
     rebuilt.verify()
     assert np.array_equal(np.asarray(rebuilt.tokens), good)
+
+
+@pytest.mark.parametrize("command", ["tokenize --verify", "stats"])
+def test_the_command_line_says_a_rebuild_in_one_line(
+    command: str, cache: TokenCache, corpus: tuple[Path, list[str]], tmp_path: Path
+) -> None:
+    """`parquetlm tokenize --verify` on a damaged cache, `parquetlm stats` with docs.bin cut
+    short: rebuilt, and the warning is one line, not Python's with a source line under it."""
+    if command == "stats":
+        (cache.path / "docs.bin").write_bytes((cache.path / "docs.bin").read_bytes()[:100])
+    else:
+        damage(cache.path / "tokens.bin", 3 * PIECE)
+    argv = [*command.split(), str(corpus[0]), "--cache-dir", str(tmp_path / "c")]
+    done = subprocess.run(
+        [sys.executable, "-m", "parquetlm", *argv], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr
+    (line,) = done.stderr.splitlines()
+    assert line.startswith(f"parquetlm: warning: rebuilding a damaged token cache: {cache.path}/")
+    TokenCache(cache.path).verify()
 
 
 def test_old_cache_format_is_refused_with_the_fix(cache: TokenCache) -> None:

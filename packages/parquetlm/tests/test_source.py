@@ -127,3 +127,20 @@ def test_empty_inputs(tmp_path: Path, tools: Any) -> None:
     with pytest.raises(EmptyDatasetError, match="no paths"):
         ParquetSource([])
     assert issubclass(EmptyDatasetError, ValueError)
+
+
+def test_a_name_with_glob_characters_and_a_fifo(
+    corpus: tuple[Path, list[str]], tmp_path: Path
+) -> None:
+    """Probes: an existing data[1].parquet was taken for a pattern ('no files match'); a FIFO
+    given as the data blocked the command forever."""
+    import os
+
+    root, texts = corpus
+    named = tmp_path / "data[1].parquet"
+    shutil.copy(root / "part-0.parquet", named)
+    assert ParquetSource(str(named)).files == [str(named)]
+    assert ParquetSource(str(tmp_path / "data*.parquet")).files == [str(named)]  # a pattern
+    os.mkfifo(tmp_path / "fifo")
+    with pytest.raises(SourceError, match="'.*fifo' is not a regular file: give a parquet file"):
+        ParquetSource(str(tmp_path / "fifo"))

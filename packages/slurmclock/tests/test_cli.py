@@ -297,3 +297,11 @@ def test_stop_sends_term_to_the_batch_shell(capsys: pytest.CaptureFixture[str], 
     )
     code, _, err = run(capsys, "stop", "99", env={}, runner=failing)
     assert code == 1 and "not stopped: Invalid job id" in err
+
+
+def test_status_into_a_pipe_whose_reader_left() -> None:
+    """`slurmclock status | head -1` must not print "Broken pipe": quiet, 141 as with SIGPIPE."""
+    closedpipe = Path(__file__).resolve().parents[3] / "tools" / "closedpipe.py"
+    status = [sys.executable, "-m", "slurmclock", "status", "--time-limit", "1h"]
+    out = subprocess.run([sys.executable, closedpipe, *status], capture_output=True, timeout=60)
+    assert (out.returncode, out.stderr) == (141, b"")

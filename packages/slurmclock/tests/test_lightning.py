@@ -327,3 +327,22 @@ def test_ddp_one_rank_stopping_stops_all_and_resumes_bitwise(tmp_path: Path) -> 
     resumed = torchrun(tmp_path / "run")
     assert [(r["step"], r["exit"]) for r in resumed] == [("12", "0"), ("12", "0")]
     assert {r["d"] for r in resumed} == {straight[0]["d"]}
+
+
+def test_saves_do_not_make_lightning_log_weights_only(tmp_path: Path) -> None:
+    """Each save of the callback asks for a full checkpoint: Lightning logged "`weights_only`
+    was not set, defaulting to `False`." at every one (26 lines in a run with every_n_steps)."""
+    import logging
+
+    said: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: said.append(record.getMessage())  # type: ignore[method-assign]
+    lightning_log = logging.getLogger("lightning.pytorch")
+    lightning_log.addHandler(handler)
+    try:
+        timer = TimeAwareCallback(tmp_path, every_n_steps=2, deadline=NO_DEADLINE)
+        fit(tmp_path, timer=timer)
+    finally:
+        lightning_log.removeHandler(handler)
+    assert (tmp_path / "timeaware.ckpt").exists()
+    assert not [m for m in said if "weights_only" in m], said

@@ -3,7 +3,8 @@
 
 Exit status of ``train``: 0 finished all --training-steps; 75 (EX_TEMPFAIL) stopped early for
 time or by a signal, a checkpoint was saved and a requeue is wanted; 1 error; 2 usage error
-(nothing written). ``python -m pyrecover_train`` is the same command.
+(nothing written); every command: 141 quietly when the reader of stdout left early (``| head
+-1``), as SIGPIPE gives. ``python -m pyrecover_train`` is the same command.
 
 Only the standard library and slurmclock (stdlib only) are imported before :func:`main` runs:
 the stop signals' flag-only handlers are armed first thing, then torch is imported (seconds). A
@@ -14,6 +15,7 @@ otherwise kill the process (their default action) instead of being read by the t
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import sys
 from typing import TYPE_CHECKING
@@ -23,7 +25,7 @@ import slurmclock
 from .startup import Startup
 
 if TYPE_CHECKING:
-    from .config import TrainConfig, UsageError
+    from .config import TrainConfig
 
 PROG = "pyrecover-train"
 log = logging.getLogger("pyrecover_train")
@@ -32,6 +34,7 @@ IMPORT_USAGE = (
     "checkpoint becomes the first checkpoint of --experiment_name (with the --model-size, "
     "--tokenizer, ... it was trained with); then resume with --resume-from-checkpoint latest"
 )
+INTERRUPTED = "interrupted before training started; nothing was saved"
 
 
 DATA_ERROR_NOTE = (
@@ -48,6 +51,13 @@ def main(argv: list[str] | None = None) -> int:
     startup = Startup.at_process_start() if entry else Startup.now()
     try:
         code = _main(sys.argv[1:] if argv is None else list(argv), signals, startup)
+        sys.stdout.flush()  # a closed pipe shows here, not as a message at interpreter exit
+    except BrokenPipeError:  # `report ... | head -1`: the reader left early; quiet, as SIGPIPE
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing left to flush
+        code = 141
+    except KeyboardInterrupt:  # Ctrl-C while torch is imported, before the run took it over
+        print(f"{PROG}: {INTERRUPTED}", file=sys.stderr)
+        code = 130
     finally:
         if signals is not None:
             # SLURM's warning and its SIGTERM come on their own schedule: one may arrive after
@@ -90,6 +100,7 @@ def _run(
     from parquetlm import ParquetLMError
 
     from .config import UsageError
+    from .corpus import CorpusMissingError
     from .session import import_checkpoint, train
     from .trainer import OutOfMemory, TrainingDiverged
 
@@ -97,7 +108,7 @@ def _run(
     try:
         run = import_checkpoint if command == "import-checkpoint" else train
         return run(cfg, signals=signals, startup=startup).exit_code
-    except UsageError as e:
+    except (UsageError, CorpusMissingError) as e:  # no default corpus: its install line
         return _usage(e)
     except (TrainingDiverged, CheckpointError, OutOfMemory) as e:
         # Their messages say what happened and what to do; the traceback is in train.log.
@@ -107,7 +118,7 @@ def _run(
         print(f"{PROG}: error: data: {e} ({DATA_ERROR_NOTE})", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
-        print(f"{PROG}: interrupted before training started; nothing was saved", file=sys.stderr)
+        print(f"{PROG}: {INTERRUPTED}", file=sys.stderr)
         return 130
     except Exception as e:
         logging.getLogger("pyrecover_train").addHandler(logging.StreamHandler(sys.stderr))
@@ -123,6 +134,6 @@ def _arm_stop_signals() -> slurmclock.StopSignals:
     return slurmclock.StopSignals(slurmclock.STOP_SIGNALS).install()
 
 
-def _usage(e: UsageError) -> int:
+def _usage(e: Exception) -> int:
     print(f"{PROG}: error: {e}", file=sys.stderr)
     return 2

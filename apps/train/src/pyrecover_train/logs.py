@@ -1,13 +1,17 @@
 """Logging set-up: rank 0 prints progress to stdout and appends everything to EXP_DIR/train.log;
-other ranks only print warnings and errors, prefixed with their rank (ddpkit's policy)."""
+other ranks only print warnings and errors, prefixed with their rank (ddpkit's policy). Python
+``warnings`` (a token cache rebuilt, a library's deprecation) become one log line each, there
+too, instead of Python's two lines with a source line."""
 
 from __future__ import annotations
 
 import logging
 import sys
+import warnings
 from pathlib import Path
 
 import ddpkit
+from ckptstore import CheckpointWarning
 
 LOGGER_NAMES = ("pyrecover_train", "slurmclock", "ddpkit", "ckptstore", "parquetlm")
 log = logging.getLogger("pyrecover_train")
@@ -15,6 +19,7 @@ log = logging.getLogger("pyrecover_train")
 
 class _Installed:
     logging: ddpkit.RankLogging | None = None
+    warnings: warnings.catch_warnings[None] | None = None
 
 
 _installed = _Installed()
@@ -24,6 +29,11 @@ def setup(rank: int) -> None:
     """Console logging for this process (idempotent)."""
     if _installed.logging is None:
         _installed.logging = ddpkit.setup_logging(*LOGGER_NAMES, rank=rank)
+        _installed.warnings = warnings.catch_warnings()
+        _installed.warnings.__enter__()
+        warnings.showwarning = lambda message, *_, **__: log.warning("warning: %s", message)
+        # ckptstore logs each CheckpointWarning itself (a skipped checkpoint): once is enough.
+        warnings.simplefilter("ignore", CheckpointWarning)
 
 
 def add_file(path: Path) -> None:
@@ -55,4 +65,6 @@ def teardown() -> None:
     """Remove and close the handlers (tests run several trainings in one process)."""
     if _installed.logging is not None:
         _installed.logging.close()
-    _installed.logging = None
+    if _installed.warnings is not None:
+        _installed.warnings.__exit__(None, None, None)
+    _installed.logging, _installed.warnings = None, None

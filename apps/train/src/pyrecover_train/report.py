@@ -299,7 +299,15 @@ def main(argv: list[str] | None = None) -> int:
     if not events:
         print(f"pyrecover-train report: error: {path} holds no events", file=sys.stderr)
         return 2
-    summary = summarize(events)
+    try:
+        summary = summarize(events)
+    except (KeyError, TypeError, ValueError) as e:  # events of another program, or hand-edited
+        print(
+            f"pyrecover-train report: error: {path} is not a metrics file of pyrecover-train "
+            f"(an event lacks or mangles {e}): give the experiment folder of a run",
+            file=sys.stderr,
+        )
+        return 2
     if args.json:
         sys.stdout.write(
             orjson.dumps(summary.to_dict(), option=orjson.OPT_INDENT_2).decode() + "\n"
@@ -315,5 +323,8 @@ def main(argv: list[str] | None = None) -> int:
             f"pyrecover-train report: no plot: matplotlib is missing: {PLOT_HINT}", file=sys.stderr
         )
         return 1
+    except OSError as e:  # --out under a file, a folder we cannot create
+        print(f"pyrecover-train report: error: cannot write the plot: {e}", file=sys.stderr)
+        return 2
     print(f"wrote {out}", file=sys.stderr if args.json else sys.stdout)
     return 0

@@ -1,8 +1,9 @@
 """``ckptstore`` command line: list, verify, inspect, prune, export, lock.
 
 Exit codes: 0 fine, 1 corrupt / untrusted / nothing found / failed, 2 usage error (one line on
-stderr). URL is an experiment folder (``/ckpt/run1``, ``s3://bucket/run``), one step folder of
-it, or a root holding experiment folders (``list`` then lists the experiments).
+stderr), 141 quietly when the reader of stdout left early (``| head -1``), as SIGPIPE gives. URL
+is an experiment folder (``/ckpt/run1``, ``s3://bucket/run``), one step folder of it, or a root
+holding experiment folders (``list`` then lists the experiments).
 """
 
 from __future__ import annotations
@@ -12,12 +13,13 @@ import datetime
 import os
 import sys
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
 import orjson
 
-from .errors import CheckpointError, NoCheckpointError
+from .errors import CheckpointError, CheckpointWarning, NoCheckpointError
 from .layout import Location, StepSpec, split_step_url
 from .manifest import Manifest
 from .storage import parse_storage_options
@@ -33,7 +35,9 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _common(sp: argparse.ArgumentParser) -> None:
-    sp.add_argument("url", help="experiment folder, step folder or root (path or fsspec URL)")
+    sp.add_argument(
+        "url", type=_url, help="experiment folder, step folder or root (path or fsspec URL)"
+    )
     sp.add_argument("--experiment", help="experiment sub-directory under the root")
     sp.add_argument(
         "--storage-options",
@@ -71,6 +75,12 @@ def _command(sub: Any, name: str, help: str) -> argparse.ArgumentParser:
     sp: argparse.ArgumentParser = sub.add_parser(name, help=help)
     _common(sp)
     return sp
+
+
+def _url(text: str) -> str:
+    if not text.strip():  # '' would be this folder, or / on some stores: never what was meant
+        raise argparse.ArgumentTypeError("the URL is empty: give a folder or fsspec URL")
+    return text
 
 
 def _json_dict(text: str) -> dict[str, Any]:
@@ -138,6 +148,9 @@ def _table(rows: Sequence[Sequence[str]]) -> None:
 
 def _nothing(store: Any) -> NoCheckpointError:
     """No checkpoint here: say whether the folder exists or holds experiments instead."""
+    local = store.local_path or ""
+    if os.path.exists(local) and not os.path.isdir(local):  # a file, a FIFO, a device
+        return NoCheckpointError(f"{store.url} is a file, not a folder of checkpoints")
     exps = store.experiments()
     if exps:
         more = f" and {len(exps) - 10} more" if len(exps) > 10 else ""
@@ -345,11 +358,18 @@ def cmd_lock(args: argparse.Namespace) -> int:
     from .lock import break_lock, holder_alive, read_lock, takeover_reason, whoami
 
     loc = Location.open(split_step_url(args.url)[0], args.experiment, args.storage_options)
-    current = read_lock(loc.storage, loc.root) if not args.break_ else None
+    _lockable(loc)
     if args.break_:
         removed = break_lock(loc.storage, loc.root)
         print(f"removed the writer lock of {loc.url}" if removed else f"{loc.url}: not locked")
         return 0
+    try:
+        current = read_lock(loc.storage, loc.root)
+    except IsADirectoryError:
+        raise NoCheckpointError(
+            f"{loc.url}: its writer.lock is a folder, not a lock file; if no run writes it, "
+            "remove that folder"
+        ) from None
     if current is None:
         print(f"{loc.url}: not locked (no run writes it)")
         return 0
@@ -358,6 +378,21 @@ def cmd_lock(args: argparse.Namespace) -> int:
     state = f"stale: a new writer takes it over ({reason})" if reason else "held by a live writer"
     print(f"{loc.url}: written by {holder.describe(now)}; lease {holder.lease_s:.0f} s; {state}")
     return 0
+
+
+def _lockable(loc: Location) -> None:
+    """An experiment folder, or one line saying what ``loc`` is instead ("not locked" of a
+    typo would read as "free to start")."""
+    if not loc.storage.exists(loc.root):
+        raise NoCheckpointError(f"{loc.url} does not exist: no experiment there, nothing to lock")
+    if os.path.isfile(loc.storage.local_path(loc.root) or ""):
+        raise NoCheckpointError(f"{loc.url} is a file, not an experiment folder")
+    exps = [] if loc.step_dirs() else loc.experiments()
+    if exps:  # a root: the experiments below it hold the locks
+        raise NoCheckpointError(
+            f"{loc.url} holds experiments, not a writer lock: name one, e.g. "
+            f"ckptstore lock {loc.url.rstrip('/')}/{exps[0]}"
+        )
 
 
 _COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
@@ -371,12 +406,32 @@ _COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    with warnings.catch_warnings():
+        # A skipped checkpoint is one line already (the ckptstore logger, on stderr): no second
+        # copy in Python's warning format. Any other warning: one line, without a source line.
+        warnings.simplefilter("ignore", CheckpointWarning)
+        warnings.showwarning = lambda msg, *_, **__: print(
+            f"ckptstore: warning: {msg}", file=sys.stderr
+        )
+        try:
+            return _main(argv)
+        except KeyboardInterrupt:  # Ctrl-C: one line, not a traceback per thread
+            print("ckptstore: interrupted", file=sys.stderr)
+            return 130
+
+
+def _main(argv: Sequence[str] | None) -> int:
     try:
         args = _parser().parse_args(argv)
-        return _COMMANDS[args.cmd](args)
+        code = _COMMANDS[args.cmd](args)
+        sys.stdout.flush()  # a closed pipe shows here, not as a message at interpreter exit
+        return code
     except _UsageError as e:
         print(f"ckptstore: error: {e} (see ckptstore --help)", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # the reader left early (`| head -1`): quiet, as SIGPIPE would
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing left to flush
+        return 141
     except ValueError as e:  # bad option values found by the store's validation
         print(f"ckptstore: error: {e}", file=sys.stderr)
         return 2

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import socket
 import sys
 from collections.abc import Sequence
@@ -21,7 +22,8 @@ EPILOG = """examples:
   ddpkit hostlist 'gpu[001-004]'   one host per line, like `scontrol show hostnames`
 
 exit codes: 0 ok, 1 a collective failed or gave a wrong answer, 2 bad usage or bad
-variables, 128+N stopped by signal N while waiting for the other ranks (143: SIGTERM)."""
+variables, 128+N stopped by signal N while waiting for the other ranks (143: SIGTERM),
+141 quietly when the reader of stdout left early (| head -1), as SIGPIPE gives."""
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -48,10 +50,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _info(args.json)
         if args.command == "check":
             return _check(args.timeout, args.backend, args.device, args.json)
-        return _hostlist(args.nodelist, args.first)
+        code = _hostlist(args.nodelist, args.first)
+        sys.stdout.flush()  # a closed pipe shows here, not as a message at interpreter exit
+        return code
     except (DistConfigError, ValueError) as e:
         print(f"ddpkit: error: {e}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # the reader left early (`| head -1`): quiet, as SIGPIPE would
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing left to flush
+        return 141
     except PeerError as e:
         print(f"ddpkit: {e}", file=sys.stderr)
         return 1

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import io
 import logging
 import os
 import sys
@@ -63,6 +64,24 @@ class RankZeroFilter(logging.Filter):
         if rank == 0 or getattr(record, "all_ranks", False):
             return True
         return self.others_level is not None and record.levelno >= self.others_level
+
+
+class _Nowhere(io.TextIOBase):
+    def write(self, text: str) -> int:
+        return len(text)
+
+
+class _Console(logging.StreamHandler):
+    """The console handler. When its reader left (``python train.py | head``) it says so in one
+    line on stderr and drops what follows, not a "--- Logging error ---" traceback per record;
+    the log file and the job go on."""
+
+    def handleError(self, record: logging.LogRecord) -> None:
+        if not isinstance(sys.exc_info()[1], BrokenPipeError) or self.stream is sys.stderr:
+            super().handleError(record)
+            return
+        self.stream = _Nowhere()  # not setStream(): it would flush the closed pipe again
+        print("ddpkit: stdout was closed by its reader; console logging stops", file=sys.stderr)
 
 
 class RankLogging:
@@ -127,7 +146,7 @@ def setup_logging(
         lg.setLevel(min(level, others_level))
         if names:
             lg.propagate = False
-    console = logging.StreamHandler(sys.stdout if rank == 0 else sys.stderr)
+    console = _Console(sys.stdout if rank == 0 else sys.stderr)
     console.setFormatter(logging.Formatter(fmt if rank == 0 else f"[rank {rank}] {fmt}"))
     console.setLevel(level)
     console.addFilter(RankZeroFilter(rank, others_level=others_level))

@@ -7,6 +7,7 @@ from .cache import TokenCache
 from .cachedir import default_cache_dir
 from .errors import (
     CacheError,
+    CacheRebuiltWarning,
     EmptyDatasetError,
     LoaderError,
     MissingExtraError,
@@ -35,6 +36,7 @@ __version__ = "0.1.0"
 __all__ = [
     "ByteTokenizer",
     "CacheError",
+    "CacheRebuiltWarning",
     "EmptyDatasetError",
     "FeistelPermutation",
     "HFTokenizer",

@@ -30,6 +30,7 @@ import importlib.util
 import json
 import os
 import pickle
+import re
 import selectors
 import shutil
 import subprocess
@@ -50,7 +51,13 @@ import numpy as np
 import pyarrow as pa
 
 from .cachedir import CACHE_DIRNAME, CACHE_ENV, default_cache_dir
-from .errors import CacheError, EmptyDatasetError, NullRowsWarning, TokenizerError
+from .errors import (
+    CacheError,
+    CacheRebuiltWarning,
+    EmptyDatasetError,
+    NullRowsWarning,
+    TokenizerError,
+)
 from .integrity import CHUNK_BYTES, SUMS_FILE, ChunkCrc, LazyCheck, pieces, read_sums
 from .source import ParquetSource, Unit
 from .tokenizer import Tokenizer, encode_to_array
@@ -87,6 +94,9 @@ class TokenCache:
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self._path = Path(path)
+        if not self._path.is_dir():
+            what = "is a file" if self._path.exists() else "does not exist"
+            raise CacheError(f"{self._path} {what}: give a token cache folder (tokens-KEY/)")
         meta_path = self._path / "meta.json"
         try:
             meta = json.loads(meta_path.read_text())
@@ -168,7 +178,7 @@ class TokenCache:
         try:
             root.mkdir(parents=True, exist_ok=True)
         except OSError as e:
-            raise CacheError(f"cannot create cache directory {root} ({e}): pass cache_dir=") from e
+            raise CacheError(_unusable_root(root, cache_dir, e)) from e
         with _exclusive(root / f"tokens-{key}.lock") as locked:
             existing = _try_open(final, repair=locked, verify=verify)
             if existing is not None:
@@ -181,6 +191,14 @@ class TokenCache:
             except EmptyDatasetError:
                 shutil.rmtree(partial, ignore_errors=True)
                 raise
+            except OSError as e:
+                if e.errno != errno.ENOSPC:
+                    raise
+                raise CacheError(
+                    f"no space left for the token cache in {root} (a build needs about twice "
+                    "the cache's size): free space or point --cache-dir / $PARQUETLM_CACHE "
+                    "elsewhere; the row groups done are kept and the next run goes on from them"
+                ) from e
             try:
                 os.rename(partial, final)
             except OSError as e:
@@ -295,6 +313,20 @@ class TokenCache:
         return (TokenCache, (str(self._path),))
 
 
+def _unusable_root(root: Path, cache_dir: object, e: OSError) -> str:
+    """One line: why ``root`` cannot hold token caches, and which setting chose it."""
+    if cache_dir is not None:
+        origin = "cache_dir= (--cache-dir)"
+    elif os.environ.get(CACHE_ENV):
+        origin = f"${CACHE_ENV}"
+    else:
+        origin = "the default"
+    why = "a file is in the way" if root.exists() or isinstance(e, FileExistsError) else str(e)
+    return (
+        f"cannot use {root} for token caches ({why}); it comes from {origin}: point it at a folder"
+    )
+
+
 def _try_open(final: Path, *, repair: bool = False, verify: bool = False) -> TokenCache | None:
     if not final.exists():
         return None
@@ -306,7 +338,11 @@ def _try_open(final: Path, *, repair: bool = False, verify: bool = False) -> Tok
     except CacheError as e:
         if not repair:
             return None  # looked at again, and repaired, under the lock
-        warnings.warn(f"rebuilding a damaged token cache: {e}", stacklevel=3)
+        # What was damaged, without the message's "delete it and run again": done here.
+        damage = re.sub(r"[;:] delete \S+( and (run|build) again.*)?$", "", str(e))
+        warnings.warn(
+            f"rebuilding a damaged token cache: {damage}", CacheRebuiltWarning, stacklevel=3
+        )
         shutil.rmtree(final)
         return None
 
@@ -653,9 +689,12 @@ def _build_into(
     dtype = dtype_for(tokenizer.vocab_size)
     units_dir = partial / "units"
     units_dir.mkdir(parents=True, exist_ok=True)
+    if (partial / "meta.json").exists():  # built; stopped while it cleared its units away
+        shutil.rmtree(units_dir)
+        return
     units = source.units if hasattr(tokenizer, "encode_arrow") else split_units(source.units)
-    done = sum(1 for u in units if (units_dir / f"{u.index:07d}.json").exists())
-    todo = [u for u in units if not (units_dir / f"{u.index:07d}.json").exists()]
+    todo = [u for u in units if not _unit_done(units_dir, u)]
+    done = len(units) - len(todo)
     counter = [done]
 
     def on_done() -> None:
@@ -695,6 +734,13 @@ def _build_into(
     _write_json(partial / "meta.json", meta)
     shutil.rmtree(units_dir)
     _fsync_dir(partial)
+
+
+def _unit_done(units_dir: Path, unit: Unit) -> bool:
+    """All three files of a unit are there (its JSON comes last; the others are checked too:
+    a build stopped while removing the units dir has removed some of them)."""
+    base = units_dir / f"{unit.index:07d}"
+    return all(base.with_suffix(s).exists() for s in (".json", ".tok", ".len"))
 
 
 def _assemble(partial: Path, units: list[Unit], units_dir: Path) -> dict[str, Any]:

@@ -1,16 +1,19 @@
 """``parquetlm`` command line: tokenize, train-tokenizer, stats, verify.
 
-Bad input (a missing file, a wrong column, a corrupt tokenizer...) prints one line and exits 2.
+Bad input (a missing file, a wrong column, a corrupt tokenizer...) prints one line and exits 2; a
+reader of stdout that left early (``| head -1``) ends it quietly with 141, as SIGPIPE gives.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
+import warnings
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 from . import __version__
 from .cache import TokenCache
@@ -20,13 +23,18 @@ from .source import ParquetSource
 from .tokenizer import DEFAULT_VOCAB_SIZE, load_tokenizer, train_tokenizer
 
 
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:  # one line, not the usage block and then this
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog="parquetlm",
         description="Parquet text -> tokens -> packed, sharded, resumable batches.",
     )
     p.add_argument("--version", action="version", version=f"parquetlm {__version__}")
-    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
 
     def source_args(sp: argparse.ArgumentParser) -> None:
         sp.add_argument("src", nargs="+", help="parquet file(s), directory, glob or fsspec URL")
@@ -175,11 +183,26 @@ COMMANDS = {
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    with warnings.catch_warnings():  # the library's warnings, for a user: one line each
+        warnings.showwarning = lambda msg, *_, **__: print(
+            f"parquetlm: warning: {msg}", file=sys.stderr
+        )
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
     try:
         COMMANDS[args.command](args)
+        sys.stdout.flush()  # a closed pipe shows here, not as a message at interpreter exit
     except ParquetLMError as e:
         print(f"parquetlm: error: {e}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # the reader left early (`| head -1`): quiet, as SIGPIPE would
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing left to flush
+        return 141
+    except OSError as e:  # the machine's, not the input's: a full disk, a lost mount
+        print(f"parquetlm: error: {e}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("parquetlm: interrupted", file=sys.stderr)
         return 130

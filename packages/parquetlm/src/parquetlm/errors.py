@@ -32,5 +32,10 @@ class LoaderError(ParquetLMError):
     """The loader cannot be made as asked (seq_len too long for the corpus, bad split or state)."""
 
 
+class CacheRebuiltWarning(UserWarning):
+    """A token cache found damaged on disk (``verify=True``, or sizes that do not match) was
+    deleted and is built again; the message names what was damaged."""
+
+
 class NullRowsWarning(UserWarning):
     """Null rows were skipped while reading the text column (they are counted, not tokenized)."""

@@ -112,7 +112,11 @@ class ParquetSource:
         if _is_url(entry):
             return self._expand_url(entry)
         path = entry.removeprefix("file://")
-        if any(c in path for c in _GLOB_CHARS):
+        if os.path.exists(path) and not os.path.isdir(path):
+            if not os.path.isfile(path):  # a FIFO or a device: reading it would block or never end
+                raise SourceError(f"{path!r} is not a regular file: give a parquet file")
+            return [path]  # as named, even with glob characters in its name (data[1].parquet)
+        if any(c in path for c in _GLOB_CHARS) and not os.path.isdir(path):
             found = sorted(p for p in _glob.glob(path, recursive=True) if os.path.isfile(p))
             if not found:
                 raise SourceError(f"no files match {entry!r}: check the pattern")

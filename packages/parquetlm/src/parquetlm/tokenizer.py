@@ -280,6 +280,10 @@ def train_tokenizer(
             f"vocab_size={vocab_size!r} is impossible for a byte-level BPE: use an int from 258 "
             "(256 bytes + 1 merge + <|endoftext|>) up to 2**32; 8192 is a good default"
         )
+    if path is not None and os.path.isdir(path):  # found before training, not after
+        raise TokenizerError(
+            f"{path} is a folder: give the file to write, e.g. {path}/tokenizer.json"
+        )
     tk = _tokenizers_module()
     cached: Path | None = None
     if path is None:

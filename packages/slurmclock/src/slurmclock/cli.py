@@ -14,7 +14,8 @@
                                     batch shell, which forwards it; the trainer saves and exits)
 
 Exit codes: 0 success, 1 the answer is "no" (no deadline, not requeued, not written), 2 usage
-error (bad arguments or a malformed PYRECOVER_END_TIME / SLURM_JOB_END_TIME).
+error (bad arguments or a malformed PYRECOVER_END_TIME / SLURM_JOB_END_TIME), 141 quietly when
+the reader of stdout left early (``| head -1``), as SIGPIPE gives.
 """
 
 from __future__ import annotations

@@ -284,7 +284,9 @@ class TimeAwareCallback(TimeAware, Callback):
         assert self._path is not None
         if self._saved_step != step:
             start = time.monotonic()
-            trainer.save_checkpoint(self._path)
+            # A full checkpoint, said so: Lightning logs "`weights_only` was not set" otherwise
+            # at every save (26 lines in a run with every_n_steps).
+            trainer.save_checkpoint(self._path, weights_only=False)
             self._saved_step = step
             if not hasattr(trainer.strategy.checkpoint_io, "saves_completed"):
                 # A plain CheckpointIO writes synchronously: this was the whole save.
