@@ -57,7 +57,7 @@ def test_verify_names_the_bad_file(ckpts: Path, capsys: Any) -> None:
 def test_inspect_shows_shapes_and_dtypes(ckpts: Path, capsys: Any) -> None:
     code, out, _ = run(capsys, "inspect", str(ckpts), "--step", "10")
     assert code == 0
-    assert "model/body.weight  float32  [16, 16]" in out
+    assert "model.body.weight  float32  [16, 16]" in out
     assert "val_loss" in out and "state." in out
     code, out, _ = run(capsys, "inspect", str(ckpts), "--json")
     info = orjson.loads(out)

@@ -7,39 +7,18 @@ as a plain torch.save file.
 
 from __future__ import annotations
 
-import math
 import shutil
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from ckpt_helpers import assert_same_state
 
 from ckptstore import CheckpointStore
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 KINDS = ["torch", "dcp", "dcp-2ranks"]
-
-
-def same(a: Any, b: Any, where: str = "state") -> None:
-    """Bitwise equality of nested values (NaN equals NaN, -0.0 differs from 0.0)."""
-    if isinstance(a, torch.Tensor):
-        assert isinstance(b, torch.Tensor), where
-        assert a.dtype == b.dtype and a.shape == b.shape, where
-        assert torch.equal(a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8)), where
-    elif isinstance(a, dict):
-        # key order is not kept (manifests are written with sorted keys); the keys are
-        assert isinstance(b, dict) and set(a) == set(b), f"{where}: {list(a)} vs {list(b)}"
-        for k in a:
-            same(a[k], b[k], f"{where}[{k!r}]")
-    elif isinstance(a, (list, tuple)):
-        assert type(a) is type(b) and len(a) == len(b), where
-        for i, (x, y) in enumerate(zip(a, b, strict=True)):
-            same(x, y, f"{where}[{i}]")
-    elif isinstance(a, float) and math.isnan(a):
-        assert isinstance(b, float) and math.isnan(b), where
-    else:
-        assert type(a) is type(b) and a == b, f"{where}: {a!r} vs {b!r}"
 
 
 @pytest.fixture(params=sorted(p.name for p in FIXTURES.iterdir() if p.is_dir()))
@@ -58,7 +37,7 @@ def test_an_old_checkpoint_reads_bitwise(release: Path, kind: str) -> None:
         assert report.ok, report.summary()
         manifest, values = store.read()
     assert manifest.step == 3 and manifest.metadata == {"note": "fixture"}
-    same(expected, values)
+    assert_same_state(expected, values)
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -70,8 +49,8 @@ def test_an_old_checkpoint_loads_into_objects(release: Path, kind: str) -> None:
     with CheckpointStore(str(release / kind), distributed=False) as store:
         assert store.load(state).step == 3
     assert state["step"] == 3
-    same(expected["model"], model.state_dict())
-    same(expected["optim"]["state"], opt.state_dict()["state"])
+    assert_same_state(expected, {"model": model, "optim": opt}, keys=["model"])
+    assert_same_state(expected["optim"], opt.state_dict(), keys=["state"])
     assert opt.param_groups[0]["lr"] == 0.5
 
 

@@ -26,7 +26,8 @@ EXPERIMENT_RULE = (
 _STALE_POINTER_RE = re.compile(re.escape(LATEST_NAME) + r"\.tmp-[0-9a-f]+")
 # Files the store itself creates inside a step directory; prune removes only these.
 OWN_FILE_RE = re.compile(
-    r"(manifest\.json|state\.[A-Za-z0-9]+\.ckpt|shard-r\d+\.[A-Za-z0-9]+\.bin)(\.tmp-[0-9a-f]+)?"
+    r"(manifest\.json|\.metadata|state\.[A-Za-z0-9]+\.(ckpt|safetensors)"
+    r"|shard-r\d+\.[A-Za-z0-9]+\.(bin|distcp))(\.tmp-[0-9a-f]+)?"
 )
 MAX_STEP = 10**15
 

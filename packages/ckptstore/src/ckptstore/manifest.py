@@ -24,7 +24,8 @@ CRC_CHUNK = 4 << 20  # checksum granularity: a reader verifies only the 4 MiB ch
 STEP_DIR_RE = re.compile(r"step-(\d{8,})")
 # Payload names are single path components we generate; anything else in a manifest is refused,
 # so a crafted manifest cannot make a reader open files outside the checkpoint directory.
-FILE_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")
+# ".metadata" is the one exception: the name torch.distributed.checkpoint's readers look for.
+FILE_NAME_RE = re.compile(r"\.metadata|[A-Za-z0-9][A-Za-z0-9._-]{0,199}")
 
 
 def step_dir_name(step: int) -> str:
