@@ -40,7 +40,8 @@ PACKAGES = {
     # [wandb]: the real offline W&B test runs; numpy: the tests of ddpkit's numpy paths (that
     # ddpkit works without numpy is tested in a subprocess that blocks the import).
     "ddpkit": ("./packages/ddpkit[wandb]", ("numpy",)),
-    "ckptstore": ("./packages/ckptstore[s3]", ("moto[server]>=5",)),
+    # safetensors: the standard reader the tests open ckptstore's files with (not a dependency)
+    "ckptstore": ("./packages/ckptstore[s3]", ("moto[server]>=5", "safetensors>=0.4")),
     "parquetlm": ("./packages/parquetlm[hf,gpt2,torch,s3]", ("moto[server]>=5",)),
 }
 ALL_LOCAL = (
@@ -251,6 +252,7 @@ def integrations(session: nox.Session) -> None:
         "packages/slurmclock/tests/test_lightning.py",
         "packages/slurmclock/tests/test_hf.py",
         "packages/ckptstore/tests/test_lightning.py",
+        "packages/ckptstore/tests/test_import_integrations.py",
         "examples/tests",
     )
 

@@ -4,6 +4,7 @@ rank of a gloo job. Run by tests/test_open_formats.py.
     python ckpt_open_worker.py read-safetensors FILE EXPECTED
     python ckpt_open_worker.py read-dcp STEP_DIR EXPECTED        # under RANK/WORLD_SIZE: gloo
     python ckpt_open_worker.py save-dcp ROOT                     # under RANK/WORLD_SIZE: gloo
+    python ckpt_open_worker.py exec FILE                         # run FILE (a README snippet)
 
 The readers first make ``ckptstore`` unimportable (its folder off sys.path, and a finder that
 refuses the name), so a read that needed it would fail: the proof that a user who uninstalled
@@ -138,6 +139,11 @@ def main() -> None:
         save_dcp(*args)
         return
     block_ckptstore()
+    if mode == "exec":
+        with open(args[0]) as f:
+            exec(compile(f.read(), args[0], "exec"), {"__name__": "__snippet__"})
+        print("OK snippet")
+        return
     {"read-safetensors": read_safetensors, "read-dcp": read_dcp}[mode](*args)
 
 

@@ -128,3 +128,25 @@ def test_tied_weights_are_stored_once_under_the_first_name(tmp_path: Path) -> No
         store.save(1, {"model": model})
     (payload,) = (tmp_path / "step-00000001").glob("*.safetensors")
     assert list(load_file(payload)) == ["model.emb.weight"]
+
+
+def test_the_readme_reads_both_formats_without_ckptstore(tmp_path: Path) -> None:
+    """The README's example: its first part writes the checkpoints (here, with ckptstore), the
+    rest runs where ckptstore cannot be imported."""
+    import re
+    import tempfile
+
+    readme = (TESTS.parent / "README.md").read_text()
+    (block,) = [
+        b
+        for b in re.findall(r"```python\n(.*?)```", readme, flags=re.S)
+        if "without ckptstore" in b
+    ]
+    setup, reading = block.split("# -- without ckptstore", 1)
+    run_dir = tempfile.mkdtemp(dir=tmp_path)
+    setup = setup.replace("tempfile.mkdtemp()", repr(run_dir))
+    exec(compile(setup, "README.md setup", "exec"), {"__name__": "__readme__"})
+    snippet = tmp_path / "snippet.py"
+    snippet.write_text(f"import torch\nrun = {run_dir!r}\n# -- without ckptstore{reading}")
+    (out,) = finish([run("exec", str(snippet))])
+    assert out.strip().endswith("OK snippet")

@@ -10,6 +10,8 @@ from .errors import (
     MirrorError,
     NoCheckpointError,
 )
+from .exporting import ExportReport, export_checkpoint
+from .foreign import Foreign, read_foreign
 from .formats import (
     CheckpointFormat,
     LoadContext,
@@ -18,6 +20,7 @@ from .formats import (
     get_format,
     register_format,
 )
+from .importing import ImportReport, import_checkpoint
 from .layout import (
     ExperimentLocation,
     Scan,
@@ -46,8 +49,11 @@ __all__ = [
     "CheckpointWarning",
     "CorruptCheckpointError",
     "ExperimentLocation",
+    "ExportReport",
+    "Foreign",
     "FileReport",
     "IOOptions",
+    "ImportReport",
     "IncompatibleCheckpointError",
     "LoadContext",
     "LockInfo",
@@ -69,9 +75,12 @@ __all__ = [
     "__version__",
     "available_formats",
     "experiment_location",
+    "export_checkpoint",
     "get_format",
+    "import_checkpoint",
     "open_storage",
     "parse_storage_options",
+    "read_foreign",
     "register_format",
     "validate_experiment_name",
 ]

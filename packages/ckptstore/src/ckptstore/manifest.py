@@ -121,9 +121,12 @@ class Manifest:
             )
         version = body.get("ckptstore")
         if not isinstance(version, int) or version > SCHEMA_VERSION:
+            from ._version import __version__
+
             raise IncompatibleCheckpointError(
-                f"{where}: manifest schema {version!r} is newer than this ckptstore understands "
-                f"({SCHEMA_VERSION}); upgrade ckptstore"
+                f"{where} was written by a newer ckptstore (manifest schema {version!r}; this is "
+                f"ckptstore {__version__}, schema {SCHEMA_VERSION}): upgrade ckptstore "
+                "(pip install -U ckptstore)"
             )
         try:
             files = tuple(_file_from_json(f) for f in body["files"])
@@ -203,6 +206,7 @@ class VerifyReport:
     files: tuple[FileReport, ...] = ()
     problems: tuple[str, ...] = ()
     bytes_checked: int = 0
+    verdict: str = ""  # "OK", "CORRUPT", or "NEEDS A NEWER CKPTSTORE" (default from ok)
 
     def __bool__(self) -> bool:
         return self.ok
@@ -210,7 +214,7 @@ class VerifyReport:
     def summary(self) -> str:
         if self.ok:
             return f"OK {self.url}: {len(self.files)} files, {self.bytes_checked} bytes verified"
-        return f"CORRUPT {self.url}: " + "; ".join(self.problems)
+        return f"{self.verdict or 'CORRUPT'} {self.url}: " + "; ".join(self.problems)
 
 
 @dataclass(frozen=True, slots=True)
