@@ -98,7 +98,7 @@ SUITES: dict[str, Suite] = {
     for s in (
         Suite(
             "ckpt",
-            "checkpoint save/load on a local disk, ~1.5 GB state (issue 5)",
+            "checkpoint save/load on a local disk, ~1 GB state (issues 5, 22)",
             quick_args=("--gb", "0.1", "--repeats", "1"),
             targets=(
                 Target("sync save vs torch.save+fsync", _summary("sync_vs_torch_save"), ">=", 1.5),
@@ -120,7 +120,16 @@ SUITES: dict[str, Suite] = {
                     "%",
                 ),
                 Target(
-                    "verified cold load vs torch.load", _summary("load_vs_torch_load"), ">=", 0.9
+                    "verified cold load, fresh, vs torch.load",
+                    _summary("load_fresh_vs_torch_load"),
+                    ">=",
+                    1.0,
+                ),
+                Target(
+                    "verified cold load in place vs torch.load+load_state_dict",
+                    _summary("load_inplace_vs_torch_load"),
+                    ">=",
+                    1.0,
                 ),
             ),
         ),

@@ -56,6 +56,7 @@ from ..manifest import CRC_CHUNK, Checksum, FileEntry, Manifest, _file_from_json
 from ..storage import Dest, SegmentPayload, crc_chunks
 from ..tree import EncodedState, decode, dtype_from_name, dtype_name, like_tensors, tensor_keys
 from . import LoadContext, SaveContext
+from .mapped import MappedFile, mappable
 from .torchzip import wrap
 
 _BIG = 1 << 20  # tensors this large start on a page boundary so O_DIRECT can read them in place
@@ -130,10 +131,15 @@ class DCPFormat:
         tree, tmeta = _tree_and_meta(manifest)
         wanted = list(dict.fromkeys(k for key in keys for k in tensor_keys(tree[key])))
         mine = like_tensors(tree, like, keys)
-        targets: dict[str, torch.Tensor] = {}
         for k in wanted:
             if k not in tmeta:
                 raise CorruptCheckpointError(f"{manifest.url}: tree references unknown {k!r}")
+        fresh = [k for k in wanted if k not in mine or not (mine[k][1] or _is_dtensor(mine[k][0]))]
+        mapped = _mapped(manifest, ctx, tmeta, fresh)
+        targets: dict[str, torch.Tensor] = {}
+        for k in wanted:
+            if k in mapped:
+                continue
             m = tmeta[k]
             dtype, size = dtype_from_name(m["dtype"]), [int(x) for x in m["size"]]
             nbytes = dtype.itemsize * _prod(size)
@@ -161,7 +167,7 @@ class DCPFormat:
                     )
             except dcp.CheckpointException as e:
                 raise _unwrap(e) from e
-        return {key: decode(tree[key], targets) for key in keys}
+        return {key: decode(tree[key], {**targets, **mapped}) for key in keys}
 
     def describe(self, manifest: Manifest, ctx: LoadContext) -> dict[str, Any]:
         tree, tmeta = _tree_and_meta(manifest)
@@ -213,6 +219,35 @@ def _quiet() -> Iterator[None]:
             "ignore", message=r"torch\.distributed is disabled, unavailable or uninitialized"
         )
         yield
+
+
+def _mapped(
+    manifest: Manifest, ctx: LoadContext, tmeta: Mapping[str, Any], keys: Sequence[str]
+) -> dict[str, torch.Tensor]:
+    """Fresh tensors of ``keys`` straight from the mapped shard files (verified), for tensors
+    stored whole in one chunk on a local disk; the rest go through DCP's planning."""
+    whole: dict[str, list[str]] = {}
+    for k in keys:
+        m, chunks = tmeta[k], tmeta[k]["chunks"]
+        nbytes = dtype_from_name(m["dtype"]).itemsize * _prod(m["size"])
+        one = len(chunks) == 1 and not any(chunks[0]["offsets"])
+        if one and chunks[0]["sizes"] == m["size"] and int(chunks[0]["length"]) == nbytes:
+            whole.setdefault(str(chunks[0]["file"]), []).append(k)
+    out: dict[str, torch.Tensor] = {}
+    for fname, ks in whole.items():
+        path = ctx.storage.join(ctx.step_dir, fname)
+        local = ctx.storage.local_path(path)
+        if not mappable(local, ctx.io):
+            return {}
+        assert local is not None
+        mapped = MappedFile(local, manifest.file(fname), ctx.storage.url(path))
+        spans = [
+            (int(tmeta[k]["chunks"][0]["offset"]), int(tmeta[k]["chunks"][0]["length"])) for k in ks
+        ]
+        mapped.verify([(a, a + n) for a, n in spans], ctx.io)
+        for k, (a, n) in zip(ks, spans, strict=True):
+            out[k] = mapped.tensor(a, n, dtype_from_name(tmeta[k]["dtype"]), tmeta[k]["size"])
+    return out
 
 
 def _fits(t: torch.Tensor, dtype: torch.dtype, size: Sequence[int]) -> bool:

@@ -42,6 +42,7 @@ from ..manifest import Manifest
 from ..storage import BufferPayload, Dest, IOEngine, SegmentPayload
 from ..tree import EncodedState, decode, dtype_from_name, like_tensors, tensor_keys
 from . import LoadContext, SaveContext
+from .mapped import MappedFile, mappable
 
 MAGIC = b"CKSTORE1"  # the first release's files
 _V1_PREFIX = struct.Struct("<8sQ")
@@ -183,6 +184,17 @@ class TorchFormat:
                 tensors[k] = t
             elif s["nbytes"]:
                 loose.append(k)
+        local = ctx.storage.local_path(path)
+        if loose and mappable(local, ctx.io):  # fresh tensors: the mapped file, verified
+            assert local is not None
+            mapped = MappedFile(local, entry, url)
+            ranges = [(specs[k]["offset"], specs[k]["offset"] + specs[k]["nbytes"]) for k in loose]
+            mapped.verify(ranges, ctx.io)
+            for k in loose:
+                s = specs[k]
+                dtype = dtype_from_name(s["dtype"])
+                tensors[k] = mapped.tensor(s["offset"], s["nbytes"], dtype, s["shape"])
+            loose = []
         spans = [(Dest(lo, aligned_empty(hi - lo)), ks) for lo, hi, ks in _spans(loose, specs)]
         dests += [d for d, _ in spans]
         ctx.storage.read_into(path, entry, dests, ctx.io)
