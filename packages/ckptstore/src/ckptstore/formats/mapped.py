@@ -90,8 +90,11 @@ class MappedFile:
         )
         if not chunks or self._map is None:
             return
-        view = memoryview(self._map)
         size = self.entry.size
+        for a, b in _runs(chunks):  # the disk reads ahead of the checksumming threads
+            start = a * CRC_CHUNK
+            self._map.madvise(mmap.MADV_WILLNEED, start, min(b * CRC_CHUNK, size) - start)
+        view = memoryview(self._map)
         piece = max(1, io.options.piece_bytes // CRC_CHUNK)
         groups = [chunks[i : i + piece] for i in range(0, len(chunks), piece)]
 
@@ -111,3 +114,14 @@ class MappedFile:
             return torch.empty(list(shape), dtype=dtype)
         raw = torch.frombuffer(self._map, dtype=torch.uint8, count=nbytes, offset=offset)
         return raw.view(dtype).view(list(shape))
+
+
+def _runs(chunks: Sequence[int]) -> list[tuple[int, int]]:
+    """Sorted chunk indices as runs ``[first, last + 1)``."""
+    out: list[tuple[int, int]] = []
+    for c in chunks:
+        if out and out[-1][1] == c:
+            out[-1] = (out[-1][0], c + 1)
+        else:
+            out.append((c, c + 1))
+    return out
