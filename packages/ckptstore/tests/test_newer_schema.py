@@ -40,8 +40,8 @@ def root(tmp_path: Path) -> Path:
 
 
 def refusal_ok(text: str) -> None:
-    assert "step 30" in text and "written by a newer ckptstore (manifest schema 99" in text
-    assert "pip install -U ckptstore" in text and "step 20 is the newest it reads" in text
+    assert "step-00000030 was written by a newer ckptstore (manifest schema 99" in text
+    assert "pip install -U ckptstore" in text and "step 20 is the newest this one reads" in text
     assert "falls back" not in text and "\n" not in text.strip()
 
 

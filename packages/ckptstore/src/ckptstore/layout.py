@@ -138,8 +138,8 @@ class Scan:
         s, head = self.newer_latest_step, self.head
         if s is None:
             return ""
-        older = f" (step {head} is the newest it reads: name it to load that one)" if head else ""
-        return f"step {s}: {self.newer[s]}{older}"
+        older = f"; step {head} is the newest this one reads: name it to load that" if head else ""
+        return f"{self.newer[s]}{older}"
 
     @property
     def newer_latest_step(self) -> int | None:

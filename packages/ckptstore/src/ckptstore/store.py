@@ -485,7 +485,7 @@ class CheckpointStore:
         out = []
         for loc, scan in self._scans() if scans is None else scans:
             if scan.newer_latest:
-                raise IncompatibleCheckpointError(f"{loc.url}: {scan.newer_latest}")
+                raise IncompatibleCheckpointError(scan.newer_latest)
             if scan.head is not None:
                 out.append((scan.checkpoints[scan.head].time, scan.head, loc))
                 self._seen(out[-1][0])
@@ -545,7 +545,7 @@ class CheckpointStore:
     def _verify_pointer(self) -> VerifyReport | None:
         scan = self.primary.scan()
         if scan.newer_latest:
-            url, why = self.primary.url, f"{self.primary.url}: {scan.newer_latest}"
+            url, why = self.primary.url, scan.newer_latest
             newer = "NEEDS A NEWER CKPTSTORE"
             return VerifyReport(scan.newer_latest_step, url, False, problems=(why,), verdict=newer)
         if not scan.pointer_problem:
