@@ -47,7 +47,7 @@ ROLES: dict[str, tuple[str, ...]] = {  # a training state's entries, and how oth
     "step": ("step", "global_step", "iteration", "iter"),
     "rng": ("rng", "rng_state", "rng_states"),
 }
-KINDS = ("torch.save", "dcp", "safetensors", "lightning", "hf-trainer", "ckptstore")
+KINDS = ("torch.save", "dcp", "safetensors", "lightning", "hf-trainer")  # Foreign.kind
 _PICKLE_MAGICS = (b"PK\x03\x04", b"\x80\x02", b"\x80\x03", b"\x80\x04", b"\x80\x05")
 _HF_WEIGHTS = ("model.safetensors", "pytorch_model.bin")
 _HF_PARTS = {
