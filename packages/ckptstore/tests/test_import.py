@@ -100,7 +100,9 @@ def dcp_source(tmp_path: Path, ranks: int) -> Path:
     else:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
         cmd += [f"--nproc-per-node={ranks}", str(WORKER), "dcp", str(out)]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    tmp = tmp_path / "tmp"  # torchrun leaves a torchelastic_* folder in the temp folder
+    tmp.mkdir(exist_ok=True)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TMPDIR": str(tmp)}
     proc = subprocess.Popen(
         cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
