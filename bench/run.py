@@ -1,8 +1,10 @@
 """Run the benchmark suites and print one table of headline ratios against their targets.
 
     python bench/run.py                    # all suites: ckpt ckpt_s3 data train agree simulate
+                                           # compile_cache race (~40 min; the race needs SLURM)
     python bench/run.py ckpt data          # some of them
-    python bench/run.py --quick            # a fast smoke run of everything (also BENCH_QUICK=1)
+    python bench/run.py --quick            # a smoke run of everything, a few minutes (also
+                                           # BENCH_QUICK=1); CI runs it: nox -s bench_smoke
     python bench/run.py --list             # the suites and what each measures
     nox -s bench -- [suites...]            # the same, in a venv with every package installed
 
@@ -93,12 +95,22 @@ def _worst_restore_ms(d: dict[str, Any]) -> float:
     return max(float(v) for v in d["restore_ms"].values())
 
 
+def _race(contestant: str, key: str, worst: Callable[..., float] = min) -> Callable[..., float]:
+    """A contestant's figure over every allocation length raced (the worst one)."""
+
+    def get(d: dict[str, Any]) -> float:
+        rows = [r for r in d["results"] if r["contestant"] == contestant]
+        return float(worst(float(r[key]) for r in rows))
+
+    return get
+
+
 SUITES: dict[str, Suite] = {
     s.name: s
     for s in (
         Suite(
             "ckpt",
-            "checkpoint save/load on a local disk, ~1.5 GB state (issue 5)",
+            "checkpoint save/load on a local disk, ~1 GB state (issues 5, 22)",
             quick_args=("--gb", "0.1", "--repeats", "1"),
             targets=(
                 Target("sync save vs torch.save+fsync", _summary("sync_vs_torch_save"), ">=", 1.5),
@@ -120,7 +132,16 @@ SUITES: dict[str, Suite] = {
                     "%",
                 ),
                 Target(
-                    "verified cold load vs torch.load", _summary("load_vs_torch_load"), ">=", 0.9
+                    "verified cold load, fresh, vs torch.load",
+                    _summary("load_fresh_vs_torch_load"),
+                    ">=",
+                    1.0,
+                ),
+                Target(
+                    "verified cold load in place vs torch.load+load_state_dict",
+                    _summary("load_inplace_vs_torch_load"),
+                    ">=",
+                    1.0,
                 ),
             ),
         ),
@@ -235,6 +256,54 @@ SUITES: dict[str, Suite] = {
                 Target(
                     "Young/Daly auto / best fixed interval, worst case",
                     _agree("auto_vs_best_fixed_min"),
+                ),
+            ),
+        ),
+        Suite(
+            "compile_cache",
+            "--compile: a requeued allocation's start-up, torch's cache vs the experiment's",
+            # BENCH_QUICK: one round instead of three (each round: three real compiles)
+            targets=(
+                Target(
+                    "requeued start-up, torch's default cache / pyrecover-train's",
+                    lambda d: float(d["requeued_startup_speedup"]),
+                    ">=",
+                    1.0,
+                ),
+            ),
+        ),
+        Suite(
+            "race",
+            "the same job under SLURM time limits: Lightning built-in vs +ours vs pyrecover-train",
+            quick_args=("--times", "1", "--steps", "40"),
+            targets=(
+                Target(
+                    "pyrecover-train: steps lost, worst",
+                    _race("pyrecover-train", "lost_steps", max),
+                    "<=",
+                    0,
+                    "steps",
+                ),
+                Target(
+                    "pyrecover-train: bitwise equal to a straight run",
+                    _race("pyrecover-train", "bitwise_equal_straight"),
+                    ">=",
+                    1,
+                    "(1 = yes)",
+                ),
+                Target(
+                    "Lightning + ckptstore/slurmclock: steps lost, worst",
+                    _race("lightning+ours", "lost_steps", max),
+                    "<=",
+                    0,
+                    "steps",
+                ),
+                Target(
+                    "pyrecover-train: use of the allocation", _race("pyrecover-train", "use_share")
+                ),
+                Target(
+                    "Lightning built-in: use of the allocation",
+                    _race("lightning-builtin", "use_share"),
                 ),
             ),
         ),

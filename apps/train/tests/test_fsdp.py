@@ -83,7 +83,7 @@ def straight(corpus: Path, cache_dir: Path, tmp_path_factory: pytest.TempPathFac
 def test_fsdp_checkpoints_are_sharded(straight: Path) -> None:
     manifest, state = final_state(straight)
     assert manifest.format == "dcp" and manifest.world_size == 2 and manifest.step == STEPS
-    chunks = manifest.format_data["tensors"]["model/layers.0.ffn.w1.weight"]["chunks"]
+    chunks = manifest.format_data["tensors"]["model.layers.0.ffn.w1.weight"]["chunks"]
     assert [c["sizes"] for c in chunks] == [[192, 128], [192, 128]]  # each rank its half
     assert {c["file"].split(".")[0] for c in chunks} == {"shard-r00000", "shard-r00001"}
     # The optimizer state is keyed by parameter name: it follows its parameter on a reshard.

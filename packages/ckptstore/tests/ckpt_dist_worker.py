@@ -76,11 +76,17 @@ def scenario(root: Path, rank: int) -> dict[str, object]:
         store.save(3, make_state(3, big=BIG_DIST))
         dist.barrier()
         if rank == 0:
-            f = next((root / "torch3" / "step-00000003").glob("state.*.ckpt"))
-            with open(f, "r+b") as fh:  # the last bytes belong to "big", which only rank 1 reads
-                fh.seek(-8, os.SEEK_END)
+            step_dir = root / "torch3" / "step-00000003"
+            f = next(step_dir.glob("state.*.safetensors"))
+            header = json.loads((step_dir / "manifest.json").read_text())["format_data"]["header"]
+            big = header["tensors"]["big"]  # only rank 1 reads it: damage a chunk of its own
+            chunk = 4 << 20
+            at = (big["offset"] // chunk + 1) * chunk + 100
+            assert at + chunk < big["offset"] + big["nbytes"]
+            with open(f, "r+b") as fh:
+                fh.seek(at)
                 b = fh.read(1)
-                fh.seek(-8, os.SEEK_END)
+                fh.seek(at)
                 fh.write(bytes([b[0] ^ 0xFF]))
         dist.barrier()
         loaded = blank_state(big=BIG_DIST) if rank == 1 else blank_state()

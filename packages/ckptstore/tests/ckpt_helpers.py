@@ -4,6 +4,8 @@ corruption the way disks and networks do it. Imported by the tests as ``ckpt_hel
 from __future__ import annotations
 
 import importlib.util
+import socket
+import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -169,10 +171,13 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
 
 
 def corrupt(url: str, options: dict[str, Any], how: str) -> str:
-    """Damage the (first) payload file of the checkpoint directory ``url``; return its name."""
+    """Damage the (first) payload file of the checkpoint directory ``url``; return its name.
+    (Not DCP's ``.metadata``: ckptstore's reader never needs it; ``verify`` checks it.)"""
     fs, path = fs_for(url, options)
     names = sorted(
-        p.rsplit("/", 1)[-1] for p in fs.ls(path, detail=False) if not p.endswith("manifest.json")
+        name
+        for p in fs.ls(path, detail=False)
+        if (name := p.rsplit("/", 1)[-1]) != "manifest.json" and not name.startswith(".")
     )
     name = names[0]
     f = f"{path.rstrip('/')}/{name}"
@@ -197,4 +202,42 @@ def fs_for(url: str, options: dict[str, Any]) -> tuple[Any, str]:
     return fs, path
 
 
-BIG_DIST = 2_000_000  # 8 MB: spans more than one 4 MiB checksum chunk
+BIG_DIST = 3_000_000  # 12 MB: holds a whole 4 MiB checksum chunk of its own
+
+
+# ------------------------------------------------------------------------ processes --
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def rank_envs(n: int) -> list[dict[str, str]]:
+    """The environment torchrun gives each of ``n`` local ranks (a fresh port)."""
+    port = str(free_port())
+    return [
+        {
+            "RANK": str(r),
+            "WORLD_SIZE": str(n),
+            "LOCAL_RANK": str(r),
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": port,
+            "OMP_NUM_THREADS": "1",
+        }
+        for r in range(n)
+    ]
+
+
+def communicate_all(procs: list[subprocess.Popen[str]], timeout: float = 300) -> list[str]:
+    """Every process's output; none is left running, whatever happens."""
+    outputs = []
+    try:
+        for p in procs:
+            out, _ = p.communicate(timeout=timeout)
+            outputs.append(out)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    return outputs

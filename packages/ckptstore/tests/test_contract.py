@@ -196,9 +196,9 @@ def test_inspect_describes_tensors(storage: Any, fmt: str) -> None:
         info = store.inspect()
         assert info["step"] == 5 and info["metadata"] == {"args": {"lr": 0.1}}
         shapes = {t["key"]: (t["dtype"], list(t["shape"])) for t in info["tensors"]}
-        assert shapes["model/body.weight"] == ("float32", [16, 16])
-        assert shapes["model/norm.num_batches_tracked"] == ("int64", [])
-        assert "model/head.weight" not in shapes  # tied to emb.weight: stored once
+        assert shapes["model.body.weight"] == ("float32", [16, 16])
+        assert shapes["model.norm.num_batches_tracked"] == ("int64", [])
+        assert "model.head.weight" not in shapes  # tied to emb.weight: stored once
         assert info["types"]["model"].endswith("TinyNet")
 
 

@@ -5,24 +5,24 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
-from ckpt_helpers import TESTS, assert_same_state, blank_state, make_state
+from ckpt_helpers import (
+    TESTS,
+    assert_same_state,
+    blank_state,
+    communicate_all,
+    make_state,
+    rank_envs,
+)
 
 from ckptstore import CheckpointStore
 
 WORKER = TESTS / "ckpt_dist_worker.py"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.mark.slow
@@ -31,37 +31,17 @@ def test_two_ranks(tmp_path: Path) -> None:
     for fmt in ("dcp", "torch"):
         with CheckpointStore(str(tmp_path / f"{fmt}1"), format=fmt) as store:
             store.save(1, make_state(1))
-    port = free_port()
-    procs = []
-    for rank in range(2):
-        env = {
-            **os.environ,
-            "RANK": str(rank),
-            "WORLD_SIZE": "2",
-            "LOCAL_RANK": str(rank),
-            "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": str(port),
-            "OMP_NUM_THREADS": "1",
-        }
-        procs.append(
-            subprocess.Popen(
-                [sys.executable, str(WORKER), str(tmp_path)],
-                env=env,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                text=True,
-            )
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(WORKER), str(tmp_path)],
+            env={**os.environ, **env},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
         )
-    outputs = []
-    try:
-        for p in procs:
-            out, _ = p.communicate(timeout=300)
-            outputs.append(out)
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+        for env in rank_envs(2)
+    ]
+    outputs = communicate_all(procs)
     results, problems = [], []
     for rank in range(2):
         f = tmp_path / f"result-{rank}.json"
@@ -81,9 +61,10 @@ def test_two_ranks(tmp_path: Path) -> None:
         CheckpointStore(str(tmp_path / "dcp1"), format="dcp") as one,
     ):
         m2, m1 = two.manifest(2), one.manifest(1)
-        assert m2.world_size == 2 and len(m2.files) == 2
-        assert sorted(f.rank for f in m2.files) == [0, 1]
-        assert all(f.size > 0 for f in m2.files)
+        shards = [f for f in m2.files if f.path != ".metadata"]  # and DCP's own index
+        assert m2.world_size == 2 and len(shards) == 2 and len(m2.files) == 3
+        assert sorted(f.rank for f in shards) == [0, 1]
+        assert all(f.size > 0 for f in shards)
         assert m2.bytes < 1.1 * m1.bytes  # not two copies
         # 2 -> 1
         for step in (2, 3):
@@ -92,7 +73,7 @@ def test_two_ranks(tmp_path: Path) -> None:
             assert_same_state(make_state(step), loaded)
     # sharded 2 -> 1: the two shards come back as one full tensor
     with CheckpointStore(str(tmp_path / "sharded"), format="dcp") as store:
-        assert len(store.manifest(1).files) == 2
+        assert len(store.manifest(1).files) == 3  # two shards and .metadata
         got: dict = {"w": None}
         store.load(got)
         assert torch.equal(got["w"]["x"], torch.arange(64 * 3, dtype=torch.float32).reshape(64, 3))

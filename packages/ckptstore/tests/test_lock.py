@@ -7,6 +7,7 @@ from __future__ import annotations
 import gc
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -290,3 +291,35 @@ def test_close_is_not_held_up_by_a_hanging_endpoint(moto: Any) -> None:
         finally:
             server.resume()
     assert took < 2 * RELEASE_TIMEOUT_S + 5, took
+
+
+def test_a_lock_removed_under_a_live_writer_is_created_again(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A cleanup script removes the experiment folder (lock included) between two saves: the
+    writer is still the only one, so it re-creates the lock and goes on saving."""
+    with CheckpointStore(str(tmp_path / "exp")) as store:
+        info = store.acquire()
+        store.save(1, {"w": torch.ones(2)})
+        shutil.rmtree(tmp_path / "exp")
+        with caplog.at_level("WARNING", logger="ckptstore"):
+            store.save(2, {"w": torch.ones(2)})
+        assert "was removed while this run held it" in caplog.text
+        assert store.steps() == [2]
+        now = LockInfo.from_json((tmp_path / "exp" / LOCK_NAME).read_bytes())
+        assert info is not None and now.token == info.token
+        # and another run is refused, as before
+        with pytest.raises(LockedError, match="being written by another run"):
+            CheckpointStore(str(tmp_path / "exp")).acquire()
+    assert not (tmp_path / "exp" / LOCK_NAME).exists()  # released at close
+
+
+def test_a_lock_taken_by_another_run_after_removal_stops_this_one(tmp_path: Path) -> None:
+    store = CheckpointStore(str(tmp_path), lease_s=3600)  # no renewal in between: the save checks
+    store.save(1, {"w": torch.ones(2)})
+    (tmp_path / LOCK_NAME).unlink()
+    crafted(tmp_path)  # another node's run started meanwhile
+    with pytest.raises(LockedError, match="lost its writer lock.*node-other"):
+        store.save(2, {"w": torch.ones(2)})
+    store.close()
+    assert store.steps() == [1]

@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ckptstore import CheckpointError, CheckpointStore
-from ckptstore.tree import decode, encode_state, tensor_keys
+from ckptstore.tree import decode, encode_state, tensor_keys, tensor_paths
 
 leaves = st.one_of(
     st.none(),
@@ -103,9 +103,15 @@ def test_every_dtype_and_odd_layouts_round_trip_bitwise(
 def test_tied_and_shared_tensors_are_stored_once() -> None:
     w = torch.randn(4, 4)
     enc = encode_state({"a": {"w": w, "w2": w, "view": w[1]}, "b": [w]})
-    assert list(enc.tensors) == ["a/w", "a/view"]
-    assert enc.specs["a/w"].group == "a"
-    assert tensor_keys(enc.tree["b"]) == ["a/w"]
+    assert list(enc.tensors) == ["a.w", "a.view"]
+    assert enc.specs["a.w"].group == "a"
+    assert tensor_keys(enc.tree["b"]) == ["a.w"]
+    assert enc.paths == {
+        ("a", "w"): "a.w",
+        ("a", "w2"): "a.w",
+        ("a", "view"): "a.view",
+        ("b", 0): "a.w",
+    }
 
 
 def test_module_state_dict_metadata_survives() -> None:
@@ -116,11 +122,13 @@ def test_module_state_dict_metadata_survives() -> None:
     assert sd._metadata == bn.state_dict()._metadata  # type: ignore[attr-defined]
 
 
-def test_key_paths_are_unique_and_escaped() -> None:
+def test_keys_are_dotted_paths_and_unique() -> None:
     enc = encode_state(
-        {"m": {"a/b": torch.ones(1), "a": {"b": torch.zeros(1)}, "%": torch.ones(2)}}
+        {"m": {"a.b": torch.ones(1), "a": {"b": torch.zeros(1)}, 3: [torch.ones(2)]}}
     )
-    assert list(enc.tensors) == ["m/a%2Fb", "m/a/b", "m/%25"]
+    assert list(enc.tensors) == ["m.a.b", "m.a.b~2", "m.3.0"]  # DCP's names, made unique
+    paths = tensor_paths(orjson.loads(orjson.dumps(enc.tree)))
+    assert paths == {"m.a.b": ("m", "a.b"), "m.a.b~2": ("m", "a", "b"), "m.3.0": ("m", 3, 0)}
 
 
 def test_arbitrary_objects_are_refused_with_the_path() -> None:

@@ -51,6 +51,31 @@ def test_large_string_column_and_other_column_name(tmp_path: Path) -> None:
     assert list(ParquetSource(tmp_path / "l.parquet", column="body").iter_texts()) == ["x", "yz"]
 
 
+@pytest.mark.parametrize("values", [pa.string(), pa.large_string()])
+@pytest.mark.parametrize("index", [pa.int8(), pa.int32()])
+def test_dictionary_string_columns_are_text(
+    tmp_path: Path, values: pa.DataType, index: pa.DataType
+) -> None:
+    """What pandas writes for a ``category`` column (Arrow dictionary<int, string>), nulls and
+    repeated values included, over several row groups."""
+    texts = ["red", None, "green", "red", "blue", None, "green"] * 5
+    dictionary = pa.array(texts, type=values).dictionary_encode()
+    dictionary = dictionary.cast(pa.dictionary(index, values))
+    pq.write_table(pa.table({"text": dictionary}), tmp_path / "c.parquet", row_group_size=4)
+    assert pa.types.is_dictionary(pq.read_schema(tmp_path / "c.parquet").field("text").type)
+    src = ParquetSource(tmp_path / "c.parquet")
+    assert list(src.iter_texts()) == [t for t in texts if t is not None]
+    assert src.null_rows == 10
+    assert all(not pa.types.is_dictionary(a.type) for a in src.iter_arrays())
+
+
+def test_a_dictionary_of_numbers_is_not_text(tmp_path: Path) -> None:
+    col = pa.array([1, 2, 1]).dictionary_encode()
+    pq.write_table(pa.table({"text": col, "other": ["a", "b", "c"]}), tmp_path / "n.parquet")
+    with pytest.raises(SourceError, match=r"not string.*columns here: other"):
+        ParquetSource(tmp_path / "n.parquet")
+
+
 def test_fingerprint_follows_content_not_paths(corpus: tuple[Path, list[str]], tools: Any) -> None:
     root, texts = corpus
     fp = ParquetSource(root).fingerprint()

@@ -102,6 +102,38 @@ def test_trained_bpe_round_trip(bpe: HFTokenizer, text: str) -> None:
 def test_special_tokens_in_text_stay_text(bpe: HFTokenizer) -> None:
     ids = bpe.encode("a<|endoftext|>b")
     assert bpe.eot_id not in ids and bpe.decode(ids) == "a<|endoftext|>b"
+    assert ByteTokenizer().encode("a<|endoftext|>b") == list(b"a<|endoftext|>b")
+
+
+def test_special_tokens_in_text_as_their_ids_when_asked(bpe: HFTokenizer, tmp_path: Path) -> None:
+    path = tmp_path / "t.json"
+    bpe.save(path)
+    as_ids = HFTokenizer.from_file(path, special_in_text="token")
+    ids = as_ids.encode("a<|endoftext|>b")
+    assert ids == [*bpe.encode("a"), bpe.eot_id, *bpe.encode("b")]
+    assert as_ids.fingerprint() != bpe.fingerprint()  # another token cache
+    byte = load_tokenizer("byte", special_in_text="token")
+    assert byte.encode("a<|endoftext|>b") == [97, 256, 98]
+    assert byte.fingerprint() != ByteTokenizer().fingerprint()
+    texts = pa.array(["x<|endoftext|>", "plain", "<|endoftext|><|endoftext|>"])
+    tokens, lengths = encode_to_array(byte, texts)  # the vectorized path steps aside
+    assert tokens.tolist() == [120, 256, 256, 112, 108, 97, 105, 110, 256, 256, 256, 256]
+    assert lengths.tolist() == [3, 6, 3]
+    with pytest.raises(TokenizerError, match="use 'text'.*or 'token'"):
+        load_tokenizer("byte", special_in_text="id")
+
+
+def test_the_token_cache_keeps_literal_specials_as_asked(tmp_path: Path, tools: Any) -> None:
+    from parquetlm import TokenCache
+
+    path = tools.write_parquet(tmp_path / "d.parquet", ["a<|endoftext|>b", "c"])
+    src = ParquetSource(path)
+    as_text = TokenCache.build(src, ByteTokenizer(), cache_dir=tmp_path / "c1")
+    as_ids = TokenCache.build(
+        src, ByteTokenizer(special_in_text="token"), cache_dir=tmp_path / "c2"
+    )
+    assert np.asarray(as_ids.tokens).tolist() == [97, 256, 98, 256, 99, 256]
+    assert np.asarray(as_text.tokens).tolist() == [*b"a<|endoftext|>b", 256, 99, 256]
 
 
 def test_trained_bpe_compresses_and_is_cached(bpe: HFTokenizer, tmp_path: Path) -> None:

@@ -10,6 +10,8 @@ from .errors import (
     MirrorError,
     NoCheckpointError,
 )
+from .exporting import ExportReport, export_checkpoint
+from .foreign import Foreign, read_foreign
 from .formats import (
     CheckpointFormat,
     LoadContext,
@@ -18,6 +20,7 @@ from .formats import (
     get_format,
     register_format,
 )
+from .importing import ImportReport, import_checkpoint
 from .layout import (
     ExperimentLocation,
     Scan,
@@ -54,8 +57,11 @@ __all__ = [
     "CheckpointWarning",
     "CorruptCheckpointError",
     "ExperimentLocation",
+    "ExportReport",
+    "Foreign",
     "FileReport",
     "IOOptions",
+    "ImportReport",
     "IncompatibleCheckpointError",
     "LoadContext",
     "LockInfo",
@@ -78,10 +84,13 @@ __all__ = [
     "available_formats",
     "available_storages",
     "experiment_location",
+    "export_checkpoint",
     "get_format",
     "get_storage",
+    "import_checkpoint",
     "open_storage",
     "parse_storage_options",
+    "read_foreign",
     "register_format",
     "register_storage",
     "validate_experiment_name",

@@ -1,4 +1,4 @@
-"""``ckptstore`` command line: list, verify, inspect, prune, export, lock.
+"""``ckptstore`` command line: list, verify, inspect, prune, export, import, lock.
 
 Exit codes: 0 fine, 1 corrupt / untrusted / nothing found / failed, 2 usage error (one line on
 stderr), 141 quietly when the reader of stdout left early (``| head -1``), as SIGPIPE gives. URL
@@ -20,6 +20,7 @@ from typing import Any, NoReturn
 import orjson
 
 from .errors import CheckpointError, CheckpointWarning, NoCheckpointError
+from .foreign import foreign_kind
 from .layout import Location, StepSpec, split_step_url
 from .manifest import Manifest
 from .storage import parse_storage_options
@@ -62,10 +63,36 @@ def _parser() -> argparse.ArgumentParser:
     sp.add_argument("--keep-last", type=_positive, required=True, metavar="K")
     sp.add_argument("--keep-every", type=_positive, default=None, metavar="N")
     sp.add_argument("--dry-run", action="store_true", help="say what would go; delete nothing")
-    sp = _command(sub, "export", "plain torch.save file of one state entry")
-    sp.add_argument("--step", required=True, help="N or latest")
+    sp = _command(sub, "export", "the whole state (or --key entries) as torch.save or safetensors")
+    sp.add_argument("--step", default=None, help="N or latest (default)")
     sp.add_argument("--out", required=True, help="output file (written atomically)")
-    sp.add_argument("--key", default=None, help="state entry to export (default: model)")
+    sp.add_argument(
+        "--key", action="append", default=None, help="an entry to export (repeat; default: all)"
+    )
+    sp.add_argument(
+        "--format",
+        choices=("torch", "safetensors"),
+        default=None,
+        help="torch.save or safetensors (default: from the --out suffix, else torch)",
+    )
+    sp = sub.add_parser(
+        "import",
+        help="a torch.save, DCP, safetensors, Lightning or Hugging Face Trainer checkpoint as a "
+        "verified ckptstore checkpoint",
+    )
+    sp.add_argument("source", help="the foreign checkpoint: a file or folder (path or fsspec URL)")
+    sp.add_argument("url", help="the experiment folder to import into (path or fsspec URL)")
+    sp.add_argument("--experiment", help="experiment sub-directory under URL")
+    sp.add_argument("--step", type=_step_number, default=None, help="step to save it as")
+    sp.add_argument("--format", choices=("torch", "dcp"), default="torch")
+    sp.add_argument("--overwrite", action="store_true", help="replace that step if it exists")
+    sp.add_argument(
+        "--storage-options", type=_json_dict, default=None, help="fsspec options of URL"
+    )
+    sp.add_argument(
+        "--source-storage-options", type=_json_dict, default=None, help="fsspec options of SOURCE"
+    )
+    sp.add_argument("--json", action="store_true", help="the report as one JSON object")
     sp = _command(sub, "lock", "who writes this experiment (the one-writer lock)")
     sp.add_argument("--break", dest="break_", action="store_true", help="remove the lock")
     return p
@@ -88,6 +115,15 @@ def _json_dict(text: str) -> dict[str, Any]:
         return parse_storage_options(text)
     except ValueError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _step_number(text: str) -> int:
+    from .layout import check_step
+
+    try:
+        return check_step(int(text))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a step number (0, 1, 2, ...)") from None
 
 
 def _positive(text: str) -> int:
@@ -160,7 +196,8 @@ def _nothing(store: Any) -> NoCheckpointError:
         )
     if not store.primary.storage.exists(store.primary.root):
         return NoCheckpointError(f"{store.url} does not exist: no checkpoints there")
-    return NoCheckpointError(f"no checkpoints in {store.url}")
+    _, foreign = foreign_kind(store.url, store._storage_options)
+    return NoCheckpointError(foreign or f"no checkpoints in {store.url}")
 
 
 def _or_nothing(store: Any, step: int | str, fn: Callable[[int | str], Any]) -> Any:
@@ -177,7 +214,7 @@ def _or_nothing(store: Any, step: int | str, fn: Callable[[int | str], Any]) -> 
 def cmd_list(args: argparse.Namespace) -> int:
     store, _ = _open(args)
     scan = store.scan()
-    if not scan.checkpoints and not scan.broken:
+    if not scan.checkpoints and not scan.broken and not scan.newer:
         return _list_experiments(store, args.json)
     (_list_json if args.json else _list_table)(scan)
     for line in scan.problems():
@@ -186,10 +223,11 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def _list_json(scan: Any) -> None:
-    for step in sorted({*scan.checkpoints, *scan.broken}):
+    for step in sorted({*scan.checkpoints, *scan.broken, *scan.newer}):
         m: Manifest | None = scan.checkpoints.get(step)
         if m is None:
-            row: dict[str, Any] = {"step": step, "ok": False, "problem": scan.broken[step]}
+            why = scan.broken.get(step) or scan.newer[step]
+            row: dict[str, Any] = {"step": step, "ok": False, "problem": why}
         else:
             row = {"step": step, "ok": True, "url": m.url, "format": m.format, "time": m.time}
             row |= {"bytes": m.bytes, "world_size": m.world_size, "metadata": m.metadata}
@@ -198,15 +236,20 @@ def _list_json(scan: Any) -> None:
 
 def _latest(scan: Any) -> int | None:
     """What load("latest") takes (the newest commit), or the step a bad pointer names (a
-    broken one: the table says so)."""
+    broken one: the table says so), or the newest one a newer ckptstore wrote."""
+    if scan.newer_latest_step is not None:
+        return int(scan.newer_latest_step)
     return scan.pointer if scan.pointer_problem and scan.pointer is not None else scan.head
 
 
 def _list_table(scan: Any) -> None:
     rows = [("step", "time", "format", "size", "world", "metadata")]
-    for step in sorted({*scan.checkpoints, *scan.broken}):
+    for step in sorted({*scan.checkpoints, *scan.broken, *scan.newer}):
         mark = " (latest)" if step == _latest(scan) else ""
         m: Manifest | None = scan.checkpoints.get(step)
+        if step in scan.newer:
+            rows.append((f"{step}{mark}", "NEWER", "-", "-", "-", "needs a newer ckptstore"))
+            continue
         if m is None:
             rows.append((f"{step}{mark}", "BROKEN", "-", "-", "-", scan.broken[step][:80]))
             continue
@@ -243,7 +286,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     if args.step != "all":
         return _verify_one(store, _step(args, url_step), args.json)
     scan = store.scan()
-    steps = sorted({*scan.checkpoints, *scan.broken})
+    steps = sorted({*scan.checkpoints, *scan.broken, *scan.newer})
     if not steps:
         raise _nothing(store)
     bad = sum(_report(store.verify(s), args.json) for s in steps)
@@ -311,46 +354,56 @@ def cmd_prune(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    import torch
+    from .exporting import check_out, export_checkpoint
 
+    try:
+        check_out(args.out)
+    except ValueError as e:
+        raise _UsageError(f"--out {e}") from None
     store, url_step = _open(args)
     step = _step(args, url_step)
     keys = list(_or_nothing(store, step, store.inspect)["types"])
-    key = args.key or "model"
-    if key not in keys:
+    store.close()
+    missing = [k for k in args.key or () if k not in keys]
+    if missing:
         raise _UsageError(
-            f"checkpoint has no entry {key!r}; choose one with --key from: {', '.join(keys)}"
+            f"checkpoint has no entry {', '.join(map(repr, missing))}; choose with --key from: "
+            f"{', '.join(keys)}"
         )
-    manifest, values = store.read(step, keys=[key])
-    value = _clone(values[key])  # torch.save writes a view's whole storage: the read buffer
-    out = os.path.abspath(args.out)
-    tmp = f"{out}.tmp-{os.getpid()}"
-    try:
-        with open(tmp, "wb") as f:
-            torch.save(value, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, out)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    print(f"exported {key!r} of step {manifest.step} to {out} (torch.load(..., weights_only=True))")
+    report = export_checkpoint(
+        split_step_url(args.url)[0],
+        args.out,
+        step=step,
+        keys=args.key,
+        format=args.format,
+        experiment=args.experiment,
+        storage_options=args.storage_options,
+    )
+    print(report.summary())
     return 0
 
 
-def _clone(v: Any) -> Any:
-    import torch
+def cmd_import(args: argparse.Namespace) -> int:
+    from .importing import import_checkpoint
 
-    if isinstance(v, torch.Tensor):
-        return v.clone()
-    if isinstance(v, dict):
-        out = type(v)((k, _clone(x)) for k, x in v.items())
-        if hasattr(v, "_metadata"):
-            out._metadata = v._metadata  # type: ignore[attr-defined]
-        return out
-    if isinstance(v, (list, tuple)):
-        return type(v)(_clone(x) for x in v)
-    return v
+    report = import_checkpoint(
+        args.source,
+        args.url,
+        step=args.step,
+        experiment=args.experiment,
+        format=args.format,
+        storage_options=args.storage_options,
+        source_storage_options=args.source_storage_options,
+        overwrite=args.overwrite,
+    )
+    if args.json:
+        f = report.foreign
+        row = {"source": f.source, "kind": f.kind, "step": report.manifest.step, "url": report.url}
+        row |= {"took": f.took, "left": f.left, "bytes": report.manifest.bytes}
+        sys.stdout.write(orjson.dumps(row).decode() + "\n")
+    else:
+        print(report.summary())
+    return 0
 
 
 # -- lock ------------------------------------------------------------------------------------
@@ -401,6 +454,7 @@ _COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "inspect": cmd_inspect,
     "prune": cmd_prune,
     "export": cmd_export,
+    "import": cmd_import,
     "lock": cmd_lock,
 }
 

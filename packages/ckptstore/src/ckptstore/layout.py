@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import CheckpointError, CorruptCheckpointError
+from .errors import CheckpointError, CorruptCheckpointError, IncompatibleCheckpointError
 from .manifest import LATEST_NAME, MANIFEST_NAME, Manifest, parse_step_dir, step_dir_name
 from .storage import Storage, open_storage
 
@@ -26,7 +26,8 @@ EXPERIMENT_RULE = (
 _STALE_POINTER_RE = re.compile(re.escape(LATEST_NAME) + r"\.tmp-[0-9a-f]+")
 # Files the store itself creates inside a step directory; prune removes only these.
 OWN_FILE_RE = re.compile(
-    r"(manifest\.json|state\.[A-Za-z0-9]+\.ckpt|shard-r\d+\.[A-Za-z0-9]+\.bin)(\.tmp-[0-9a-f]+)?"
+    r"(manifest\.json|\.metadata|state\.[A-Za-z0-9]+\.(ckpt|safetensors)"
+    r"|shard-r\d+\.[A-Za-z0-9]+\.(bin|distcp))(\.tmp-[0-9a-f]+)?"
 )
 MAX_STEP = 10**15
 
@@ -114,6 +115,7 @@ class Scan:
     incomplete: tuple[int, ...] = ()  # no manifest: an interrupted save, not a checkpoint
     pointer: int | None = None  # the step `latest` names, whatever state it is in
     pointer_problem: str = ""
+    newer: dict[int, str] = field(default_factory=dict)  # step -> written by a newer ckptstore
 
     @property
     def head(self) -> int | None:
@@ -127,9 +129,30 @@ class Scan:
     def _commit_order(self, step: int) -> tuple[float, bool, int]:
         return self.checkpoints[step].time, step == self.pointer, step
 
+    @property
+    def newer_latest(self) -> str:
+        """Why "latest" is not for this ckptstore, or "": the newest checkpoint (the one
+        ``latest`` names, or one above every step this ckptstore reads) was written by a newer
+        ckptstore. The rule everywhere (load, verify, list, trainers): refuse, in one line;
+        never fall back past it to an older step unasked."""
+        s, head = self.newer_latest_step, self.head
+        if s is None:
+            return ""
+        older = f"; step {head} is the newest this one reads: name it to load that" if head else ""
+        return f"{self.newer[s]}{older}"
+
+    @property
+    def newer_latest_step(self) -> int | None:
+        """The step of ``newer_latest``, or None."""
+        head = self.head
+        steps = [s for s in self.newer if head is None or s > head or s == self.pointer]
+        return max(steps) if steps else None
+
     def problems(self) -> list[str]:
-        """One line per thing that cannot be trusted (broken manifests, a bad pointer)."""
+        """One line per thing that cannot be trusted (broken manifests, a bad pointer) or
+        needs a newer ckptstore."""
         out = [f"step {s}: {why}" for s, why in sorted(self.broken.items())]
+        out += [f"step {s}: {why}" for s, why in sorted(self.newer.items())]
         return out + ([self.pointer_problem] if self.pointer_problem else [])
 
 
@@ -189,15 +212,22 @@ class Location:
             return self.read_manifest(step_dir, step)
         except FileNotFoundError:
             return None
+        except IncompatibleCheckpointError:
+            raise  # not broken: written by a newer ckptstore (the scan keeps it apart)
         except (CheckpointError, OSError) as e:
             return str(e)
 
     def scan(self) -> Scan:
         good: dict[int, Manifest] = {}
         bad: dict[int, str] = {}
+        newer: dict[int, str] = {}
         incomplete: list[int] = []
         for step, d in sorted(self.step_dirs().items()):
-            verdict = self.judge(step, d)
+            try:
+                verdict = self.judge(step, d)
+            except IncompatibleCheckpointError as e:
+                newer[step] = str(e)
+                continue
             if verdict is None:
                 incomplete.append(step)
             elif isinstance(verdict, str):
@@ -205,8 +235,9 @@ class Location:
             else:
                 good[step] = verdict
         pointer, problem = self.read_pointer()
-        problem = problem or _pointer_problem(pointer, good, bad, incomplete)
-        return Scan(self.url, good, bad, tuple(incomplete), pointer, problem)
+        if pointer not in newer:
+            problem = problem or _pointer_problem(pointer, good, bad, incomplete)
+        return Scan(self.url, good, bad, tuple(incomplete), pointer, problem, newer)
 
     def read_pointer(self) -> tuple[int | None, str]:
         """(the step `latest` names or None, what is wrong with the pointer file or "")."""

@@ -15,6 +15,12 @@ A live holder on this host is never taken over, not even by the same job. A hold
 its lock (it did not renew for longer than its lease, e.g. a suspended process) learns it at its
 next renewal, and its next save fails with ``LockedError``.
 
+A lock file removed under a live writer (a cleanup script, ``rm -rf`` of the experiment, a
+``ckptstore lock --break``) is not a lost lock: nobody else holds the experiment, so the writer
+creates it again, atomically, at its next renewal or save (whichever comes first; every save
+checks the lock is still its own) and goes on, with one warning. Only when another run created a
+lock in the meantime has this run lost, and it saves nothing more.
+
 What is guaranteed where:
 
 - Local disks, NFS, Lustre: creating the lock is atomic (a hard link of a complete file; O_EXCL
@@ -205,14 +211,20 @@ class WriterLock:
         self._version = ""
         self._stop = threading.Event()
         self._mutex = threading.Lock()
+        self._renewing = threading.Lock()
         self._thread: threading.Thread | None = None
         self._renew_failing = False
         self._left = False
 
     def acquire(self) -> LockInfo:
-        """Take the lock (or keep it); LockedError names the live holder."""
+        """Take the lock (or keep it: checked to be still ours, re-created if someone removed
+        it); LockedError names the live holder."""
         if self.info is not None:
-            return self.info
+            self.check()
+            if self.lost is not None:
+                raise self.lost
+            if self.info is not None:
+                return self.info
         for _ in range(8):
             me = whoami(self._wall(), self.lease_s, self._env)
             version = self.storage.create_exclusive(self.path, me.to_json())
@@ -255,8 +267,29 @@ class WriterLock:
             self.renew()
 
     def renew(self) -> None:
-        """Push the lease forward; notice a lost lock (``self.lost``). No I/O under the mutex:
-        a hanging endpoint must not block ``release()``."""
+        """Push the lease forward; re-create a lock file someone removed; notice a lost lock
+        (``self.lost``). No I/O under the mutex: a hanging endpoint must not block
+        ``release()``; renewals (the thread's, a save's check) take turns."""
+        with self._renewing:
+            self._renew()
+
+    def check(self) -> None:
+        """Make sure the lock file is still this run's (one read); if not, renew: that
+        re-creates a removed file or finds out who holds the experiment now."""
+        with self._renewing:
+            with self._mutex:
+                info, version = self.info, self._version
+            if info is None or self.lost is not None:
+                return
+            try:
+                current = self.storage.read_versioned(self.path)
+            except (OSError, CheckpointError) as e:
+                self._renew_failed(e)
+                return
+            if current is None or current[1] != version:
+                self._renew()
+
+    def _renew(self) -> None:
         with self._mutex:
             info, version = self.info, self._version
         if info is None or self.lost is not None:
@@ -264,6 +297,10 @@ class WriterLock:
         new = dataclasses.replace(info, renewed=self._wall())
         try:
             got = self.storage.replace_if(self.path, new.to_json(), version)
+            if got is None and self.storage.read_versioned(self.path) is None:
+                got = self.storage.create_exclusive(self.path, new.to_json())
+                if got is not None:
+                    self._recreated()
         except (OSError, CheckpointError) as e:
             self._renew_failed(e)
             return
@@ -275,6 +312,14 @@ class WriterLock:
                 self.lost = lost
             else:
                 self.info, self._version, self._renew_failing = new, str(got), False
+
+    def _recreated(self) -> None:
+        log.warning(
+            "ckptstore: the writer lock of %s was removed while this run held it (a cleanup "
+            "script?); no other run holds the experiment, so this run created it again and goes "
+            "on saving",
+            self.url,
+        )
 
     def _renew_failed(self, e: BaseException) -> None:
         if not self._renew_failing:  # once per outage

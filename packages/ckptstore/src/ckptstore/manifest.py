@@ -24,7 +24,8 @@ CRC_CHUNK = 4 << 20  # checksum granularity: a reader verifies only the 4 MiB ch
 STEP_DIR_RE = re.compile(r"step-(\d{8,})")
 # Payload names are single path components we generate; anything else in a manifest is refused,
 # so a crafted manifest cannot make a reader open files outside the checkpoint directory.
-FILE_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")
+# ".metadata" is the one exception: the name torch.distributed.checkpoint's readers look for.
+FILE_NAME_RE = re.compile(r"\.metadata|[A-Za-z0-9][A-Za-z0-9._-]{0,199}")
 
 
 def step_dir_name(step: int) -> str:
@@ -120,9 +121,12 @@ class Manifest:
             )
         version = body.get("ckptstore")
         if not isinstance(version, int) or version > SCHEMA_VERSION:
+            from ._version import __version__
+
             raise IncompatibleCheckpointError(
-                f"{where}: manifest schema {version!r} is newer than this ckptstore understands "
-                f"({SCHEMA_VERSION}); upgrade ckptstore"
+                f"{where} was written by a newer ckptstore (manifest schema {version!r}; this is "
+                f"ckptstore {__version__}, schema {SCHEMA_VERSION}): upgrade ckptstore "
+                "(pip install -U ckptstore)"
             )
         try:
             files = tuple(_file_from_json(f) for f in body["files"])
@@ -202,6 +206,7 @@ class VerifyReport:
     files: tuple[FileReport, ...] = ()
     problems: tuple[str, ...] = ()
     bytes_checked: int = 0
+    verdict: str = ""  # "OK", "CORRUPT", or "NEEDS A NEWER CKPTSTORE" (default from ok)
 
     def __bool__(self) -> bool:
         return self.ok
@@ -209,7 +214,7 @@ class VerifyReport:
     def summary(self) -> str:
         if self.ok:
             return f"OK {self.url}: {len(self.files)} files, {self.bytes_checked} bytes verified"
-        return f"CORRUPT {self.url}: " + "; ".join(self.problems)
+        return f"{self.verdict or 'CORRUPT'} {self.url}: " + "; ".join(self.problems)
 
 
 @dataclass(frozen=True, slots=True)

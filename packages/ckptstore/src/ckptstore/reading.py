@@ -25,6 +25,7 @@ from .errors import (
     NoCheckpointError,
     warn,
 )
+from .foreign import why_refused
 from .formats import LoadContext, get_format
 from .layout import Location
 from .manifest import Manifest
@@ -280,9 +281,9 @@ def _refused_pickle(url: str) -> Iterator[None]:
     try:
         yield
     except (pickle.UnpicklingError, RuntimeError, AttributeError, EOFError) as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        why = why_refused(e)
         raise CorruptCheckpointError(
-            f"{url}: refused: not loadable with weights_only=True ({first}); ckptstore never "
+            f"{url}: refused: not loadable with weights_only=True ({why}); ckptstore never "
             "unpickles arbitrary objects, which could run code. Load it yourself only if you "
             "trust its origin, and re-save with ckptstore"
         ) from None

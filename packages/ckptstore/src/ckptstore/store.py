@@ -28,10 +28,12 @@ from .errors import (
     CheckpointError,
     CheckpointWarning,
     CorruptCheckpointError,
+    IncompatibleCheckpointError,
     LockedError,
     NoCheckpointError,
     warn,
 )
+from .foreign import foreign_kind
 from .formats import CheckpointFormat, get_format
 from .layout import ExperimentLocation, Location, Scan, StepSpec
 from .lock import DEFAULT_LEASE_S, LockInfo, WriterLock
@@ -378,7 +380,9 @@ class CheckpointStore:
         if spec.path is not None:
             return self._read_path(spec.path, request)
         locs = self._locations()
-        cands = broadcast(self._group, self._candidates(locs, spec) if self.rank == 0 else None)
+        cands = broadcast(self._group, self._planned(locs, spec) if self.rank == 0 else None)
+        if isinstance(cands, str):  # every rank refuses alike
+            raise IncompatibleCheckpointError(cands)
         if not cands:
             raise no_checkpoint(self._where(), spec.step, self.steps())
         result, skipped = self._reader.first_loadable(cands, locs, request, self._in_use.holding)
@@ -387,6 +391,13 @@ class CheckpointStore:
         if not spec.latest:  # an explicit step never silently becomes another one
             raise CorruptCheckpointError(" | ".join(skipped))
         raise NoCheckpointError(f"no loadable checkpoint in {self.url}: " + " | ".join(skipped))
+
+    def _planned(self, locs: dict[str, Location], spec: StepSpec) -> builtins.list[Candidate] | str:
+        """Rank 0: the candidates, or why "latest" is refused (for every rank to raise)."""
+        try:
+            return self._candidates(locs, spec)
+        except IncompatibleCheckpointError as e:
+            return str(e)
 
     def _candidates(self, locs: dict[str, Location], spec: StepSpec) -> builtins.list[Candidate]:
         """Rank 0: for "latest", the newest commit first; a `latest` pointer naming a step whose
@@ -409,6 +420,9 @@ class CheckpointStore:
             return result
         if not storage.exists(loc.root):
             raise NoCheckpointError(f"{path}: no such checkpoint directory or file")
+        kind, line = foreign_kind(path, self._storage_options)
+        if kind != "torch.save":  # a plain torch.save file still loads, with weights_only
+            raise IncompatibleCheckpointError(line or f"{path}: not a checkpoint")
         return read_torch_save(storage, loc.root, request)
 
     def _locations(self) -> dict[str, Location]:
@@ -466,9 +480,12 @@ class CheckpointStore:
     def _heads(
         self, scans: builtins.list[tuple[Location, Scan]] | None = None
     ) -> builtins.list[tuple[float, int, Location]]:
-        """(commit time, step, location) of each location's newest commit."""
+        """(commit time, step, location) of each location's newest commit. The newest written
+        by a newer ckptstore is refused (IncompatibleCheckpointError), never passed over."""
         out = []
         for loc, scan in self._scans() if scans is None else scans:
+            if scan.newer_latest:
+                raise IncompatibleCheckpointError(scan.newer_latest)
             if scan.head is not None:
                 out.append((scan.checkpoints[scan.head].time, scan.head, loc))
                 self._seen(out[-1][0])
@@ -527,6 +544,10 @@ class CheckpointStore:
 
     def _verify_pointer(self) -> VerifyReport | None:
         scan = self.primary.scan()
+        if scan.newer_latest:
+            url, why = self.primary.url, scan.newer_latest
+            newer = "NEEDS A NEWER CKPTSTORE"
+            return VerifyReport(scan.newer_latest_step, url, False, problems=(why,), verdict=newer)
         if not scan.pointer_problem:
             return None
         p = scan.pointer
@@ -544,6 +565,10 @@ class CheckpointStore:
             manifest = loc.read_manifest(step_dir)
         except FileNotFoundError:
             return VerifyReport(None, url, False, problems=(f"{url}: no manifest.json",))
+        except IncompatibleCheckpointError as e:
+            return VerifyReport(
+                None, url, False, problems=(str(e),), verdict="NEEDS A NEWER CKPTSTORE"
+            )
         except (CheckpointError, OSError) as e:
             return VerifyReport(None, url, False, problems=(str(e),))
         reports = []

@@ -14,7 +14,7 @@ from __future__ import annotations
 import base64
 import math
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,6 +34,7 @@ class TensorSpec:
     dtype: str
     shape: tuple[int, ...]
     group: str  # the top-level state key the tensor was first met under
+    path: tuple[Any, ...] = ()  # where it was first met: state keys and list indices
 
     @property
     def nbytes(self) -> int:
@@ -48,6 +49,7 @@ class EncodedState:
     types: dict[str, str]
     tensors: dict[str, torch.Tensor] = field(default_factory=dict)
     specs: dict[str, TensorSpec] = field(default_factory=dict)
+    paths: dict[tuple[Any, ...], str] = field(default_factory=dict)  # every path -> its key
 
     def group_keys(self, group: str) -> list[str]:
         return [k for k, s in self.specs.items() if s.group == group]
@@ -183,20 +185,26 @@ class _Encoder:
                 t.device,
             )
             if ident in self.seen:  # tied weights: stored once, referenced twice
+                self.enc.paths[tuple(path)] = self.seen[ident]
                 return self.seen[ident]
         key = self.unique_key(path)
         if ident is not None:
             self.seen[ident] = key
+        self.enc.paths[tuple(path)] = key
         if t.is_conj():
             t = t.resolve_conj()
         if t.is_neg():
             t = t.resolve_neg()
         self.enc.tensors[key] = t.detach()
-        self.enc.specs[key] = TensorSpec(key, dtype_name(t.dtype), tuple(t.shape), self.group)
+        self.enc.specs[key] = TensorSpec(
+            key, dtype_name(t.dtype), tuple(t.shape), self.group, tuple(path)
+        )
         return key
 
     def unique_key(self, path: list[Any]) -> str:
-        key = "/".join(str(p).replace("%", "%25").replace("/", "%2F") for p in path)
+        # The name torch.distributed.checkpoint gives the same value ("model.layer.weight",
+        # "optim.state.0.exp_avg"), so a standard reader sees the names it expects.
+        key = ".".join(str(p) for p in path)
         n, base = 1, key
         while key in self.enc.tensors:
             n += 1
@@ -234,6 +242,59 @@ def tensor_keys(tree: Any) -> list[str]:
 
     walk(tree)
     return list(out)
+
+
+def tensor_paths(tree: Mapping[str, Any]) -> dict[str, tuple[Any, ...]]:
+    """Where each tensor key sits in the state (its first place): the path ``encode_state``
+    met it at, read back from the tree, whatever naming scheme wrote the keys."""
+    out: dict[str, tuple[Any, ...]] = {}
+
+    def walk(node: Any, path: tuple[Any, ...]) -> None:
+        if isinstance(node, list):
+            for i, v in enumerate(node):
+                walk(v, (*path, i))
+            return
+        if not isinstance(node, dict):
+            return
+        tag = node.get(TAG)
+        if tag is None:
+            for k, v in node.items():
+                walk(v, (*path, k))
+        elif tag in ("tensor", "ndarray"):
+            out.setdefault(str(node["k"]), path)
+        elif tag in ("odict", "tuple"):
+            walk(node["v"], path)
+        elif tag == "dict":
+            for k, v in node["items"]:
+                walk(v, (*path, _hashable(decode(k, {}))))
+
+    for name, node in tree.items():
+        walk(node, (name,))
+    return out
+
+
+def like_tensors(
+    tree: Mapping[str, Any], like: Mapping[str, Any], keys: Sequence[str]
+) -> dict[str, tuple[torch.Tensor, bool]]:
+    """The caller's tensors at the same place (path) as each checkpoint tensor key, and
+    whether the checkpoint may be read straight into them: only under entries restored in
+    place (tensors, objects with ``load_state_dict``; a plain container is replaced, and its
+    old tensors are left alone). The format decides which fit (device, dtype, shape); a sharded
+    tensor anywhere says how to read its key."""
+    mine = {k: like[k] for k in keys if k in like and k in tree}
+    if not mine:
+        return {}
+    try:
+        enc = encode_state(mine, allow_dtensor=True)
+    except (CheckpointError, TypeError):
+        return {}  # e.g. a state_dict() with values we cannot read into: plain loading then
+    out = {}
+    for key, path in tensor_paths({k: tree[k] for k in mine}).items():
+        if path in enc.paths:
+            top = mine[path[0]]
+            inplace = isinstance(top, torch.Tensor) or has_state_dict(top)
+            out[key] = (enc.tensors[enc.paths[path]], inplace)
+    return out
 
 
 def decode(node: Any, tensors: Mapping[str, torch.Tensor]) -> Any:

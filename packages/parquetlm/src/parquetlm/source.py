@@ -225,6 +225,8 @@ class ParquetSource:
                     continue
                 lo = max(unit.row_start - first, 0)
                 arr = batch.column(0).slice(lo, min(stop, seen) - first - lo)
+                if pa.types.is_dictionary(arr.type):  # pandas "category", Arrow dictionary
+                    arr = arr.dictionary_decode()
                 nulls = arr.null_count
                 yield (arr.drop_null() if nulls else arr), nulls
                 if seen >= stop:
@@ -298,6 +300,10 @@ def _hash_file(h: Any, f: IO[bytes], *, full: bool) -> None:
 
 
 def _is_string(t: pa.DataType) -> bool:
+    """Text: string, large_string, string_view, or a dictionary of them (what pandas writes for
+    a ``category`` column; read back decoded)."""
+    if pa.types.is_dictionary(t):
+        return _is_string(t.value_type)
     checks = [pa.types.is_string, pa.types.is_large_string]
     if hasattr(pa.types, "is_string_view"):
         checks.append(pa.types.is_string_view)

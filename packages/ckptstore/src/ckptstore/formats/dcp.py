@@ -1,27 +1,41 @@
-"""The ``dcp`` format: ``torch.distributed.checkpoint`` with ckptstore's own storage layer.
+"""The ``dcp`` format: a real ``torch.distributed.checkpoint`` checkpoint, written by
+ckptstore's storage layer.
 
-DCP does the planning: every rank offers its tensors, replicated ones (DDP) are assigned to one
-rank each (DCP's dedup), and a later load on any world size plans which chunks each rank reads.
-ckptstore does the bytes: each rank writes one ``shard-rNNNNN.<token>.bin`` with checksums, and
-the coordinator's ``finish`` writes the manifest (which carries DCP's metadata as JSON, not as
-DCP's pickled ``.metadata``) only after every rank's ``write_data`` returned, i.e. after every
-payload is durable. Only tensors go through DCP; everything else lives in the JSON tree, so
-loading never unpickles (DCP's own reader would ``torch.load(weights_only=False)`` non-tensors).
+DCP does the planning: every rank offers the state as a user would pass it to ``dcp.save``
+(state dicts of the objects, nested), replicated tensors (DDP) are assigned to one rank each
+(DCP's dedup), and a later load on any world size plans which chunks each rank reads. ckptstore
+does the bytes, in DCP's own file layout: each rank writes one ``shard-rNNNNN.<token>.distcp``
+in which every tensor chunk is a ``torch.save`` archive (built around the raw bytes, which are
+written in place, checksummed, page-aligned when large) and every other value a ``torch.save``
+pickle; the coordinator's ``finish`` writes DCP's ``.metadata`` (a pickle, as DCP's readers
+expect) and then the manifest (the commit), only after every rank's ``write_data`` returned,
+i.e. after every payload is durable. So ``dcp.load(state, checkpoint_id=step_dir)`` reads a
+ckptstore checkpoint without ckptstore, on any world size DCP supports.
+
+ckptstore itself never reads ``.metadata`` nor the pickles: the manifest carries the tree of
+non-tensor values as JSON and, per tensor, where its raw bytes sit (file, offset, length, chunk
+offsets); loading reads those bytes and nothing else. A tensor DCP would pickle inside another
+value (in a tuple, a numpy array) is also written raw under ``__ckptstore__.<key>``, for this
+reader. Checkpoints of the first release (``shard-rNNNNN.<token>.bin``: raw bytes, no
+``.metadata``) still load.
 """
 
 from __future__ import annotations
 
 import contextlib
+import pickle
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
 import torch.distributed.checkpoint as dcp
+import torch.distributed.checkpoint.filesystem as dcp_fs
 from torch.distributed.checkpoint.metadata import (
     ChunkStorageMetadata,
     Metadata,
     MetadataIndex,
+    StorageMeta,
     TensorProperties,
     TensorStorageMetadata,
 )
@@ -38,12 +52,17 @@ from torch.futures import Future
 
 from ..buffers import ALIGN, TENSOR_ALIGN, align_up, aligned_empty, as_bytes
 from ..errors import CheckpointError, CorruptCheckpointError, IncompatibleCheckpointError
-from ..manifest import FileEntry, Manifest, _file_from_json
-from ..storage import Dest, SegmentPayload
-from ..tree import EncodedState, decode, dtype_from_name, dtype_name, encode_state, tensor_keys
+from ..manifest import CRC_CHUNK, Checksum, FileEntry, Manifest, _file_from_json
+from ..storage import Dest, SegmentPayload, crc_chunks
+from ..tree import EncodedState, decode, dtype_from_name, dtype_name, like_tensors, tensor_keys
 from . import LoadContext, SaveContext
+from .mapped import MappedFile, mappable
+from .torchzip import wrap
 
 _BIG = 1 << 20  # tensors this large start on a page boundary so O_DIRECT can read them in place
+PRIVATE = "__ckptstore__"  # raw copies of tensors DCP would only pickle (see the docstring)
+DCP_METADATA = ".metadata"
+FORMAT_VERSION = 2
 
 
 def _chunk_key(fqn: str, offsets: Sequence[int]) -> str:
@@ -86,17 +105,18 @@ class DCPFormat:
             if cuda:
                 event = torch.cuda.Event()
                 event.record()
-        return flat, enc, event
+        dcp_state, fqns = _dcp_view(enc, flat)
+        return dcp_state, fqns, enc, event
 
     def persist(self, staged: Any, ctx: SaveContext) -> None:
-        flat, enc, event = staged
+        dcp_state, fqns, enc, event = staged
         if event is not None:
             event.synchronize()
-        writer = _Writer(ctx, enc)
+        writer = _Writer(ctx, enc, fqns)
         try:
             with _quiet():
                 dcp.save(
-                    flat,
+                    dcp_state,
                     storage_writer=writer,
                     planner=dcp.DefaultSavePlanner(),
                     process_group=ctx.group,
@@ -110,19 +130,26 @@ class DCPFormat:
     ) -> dict[str, Any]:
         tree, tmeta = _tree_and_meta(manifest)
         wanted = list(dict.fromkeys(k for key in keys for k in tensor_keys(tree[key])))
-        sharded = _sharded_targets(like, keys)
-        targets: dict[str, torch.Tensor] = {}
+        mine = like_tensors(tree, like, keys)
         for k in wanted:
             if k not in tmeta:
                 raise CorruptCheckpointError(f"{manifest.url}: tree references unknown {k!r}")
+        fresh = [k for k in wanted if k not in mine or not (mine[k][1] or _is_dtensor(mine[k][0]))]
+        mapped = _mapped(manifest, ctx, tmeta, fresh)
+        targets: dict[str, torch.Tensor] = {}
+        for k in wanted:
+            if k in mapped:
+                continue
             m = tmeta[k]
             dtype, size = dtype_from_name(m["dtype"]), [int(x) for x in m["size"]]
             nbytes = dtype.itemsize * _prod(size)
-            dt = sharded.get(k)
-            if dt is not None and list(dt.shape) == size:
+            t, inplace = mine.get(k, (None, False))
+            if t is not None and _is_dtensor(t) and list(t.shape) == size:
                 # the caller's tensor is sharded (FSDP2): DCP reads just this rank's shard, in
                 # the saved dtype (load_state_dict casts it, e.g. fp32 weights into bf16 ones)
-                targets[k] = torch.empty_like(dt, dtype=dtype)
+                targets[k] = torch.empty_like(t, dtype=dtype)
+            elif t is not None and inplace and _fits(t, dtype, size):
+                targets[k] = t  # read straight into the caller's tensor (a resume)
             elif nbytes >= _BIG:
                 targets[k] = aligned_empty(nbytes).view(dtype).view(size)
             else:
@@ -140,7 +167,7 @@ class DCPFormat:
                     )
             except dcp.CheckpointException as e:
                 raise _unwrap(e) from e
-        return {key: decode(tree[key], targets) for key in keys}
+        return {key: decode(tree[key], {**targets, **mapped}) for key in keys}
 
     def describe(self, manifest: Manifest, ctx: LoadContext) -> dict[str, Any]:
         tree, tmeta = _tree_and_meta(manifest)
@@ -194,18 +221,80 @@ def _quiet() -> Iterator[None]:
         yield
 
 
-def _sharded_targets(like: Mapping[str, Any], keys: Sequence[str]) -> dict[str, torch.Tensor]:
-    """DTensors in the caller's state, under the keys the encoder gives them."""
+def _mapped(
+    manifest: Manifest, ctx: LoadContext, tmeta: Mapping[str, Any], keys: Sequence[str]
+) -> dict[str, torch.Tensor]:
+    """Fresh tensors of ``keys`` straight from the mapped shard files (verified), for tensors
+    stored whole in one chunk on a local disk; the rest go through DCP's planning."""
+    whole: dict[str, list[str]] = {}
+    for k in keys:
+        m, chunks = tmeta[k], tmeta[k]["chunks"]
+        nbytes = dtype_from_name(m["dtype"]).itemsize * _prod(m["size"])
+        one = len(chunks) == 1 and not any(chunks[0]["offsets"])
+        if one and chunks[0]["sizes"] == m["size"] and int(chunks[0]["length"]) == nbytes:
+            whole.setdefault(str(chunks[0]["file"]), []).append(k)
     out: dict[str, torch.Tensor] = {}
-    for key in keys:
-        if key not in like:
-            continue
-        try:
-            enc = encode_state({key: like[key]}, allow_dtensor=True)
-        except (CheckpointError, TypeError):
-            continue
-        out.update((k, t) for k, t in enc.tensors.items() if _is_dtensor(t))
+    for fname, ks in whole.items():
+        path = ctx.storage.join(ctx.step_dir, fname)
+        local = ctx.storage.local_path(path)
+        if not mappable(local, ctx.io):
+            return {}
+        assert local is not None
+        mapped = MappedFile(local, manifest.file(fname), ctx.storage.url(path))
+        spans = [
+            (int(tmeta[k]["chunks"][0]["offset"]), int(tmeta[k]["chunks"][0]["length"])) for k in ks
+        ]
+        mapped.verify([(a, a + n) for a, n in spans], ctx.io)
+        for k, (a, n) in zip(ks, spans, strict=True):
+            out[k] = mapped.tensor(a, n, dtype_from_name(tmeta[k]["dtype"]), tmeta[k]["size"])
     return out
+
+
+def _fits(t: torch.Tensor, dtype: torch.dtype, size: Sequence[int]) -> bool:
+    """Whether the saved chunks can be read straight into ``t`` (no cast, no reshape)."""
+    return (
+        not _is_dtensor(t)
+        and t.device.type == "cpu"
+        and t.is_contiguous()
+        and t.dtype == dtype
+        and list(t.shape) == list(size)
+    )
+
+
+def _dcp_view(
+    enc: EncodedState, flat: Mapping[str, torch.Tensor]
+) -> tuple[dict[str, Any], dict[str, str]]:
+    """The state as a user would hand it to ``dcp.save`` (every entry's state dict, nested),
+    rebuilt from the tree around ``flat`` (the tensors, or their snapshot), and the name DCP
+    gives each of our tensor keys. Tensors DCP would only pickle (in a tuple, a numpy array)
+    are added raw under ``PRIVATE``."""
+    from torch.distributed.checkpoint._nested_dict import flatten_state_dict
+
+    if PRIVATE in enc.tree:
+        raise CheckpointError(f"state key {PRIVATE!r} is reserved by the 'dcp' format; rename it")
+    view = {name: decode(node, flat) for name, node in enc.tree.items()}
+    try:
+        flattened, _ = flatten_state_dict(view)
+    except ValueError as e:  # "duplicated flatten key": DCP's names are dotted paths
+        raise CheckpointError(
+            f"the 'dcp' format cannot name every value of this state ({e}): two paths join to "
+            "the same dotted name; rename a key, or use format='torch'"
+        ) from None
+    seen: dict[int, str] = {}
+    for fqn, v in flattened.items():
+        if isinstance(v, torch.Tensor):
+            seen.setdefault(id(v), fqn)
+    fqns: dict[str, str] = {}
+    hidden: dict[str, torch.Tensor] = {}
+    for k, t in flat.items():
+        if id(t) in seen:
+            fqns[k] = seen[id(t)]
+        else:
+            hidden[k] = t
+            fqns[k] = f"{PRIVATE}.{k}"
+    if hidden:
+        view[PRIVATE] = hidden
+    return view, fqns
 
 
 def _prod(xs: Sequence[int]) -> int:
@@ -248,9 +337,9 @@ def _tree_and_meta(manifest: Manifest) -> tuple[dict[str, Any], dict[str, Any]]:
 
 
 class _Writer(StorageWriter):
-    def __init__(self, ctx: SaveContext, enc: EncodedState) -> None:
+    def __init__(self, ctx: SaveContext, enc: EncodedState, fqns: Mapping[str, str]) -> None:
         super().__init__()
-        self.ctx, self.enc = ctx, enc
+        self.ctx, self.enc, self.fqns = ctx, enc, fqns
 
     def reset(self, checkpoint_id: Any = None) -> None:
         pass
@@ -273,33 +362,22 @@ class _Writer(StorageWriter):
 
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
         ctx = self.ctx
-        name = f"shard-r{ctx.rank:05d}.{ctx.token}.bin"
-        segs: list[tuple[int, torch.Tensor]] = []
-        placed = []
-        pos = 0
-        for item in plan.items:
-            if item.type == WriteItemType.BYTE_IO:
-                raise CheckpointError(f"unexpected non-tensor item {item.index.fqn!r} in DCP plan")
-            data = planner.resolve_data(item)
-            assert isinstance(data, torch.Tensor)
-            b = as_bytes(data)
-            pos = align_up(pos, ALIGN if b.numel() >= _BIG else TENSOR_ALIGN)
-            segs.append((pos, b))
-            placed.append((item, pos, b.numel()))
-            pos += b.numel()
+        shard = _Shard(f"shard-r{ctx.rank:05d}.{ctx.token}.distcp")
+        placed = [(item, shard.add(item, planner.resolve_data(item))) for item in plan.items]
         results: list[WriteResult] = []
         if placed:
             ctx.storage.makedirs(ctx.step_dir)
-            path = ctx.storage.join(ctx.step_dir, name)
+            path = ctx.storage.join(ctx.step_dir, shard.name)
             entry = ctx.storage.write_payload(
-                path, SegmentPayload(pos, segs), ctx.io, background=ctx.background
+                path, SegmentPayload(shard.size, shard.segments), ctx.io, background=ctx.background
             )
             file_json = FileEntry(entry.path, entry.size, entry.checksum, ctx.rank).to_json()
-            for i, (item, off, n) in enumerate(placed):
-                sd: dict[str, Any] = {"file": name, "offset": off, "length": n}
+            for i, (item, sd) in enumerate(placed):
                 if i == 0:
-                    sd["entry"] = file_json
-                results.append(WriteResult(index=item.index, size_in_bytes=n, storage_data=sd))
+                    sd = {**sd, "entry": file_json}
+                results.append(
+                    WriteResult(index=item.index, size_in_bytes=sd["blob"][1], storage_data=sd)
+                )
         fut: Future[list[WriteResult]] = Future()
         fut.set_result(results)
         return fut
@@ -307,6 +385,7 @@ class _Writer(StorageWriter):
     def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
         files: dict[str, FileEntry] = {}
         where: dict[str, dict[str, Any]] = {}
+        storage_data: dict[MetadataIndex, Any] = {}
         for rank_results in results:
             for wr in rank_results:
                 sd = wr.storage_data
@@ -315,10 +394,14 @@ class _Writer(StorageWriter):
                     files[entry.path] = entry
                 offsets = wr.index.offset if wr.index.offset is not None else ()
                 where[_chunk_key(wr.index.fqn, offsets)] = sd
+                storage_data[wr.index] = dcp_fs._StorageInfo(
+                    sd["file"], sd["blob"][0], sd["blob"][1]
+                )
+        key_of = {fqn: k for k, fqn in self.fqns.items()}
         tensors: dict[str, Any] = {}
         for fqn, md in metadata.state_dict_metadata.items():
-            if not isinstance(md, TensorStorageMetadata):
-                raise CheckpointError(f"unexpected non-tensor entry {fqn!r} in DCP metadata")
+            if not isinstance(md, TensorStorageMetadata) or fqn not in key_of:
+                continue  # a pickled value, or the second name of a tied weight
             chunks = []
             for c in md.chunks:
                 sd = where[_chunk_key(fqn, c.offsets)]
@@ -331,13 +414,86 @@ class _Writer(StorageWriter):
                         "length": sd["length"],
                     }
                 )
-            tensors[fqn] = {
+            tensors[key_of[fqn]] = {
                 "dtype": dtype_name(md.properties.dtype),
                 "size": list(md.size),
                 "chunks": chunks,
+                "fqn": fqn,
             }
-        format_data = {"tree": self.enc.tree, "types": self.enc.types, "tensors": tensors}
+        missing = sorted(set(self.fqns) - set(tensors))
+        if missing:
+            raise CheckpointError(f"DCP planned no storage for tensors {missing[:5]}")
+        files[DCP_METADATA] = self._write_dcp_metadata(metadata, storage_data)
+        format_data = {
+            "version": FORMAT_VERSION,
+            "tree": self.enc.tree,
+            "types": self.enc.types,
+            "tensors": tensors,
+        }
         self.ctx.commit(sorted(files.values(), key=lambda f: f.path), format_data)
+
+    def _write_dcp_metadata(
+        self, metadata: Metadata, storage_data: dict[MetadataIndex, Any]
+    ) -> FileEntry:
+        """DCP's own ``.metadata`` (a pickle, as DCP's readers expect), durable before the
+        manifest; ckptstore never reads it back."""
+        ctx = self.ctx
+        metadata.storage_data = storage_data
+        metadata.storage_meta = StorageMeta(
+            checkpoint_id=ctx.storage.url(ctx.step_dir), save_id=ctx.token
+        )
+        metadata.version = getattr(dcp_fs, "CURRENT_DCP_VERSION", "1.0.0")
+        blob = pickle.dumps(metadata)
+        ctx.storage.write_small(ctx.storage.join(ctx.step_dir, DCP_METADATA), blob)
+        crcs = tuple(crc for _, crc in crc_chunks(memoryview(blob), 0))
+        return FileEntry(DCP_METADATA, len(blob), Checksum(CRC_CHUNK, crcs), ctx.rank)
+
+
+class _Shard:
+    """One rank's shard file being laid out: every tensor chunk a ``torch.save`` archive around
+    its raw bytes (large ones page-aligned), every other value DCP's pickle; the same tensor
+    (tied weights) is written once and named twice."""
+
+    def __init__(self, name: str) -> None:
+        self.name, self.size = name, 0
+        self.segments: list[tuple[int, torch.Tensor]] = []
+        self._seen: dict[tuple[Any, ...], dict[str, Any]] = {}
+
+    def add(self, item: Any, data: Any) -> dict[str, Any]:
+        if item.type == WriteItemType.BYTE_IO:
+            raw = bytes(data.getbuffer())
+            sd: dict[str, Any] = {"file": self.name, "blob": [self.size, len(raw)]}
+            self._put(raw)
+            return sd
+        assert isinstance(data, torch.Tensor)
+        t = data.detach()
+        ident = None
+        if t.numel():
+            ptr = t.untyped_storage().data_ptr()
+            ident = (ptr, t.storage_offset(), tuple(t.shape), tuple(t.stride()), t.dtype)
+            if ident in self._seen:
+                return self._seen[ident]
+        b = as_bytes(t)
+        n = b.numel()
+        start = self.size
+        head, tail = wrap(
+            t.dtype, tuple(t.shape), start=start, align=ALIGN if n >= _BIG else TENSOR_ALIGN
+        )
+        self._put(head)
+        sd = {"file": self.name, "offset": self.size, "length": n, "blob": []}
+        if n:
+            self.segments.append((self.size, b))
+            self.size += n
+        self._put(tail)
+        sd["blob"] = [start, self.size - start]
+        if ident is not None:
+            self._seen[ident] = sd
+        return sd
+
+    def _put(self, raw: bytes) -> None:
+        if raw:
+            self.segments.append((self.size, torch.frombuffer(bytearray(raw), dtype=torch.uint8)))
+            self.size += len(raw)
 
 
 class _Reader(StorageReader):

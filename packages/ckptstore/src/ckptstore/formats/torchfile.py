@@ -1,15 +1,23 @@
-"""The ``torch`` format: one pickle-free file, written by rank 0.
+"""The ``torch`` format: one pickle-free file, written by rank 0, in the safetensors layout.
 
-Layout of ``state.<token>.ckpt``::
+``state.<token>.safetensors`` is a safetensors file: a u64 little-endian header length, a JSON
+header (per tensor its dtype, shape and data offsets; ``__metadata__`` holds ckptstore's state
+tree as a JSON string), then the raw tensor bytes, back to back. So any safetensors reader
+(``safetensors.torch.load_file``, and the readers of every other framework) loads the tensors as
+they are, without ckptstore. The header is padded with spaces so the data starts on a 4096-byte
+boundary, and the tensors are ordered by element size, largest first, so every tensor starts at
+a multiple of its element size: ckptstore's reader views them in place, without copies.
 
-    b"CKSTORE1" | u64 little-endian header length | header JSON | zero pad to 4096
-    | tensor bytes, each top-level entry starting on a 4096 boundary, each tensor on 64
+Tensor names are the paths of the values (``model.layer.weight``, ``optim.state.0.exp_avg``);
+tied weights are stored once (under the first name). A dtype safetensors has no name for
+(complex128, some float8/float4 variants) is stored as ``U8`` bytes of shape ``[nbytes]``;
+``__metadata__`` names its real dtype and shape.
 
-The header (also copied into the manifest, so a reader plans its reads before touching the
-payload) holds the state tree and, per tensor, dtype, shape, offset and size. Loading is
-``torch.frombuffer``-style views into freshly read, verified memory: there is nothing to
-unpickle, so a crafted file cannot run code; a file that *is* a pickle is refused by its magic.
-``ckptstore export`` turns any checkpoint into a plain ``torch.save`` file.
+The header is also copied into the manifest, so a reader plans its reads before touching the
+payload. Loading views freshly read, verified memory, or reads straight into the caller's
+tensors: there is nothing to unpickle, so a crafted file cannot run code, and a file that *is*
+a pickle is refused. Files of the first release (``state.<token>.ckpt``: ``b"CKSTORE1"``, a u64
+header length, a JSON header, aligned tensor bytes) are still read.
 """
 
 from __future__ import annotations
@@ -23,7 +31,6 @@ import torch
 
 from ..buffers import (
     ALIGN,
-    TENSOR_ALIGN,
     align_up,
     aligned_empty,
     as_bytes,
@@ -33,50 +40,85 @@ from ..buffers import (
 from ..errors import CorruptCheckpointError, IncompatibleCheckpointError
 from ..manifest import Manifest
 from ..storage import BufferPayload, Dest, IOEngine, SegmentPayload
-from ..tree import EncodedState, decode, dtype_from_name, tensor_keys
+from ..tree import EncodedState, decode, dtype_from_name, like_tensors, tensor_keys
 from . import LoadContext, SaveContext
+from .mapped import MappedFile, mappable
 
-MAGIC = b"CKSTORE1"
-_PREFIX = struct.Struct("<8sQ")
+MAGIC = b"CKSTORE1"  # the first release's files
+_V1_PREFIX = struct.Struct("<8sQ")
+_LENGTH = struct.Struct("<Q")
 _PICKLE_MAGICS = (b"PK\x03\x04", b"\x80\x02", b"\x80\x03", b"\x80\x04", b"\x80\x05")
+HEADER_VERSION = 2
+SUFFIX = ".safetensors"
+_MERGE_GAP = 1 << 20  # wanted tensors closer than this are read as one span
+
+# torch dtype -> safetensors dtype name (the names every safetensors reader knows)
+SAFETENSORS_DTYPES: dict[torch.dtype, str] = {
+    torch.float64: "F64",
+    torch.float32: "F32",
+    torch.float16: "F16",
+    torch.bfloat16: "BF16",
+    torch.int64: "I64",
+    torch.int32: "I32",
+    torch.int16: "I16",
+    torch.int8: "I8",
+    torch.uint8: "U8",
+    torch.bool: "BOOL",
+    torch.complex64: "C64",
+    torch.float8_e4m3fn: "F8_E4M3",
+    torch.float8_e5m2: "F8_E5M2",
+}
+for _name, _st in (("uint16", "U16"), ("uint32", "U32"), ("uint64", "U64")):
+    if isinstance(getattr(torch, _name, None), torch.dtype):
+        SAFETENSORS_DTYPES[getattr(torch, _name)] = _st
 
 
 def build_header(enc: EncodedState) -> tuple[bytes, dict[str, Any], int]:
-    """(file prefix + header bytes, header object, total file size) for an encoded state."""
-    tensors: dict[str, dict[str, Any]] = {}
-    groups: dict[str, list[str]] = {}
-    for key, spec in enc.specs.items():
-        groups.setdefault(spec.group, []).append(key)
+    """(file prefix: length + space-padded JSON header, the header as the manifest keeps it,
+    total file size) for an encoded state."""
+    groups = {g: i for i, g in enumerate(dict.fromkeys(s.group for s in enc.specs.values()))}
+    order = sorted(
+        enc.specs,
+        key=lambda k: (-dtype_from_name(enc.specs[k].dtype).itemsize, groups[enc.specs[k].group]),
+    )  # a stable sort: first-seen order within a size class and group
+    st: dict[str, Any] = {}
+    raw_dtypes: dict[str, dict[str, Any]] = {}
+    rel: dict[str, int] = {}
     pos = 0
-    for keys in groups.values():
-        pos = align_up(pos, ALIGN)
-        for key in keys:
-            spec = enc.specs[key]
-            pos = align_up(pos, TENSOR_ALIGN)
-            tensors[key] = {
-                "dtype": spec.dtype,
-                "shape": list(spec.shape),
-                "offset": pos,  # relative to data_offset until fixed below
-                "nbytes": spec.nbytes,
-                "group": spec.group,
+    for key in order:
+        spec = enc.specs[key]
+        dtype = dtype_from_name(spec.dtype)
+        name = SAFETENSORS_DTYPES.get(dtype)
+        shape = list(spec.shape)
+        if name is None:
+            name, shape = "U8", [spec.nbytes]
+            raw_dtypes[key] = {"dtype": spec.dtype, "shape": list(spec.shape)}
+        st[key] = {"dtype": name, "shape": shape, "data_offsets": [pos, pos + spec.nbytes]}
+        rel[key] = pos
+        pos += spec.nbytes
+    own = {"version": HEADER_VERSION, "tree": enc.tree, "types": enc.types, "dtypes": raw_dtypes}
+    meta = {"format": "pt", "ckptstore": orjson.dumps(own).decode()}
+    blob = orjson.dumps({"__metadata__": meta, **st})
+    data_offset = align_up(_LENGTH.size + len(blob), ALIGN)
+    blob += b" " * (data_offset - _LENGTH.size - len(blob))  # safetensors allows space padding
+    header: dict[str, Any] = {
+        "version": HEADER_VERSION,
+        "layout": "safetensors",
+        "tree": enc.tree,
+        "types": enc.types,
+        "data_offset": data_offset,
+        "tensors": {
+            k: {
+                "dtype": enc.specs[k].dtype,
+                "shape": list(enc.specs[k].shape),
+                "offset": data_offset + rel[k],
+                "nbytes": enc.specs[k].nbytes,
+                "group": enc.specs[k].group,
             }
-            pos += spec.nbytes
-    data_size = pos
-    header: dict[str, Any] = {"version": 1, "tree": enc.tree, "types": enc.types}
-    # The data offset depends on the header length, which depends on the offsets: iterate.
-    data_offset = 0
-    while True:
-        header["data_offset"] = data_offset
-        header["tensors"] = {
-            k: {**v, "offset": v["offset"] + data_offset} for k, v in tensors.items()
-        }
-        blob = orjson.dumps(header)
-        need = align_up(_PREFIX.size + len(blob), ALIGN)
-        if need == data_offset:
-            break
-        data_offset = need
-    prefix = _PREFIX.pack(MAGIC, len(blob)) + blob
-    return prefix, header, data_offset + data_size
+            for k in order
+        },
+    }
+    return _LENGTH.pack(len(blob)) + blob, header, data_offset + pos
 
 
 class TorchFormat:
@@ -113,7 +155,7 @@ class TorchFormat:
         payload, event, header = staged
         if event is not None:
             event.synchronize()
-        name = f"state.{ctx.token}.ckpt"
+        name = f"state.{ctx.token}{SUFFIX}"
         ctx.storage.makedirs(ctx.step_dir)  # here, not in stage(): an fsync the caller skips
         entry = ctx.storage.write_payload(
             ctx.storage.join(ctx.step_dir, name), payload, ctx.io, background=ctx.background
@@ -126,39 +168,47 @@ class TorchFormat:
         header, entry, problem = _header(manifest)
         path = ctx.storage.join(ctx.step_dir, entry.path)
         url = ctx.storage.url(path)
+        head = Dest(0, torch.empty(_V1_PREFIX.size + 1, dtype=torch.uint8))
         if problem:  # look at the payload first: a pickle deserves the clearer message
-            prefix = torch.empty(_PREFIX.size, dtype=torch.uint8)
-            ctx.storage.read_into(path, entry, [Dest(0, prefix)], ctx.io)
-            _check_prefix(bytes(prefix.tolist()), header, url)
+            ctx.storage.read_into(path, entry, [head], ctx.io)
+            _check_prefix(bytes(head.buf.tolist()), header, url)
             raise CorruptCheckpointError(f"{manifest.url}: malformed 'torch' header ({problem})")
         tree, specs = header["tree"], header["tensors"]
-        wanted = {k for key in keys for k in tensor_keys(tree[key])}
-        by_group: dict[str, list[str]] = {}
+        wanted = list(dict.fromkeys(k for key in keys for k in tensor_keys(tree[key])))
+        targets = like_tensors(tree, like, keys)
+        dests, tensors, loose = [head], {}, []
         for k in wanted:
-            by_group.setdefault(str(specs[k]["group"]), []).append(k)
-        dests: list[Dest] = [Dest(0, torch.empty(_PREFIX.size, dtype=torch.uint8))]
-        spans: list[tuple[Dest, list[str]]] = []
-        for ks in by_group.values():
-            nonempty = [k for k in ks if specs[k]["nbytes"]]
-            if not nonempty:
-                continue
-            lo = min(specs[k]["offset"] for k in nonempty) // ALIGN * ALIGN
-            hi = max(specs[k]["offset"] + specs[k]["nbytes"] for k in nonempty)
-            d = Dest(lo, aligned_empty(hi - lo))
-            dests.append(d)
-            spans.append((d, nonempty))
+            s, (t, inplace) = specs[k], targets.get(k, (None, False))
+            if t is not None and inplace and _fits(t, s) and s["nbytes"]:
+                dests.append(Dest(s["offset"], as_bytes(t)))  # straight into the caller's tensor
+                tensors[k] = t
+            elif s["nbytes"]:
+                loose.append(k)
+        local = ctx.storage.local_path(path)
+        if loose and mappable(local, ctx.io):  # fresh tensors: the mapped file, verified
+            assert local is not None
+            mapped = MappedFile(local, entry, url)
+            ranges = [(specs[k]["offset"], specs[k]["offset"] + specs[k]["nbytes"]) for k in loose]
+            mapped.verify(ranges, ctx.io)
+            for k in loose:
+                s = specs[k]
+                dtype = dtype_from_name(s["dtype"])
+                tensors[k] = mapped.tensor(s["offset"], s["nbytes"], dtype, s["shape"])
+            loose = []
+        spans = [(Dest(lo, aligned_empty(hi - lo)), ks) for lo, hi, ks in _spans(loose, specs)]
+        dests += [d for d, _ in spans]
         ctx.storage.read_into(path, entry, dests, ctx.io)
-        _check_prefix(bytes(dests[0].buf.tolist()), header, url)
-        tensors: dict[str, torch.Tensor] = {}
+        _check_prefix(bytes(head.buf.tolist()), header, url)
         for d, ks in spans:
             for k in ks:
                 s = specs[k]
                 a = s["offset"] - d.offset
                 raw = d.buf[a : a + s["nbytes"]]
                 tensors[k] = raw.view(dtype_from_name(s["dtype"])).view(s["shape"])
-        for k in wanted - tensors.keys():
-            s = specs[k]
-            tensors[k] = torch.empty(s["shape"], dtype=dtype_from_name(s["dtype"]))
+        for k in wanted:
+            if k not in tensors:  # no bytes: empty tensors
+                s = specs[k]
+                tensors[k] = torch.empty(s["shape"], dtype=dtype_from_name(s["dtype"]))
         return {key: decode(tree[key], tensors) for key in keys}
 
     def describe(self, manifest: Manifest, ctx: LoadContext) -> dict[str, Any]:
@@ -180,6 +230,34 @@ class TorchFormat:
         }
 
 
+def _fits(t: torch.Tensor, spec: Mapping[str, Any]) -> bool:
+    """Whether the saved bytes can be read straight into ``t`` (no cast, no reshape)."""
+    return (
+        type(t).__name__ != "DTensor"
+        and t.device.type == "cpu"
+        and t.is_contiguous()
+        and t.dtype == dtype_from_name(spec["dtype"])
+        and list(t.shape) == list(spec["shape"])
+    )
+
+
+def _spans(keys: Sequence[str], specs: Mapping[str, Any]) -> list[tuple[int, int, list[str]]]:
+    """Page-aligned file ranges ``[lo, hi)`` covering ``keys`` (tensors of one dtype close
+    together in the file share one range: one buffer, one read), each with the keys it holds.
+    One dtype per buffer: ``torch.save`` refuses views of one storage as different types."""
+    out: list[tuple[int, int, list[str]]] = []
+    last = None
+    for k in sorted(keys, key=lambda k: int(specs[k]["offset"])):
+        a, b = int(specs[k]["offset"]), int(specs[k]["offset"]) + int(specs[k]["nbytes"])
+        same_dtype, last = specs[k]["dtype"] == last, specs[k]["dtype"]
+        if out and same_dtype and a - out[-1][1] <= _MERGE_GAP:
+            lo, hi, ks = out[-1]
+            out[-1] = (lo, max(hi, b), [*ks, k])
+        else:
+            out.append((a // ALIGN * ALIGN, b, [k]))
+    return out
+
+
 def _snapshot(
     buf: torch.Tensor,
     prefix: bytes,
@@ -192,12 +270,12 @@ def _snapshot(
     copy_bytes(buf[: len(prefix)], torch.frombuffer(bytearray(prefix), dtype=torch.uint8))
     pos = len(prefix)
     pairs = []
-    for k, t in tensors.items():
+    for k in sorted(tensors, key=lambda k: int(specs[k]["offset"])):
         off, n = specs[k]["offset"], specs[k]["nbytes"]
         zero_bytes(buf[pos:off])
         if n:
-            pairs.append((buf[off : off + n], as_bytes(t)))
-        pos = off + n
+            pairs.append((buf[off : off + n], as_bytes(tensors[k])))
+        pos = max(pos, off + n)
     zero_bytes(buf[pos : align_up(pos)])
     io.copy_all(pairs, cuda=cuda)
 
@@ -246,8 +324,19 @@ def _check_prefix(got: bytes, header: Mapping[str, Any], url: str) -> None:
             f"{url}: this payload is a pickle (torch.save) file, not a ckptstore file; refusing "
             "to unpickle it (that could run arbitrary code)"
         )
-    magic, hlen = _PREFIX.unpack(got)
-    if magic != MAGIC:
-        raise CorruptCheckpointError(f"{url}: not a ckptstore 'torch' file (bad magic {magic!r})")
-    if _PREFIX.size + hlen > int(header["data_offset"]):
-        raise CorruptCheckpointError(f"{url}: header length {hlen} overruns the data")
+    data_offset = int(header["data_offset"])
+    if int(header.get("version", 1)) == 1:
+        magic, hlen = _V1_PREFIX.unpack(got[: _V1_PREFIX.size])
+        if magic != MAGIC:
+            raise CorruptCheckpointError(
+                f"{url}: not a ckptstore 'torch' file (bad magic {magic!r})"
+            )
+        if _V1_PREFIX.size + hlen > data_offset:
+            raise CorruptCheckpointError(f"{url}: header length {hlen} overruns the data")
+        return
+    (hlen,) = _LENGTH.unpack(got[: _LENGTH.size])
+    if _LENGTH.size + hlen != data_offset or got[_LENGTH.size : _LENGTH.size + 1] != b"{":
+        raise CorruptCheckpointError(
+            f"{url}: not the safetensors file its manifest describes (header length {hlen}, "
+            f"data at {data_offset})"
+        )

@@ -31,7 +31,7 @@ class IOOptions:
     # +33% with four (each extra thread preempts a training thread that the others then wait for).
     background_threads: int = 1
     piece_bytes: int = 16 * MiB
-    direct: bool | None = None  # O_DIRECT: None = where the filesystem supports it
+    direct: bool | None = None  # O_DIRECT writes: None = where supported; reads only with True
     background_nice: int = 10  # async persistence yields CPU to training (0 = same priority)
     s3_part_bytes: int = 32 * MiB
     s3_concurrency: int = 8

@@ -247,14 +247,15 @@ class LocalStorage:
 
     # -- verified reads --------------------------------------------------------------------
     def _open_read(self, path: str, io: IOEngine) -> tuple[int, int | None]:
-        """A normal fd, and an O_DIRECT one where the filesystem has it (and it is wanted)."""
+        """A normal fd, and an O_DIRECT one only when asked for (``direct=True``): buffered
+        reads measured as fast cold and several times faster from the page cache."""
         try:
             fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
         except FileNotFoundError:
             raise CorruptCheckpointError(f"{path}: missing file listed in the manifest") from None
         direct_flag = getattr(os, "O_DIRECT", 0)
         d = os.path.dirname(path)
-        if not direct_flag or io.options.direct is False or not self._direct_ok.get(d, True):
+        if not direct_flag or io.options.direct is not True or not self._direct_ok.get(d, True):
             return fd, None
         try:
             return fd, os.open(path, os.O_RDONLY | os.O_CLOEXEC | direct_flag)
