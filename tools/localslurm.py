@@ -23,6 +23,8 @@ This file is not part of any package. Tests load it by path, so it must stay sel
 As a script (the cluster keeps running after ``up``; ``down`` stops it by the PIDs it recorded)::
 
     python tools/localslurm.py up --dir /tmp/slurm [--cpus 8]   # prints `export SLURM_CONF=...`
+    python tools/localslurm.py up --dir /tmp/slurm --conf KillWait=30 \
+        --partition 'debug Default=YES' --partition 'low PriorityTier=1 PreemptMode=REQUEUE'
     python tools/localslurm.py status --dir /tmp/slurm
     python tools/localslurm.py down --dir /tmp/slurm
 
@@ -37,6 +39,14 @@ Settings that work on this machine, and why:
 - ``SchedulerParameters=sched_interval=2,bf_interval=1``: jobs start within ~2 s;
 - ``KillWait=5``: cancelled or timed-out jobs are gone soon; ``JobRequeue=1``;
 - ``MinJobAge=600``: finished jobs stay visible to ``scontrol show job`` for 10 minutes.
+
+``extra_conf`` overrides any of these (``{"KillWait": "30"}``: a site's default). ``partitions``
+replaces the one ``debug`` partition: ``{name: "more options"}``, each over the one node, e.g. for
+partition-based preemption on one node (with ``extra_conf={"PreemptType":
+"preempt/partition_prio", "PreemptMode": "REQUEUE"}``)::
+
+    {"debug": "Default=YES PreemptMode=OFF", "low": "PriorityTier=1 PreemptMode=REQUEUE",
+     "urgent": "PriorityTier=2 PreemptMode=OFF"}
 
 Shutdown order matters: ``scancel`` everything, wait for an empty queue (a ``slurmstepd`` that
 outlives its ``slurmd`` can hang), then stop the daemons by PID -- never by name, other clusters
@@ -176,6 +186,7 @@ class LocalCluster:
     ``workdir`` holds the config, state, spool, logs and pid files (a fresh temp dir when None; it
     is removed by :meth:`stop` only if this object created it). ``cpus`` one-CPU jobs run at
     once. ``extra_conf`` adds or overrides ``slurm.conf`` keys (e.g. ``{"KillWait": "2"}``).
+    ``partitions``: ``{name: options}`` over the node instead of the one ``debug`` partition.
     """
 
     def __init__(
@@ -184,9 +195,14 @@ class LocalCluster:
         *,
         cpus: int = 8,
         extra_conf: Mapping[str, str] | None = None,
+        partitions: Mapping[str, str] | None = None,
     ) -> None:
         if cpus < 1:
             raise ValueError(f"cpus must be >= 1, got {cpus}")
+        self.partitions = dict(partitions or {"debug": "Default=YES"})
+        for name in self.partitions:
+            if not re.fullmatch(r"[A-Za-z0-9_-]+", name):
+                raise ValueError(f"partition name {name!r}: use letters, digits, '-' and '_'")
         self._own_dir = workdir is None
         self.workdir = Path(
             tempfile.mkdtemp(prefix="localslurm-") if workdir is None else workdir
@@ -292,9 +308,9 @@ class LocalCluster:
             f"NodeName={self.node_name} NodeAddr=127.0.0.1 NodeHostname=127.0.0.1 "
             f"CPUs={self.cpus} RealMemory=1000 State=UNKNOWN"
         )
-        lines.append(
-            f"PartitionName=debug Nodes={self.node_name} Default=YES MaxTime=INFINITE State=UP"
-        )
+        for name, options in self.partitions.items():
+            line = f"PartitionName={name} Nodes={self.node_name} MaxTime=INFINITE State=UP"
+            lines.append(f"{line} {options}".rstrip())
         self.conf_path.write_text("\n".join(lines) + "\n")
 
     def _start_daemons(self, timeout: float) -> None:
@@ -346,7 +362,8 @@ class LocalCluster:
 
     def _node_idle(self) -> bool:
         out = self.run(["sinfo", "-h", "-N", "-o", "%T"], check=False, timeout=10)
-        state = out.stdout.strip().lower()
+        # One line per partition the node is in, all with the node's state.
+        state = (out.stdout.split() or [""])[0].lower()
         if state.startswith(("down", "drain")):
             # A node registering for the first time can come up DOWN; bring it back.
             self.run(
@@ -370,7 +387,8 @@ class LocalCluster:
     def stop(self, timeout: float = 60.0) -> None:
         """Cancel every job, wait for an empty queue, stop the daemons by PID, remove state."""
         if self._procs and self._procs["slurmctld"].poll() is None:
-            self.run(["scancel", "--partition=debug"], check=False, timeout=15)
+            for name in self.partitions:
+                self.run(["scancel", f"--partition={name}"], check=False, timeout=15)
             end = time.monotonic() + timeout
             while time.monotonic() < end and self._active_jobs():
                 time.sleep(0.5)
@@ -505,12 +523,43 @@ def _alive(pid: int, name: str) -> bool:
     return name.encode() in cmdline
 
 
+def _partition_names(conf: Path) -> list[str]:
+    """The partitions a cluster's slurm.conf defines (``debug`` when it cannot be read)."""
+    try:
+        text = conf.read_text()
+    except OSError:
+        return ["debug"]
+    return re.findall(r"^PartitionName=(\S+)", text, flags=re.MULTILINE) or ["debug"]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="localslurm", description=__doc__.split("\n")[0])
     parser.add_argument("action", choices=["up", "down", "status"])
     parser.add_argument("--dir", required=True, help="directory holding the cluster's files")
     parser.add_argument("--cpus", type=int, default=8, help="CPUs of the node (up only)")
+    parser.add_argument(
+        "--conf",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="set or override a slurm.conf key (up only; repeat), e.g. --conf KillWait=30",
+    )
+    parser.add_argument(
+        "--partition",
+        action="append",
+        default=[],
+        metavar="'NAME [OPTIONS]'",
+        help="a partition over the node instead of `debug` (up only; repeat), e.g. "
+        "--partition 'low PriorityTier=1 PreemptMode=REQUEUE'",
+    )
     args = parser.parse_args(argv)
+    extra: dict[str, str] = {}
+    for item in args.conf:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            parser.error(f"--conf {item!r}: give KEY=VALUE, e.g. --conf KillWait=30")
+        extra[key.strip()] = value.strip()
+    partitions = {p.split()[0]: " ".join(p.split()[1:]) for p in args.partition if p.split()}
     workdir = Path(args.dir).resolve()
     conf = workdir / "slurm.conf"
     pids = _read_pids(workdir)
@@ -522,7 +571,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
             return 1
         workdir.mkdir(parents=True, exist_ok=True)
-        cluster = LocalCluster(workdir, cpus=args.cpus)
+        try:
+            cluster = LocalCluster(
+                workdir, cpus=args.cpus, extra_conf=extra, partitions=partitions or None
+            )
+        except ValueError as e:
+            parser.error(str(e))
         try:
             cluster.start()
         except SlurmError as e:
@@ -553,7 +607,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     env = {**os.environ, "SLURM_CONF": str(conf)}
     if _alive(pids.get("slurmctld", -1), "slurmctld"):
-        subprocess.run(["scancel", "--partition=debug"], env=env, capture_output=True, timeout=15)
+        for name in _partition_names(conf):
+            subprocess.run(
+                ["scancel", f"--partition={name}"], env=env, capture_output=True, timeout=15
+            )
         end = time.monotonic() + 60
         while time.monotonic() < end:
             out = subprocess.run(
