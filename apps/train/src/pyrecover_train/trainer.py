@@ -378,7 +378,10 @@ class Trainer:
                 # Until durable: the final save must be complete before the kill. A save written
                 # while training went on is slower than the final one: the budget keeps it apart.
                 self.budget.record_save(
-                    stats.total_s, final=stats.step == final_step, background=stats.background
+                    stats.total_s,
+                    final=stats.step == final_step,
+                    background=stats.background,
+                    step=stats.step,
                 )
 
     # -- start, end -------------------------------------------------------------------------

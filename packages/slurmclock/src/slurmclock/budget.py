@@ -554,8 +554,18 @@ class TimeBudget:
         if self._valid("step", seconds):
             self._steps.add(float(seconds))
 
-    def record_save(self, seconds: float, *, final: bool = False, background: bool = False) -> None:
+    def record_save(
+        self,
+        seconds: float,
+        *,
+        final: bool = False,
+        background: bool = False,
+        step: int | None = None,
+    ) -> None:
         """Add a measured save duration (until the checkpoint is durable); see :meth:`save`.
+
+        ``step``: the checkpoint's step, marked ``checkpoint`` in the job's timeline (how
+        ``slurmclock supervise`` tells a failure at the same step from one after progress).
 
         ``background=True``: training went on while it was written (an async save, timed until
         durable). Such saves take longer than one with the machine to itself, so they get their
@@ -565,6 +575,8 @@ class TimeBudget:
         if self._valid("save", seconds):
             self._saves.add(float(seconds), background=background)
             self._parts_cache.clear()
+        if step is not None and self.timeline is not None:
+            self.timeline.mark("checkpoint", step=int(step))
         if final and self.timeline is not None:
             self.timeline.mark("saved", seconds=round(float(seconds), 3))
 
