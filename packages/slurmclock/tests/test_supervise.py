@@ -390,3 +390,17 @@ def test_a_bad_job_id_is_refused(tmp_path: Path) -> None:
     sup = Supervisor(env={"SLURM_JOB_ID": "../x"}, runner=Job(), out=io.StringIO())
     assert sup.run(py("pass")) == 2
     assert "is not a SLURM job id" in said(sup)
+
+
+def test_record_save_with_a_step_marks_the_checkpoint(tmp_path: Path) -> None:
+    """The contract with the trainers: a durable checkpoint is a ``checkpoint step=N`` event."""
+    from slurmclock import TimeBudget
+
+    timeline = JobTimeline("42", directory=tmp_path, env={})
+    budget = TimeBudget(timeline=timeline)
+    budget.record_save(1.5, background=True, step=300)
+    budget.record_save(1.5)  # no step: nothing to mark
+    budget.record_save(2.0, final=True, step=400)
+    marks = [(e.name, e.info.get("step")) for e in timeline.events()]
+    assert marks == [("checkpoint", 300), ("checkpoint", 400), ("saved", None)]
+    assert newest_checkpoint(timeline.events()) == 400
