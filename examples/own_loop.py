@@ -30,7 +30,7 @@ from torch import nn
 import ddpkit
 from ckptstore import CheckpointStore
 from parquetlm import PackedLoader
-from slurmclock import DeadlineWatcher, StopSignals, TimeBudget
+from slurmclock import DeadlineWatcher, JobTimeline, StopSignals, TimeBudget
 
 STEPS = int(os.environ.get("EXAMPLE_STEPS", 600))  # more: a longer run, e.g. under SLURM
 SAVE_EVERY = 100  # periodic async saves: a crash without warning loses at most this many steps
@@ -88,7 +88,12 @@ def main() -> int:
 
         signals = StopSignals().install()  # SIGUSR2/SIGTERM only raise a flag
         # Fixed small margins for a tiny model on a local disk; on a cluster: measured (omit).
-        budget = TimeBudget(DeadlineWatcher(), margin=3, initial_save_estimate=2, signals=signals)
+        # The job's timeline (in a SLURM job): the exits measured, the durable checkpoints marked
+        # (how `slurmclock supervise` tells a crash at the same step from one after progress).
+        budget = TimeBudget(
+            DeadlineWatcher(), margin=3, initial_save_estimate=2, signals=signals,
+            timeline=JobTimeline(),
+        )  # fmt: skip
         stopped, loss = None, None
         while step < STEPS:
             with budget.step():
@@ -100,7 +105,7 @@ def main() -> int:
                 opt.step()
             step += 1
             for done in store.saves_completed():  # async saves, timed until durable
-                budget.record_save(done.total_s, background=True)  # written while training
+                budget.record_save(done.total_s, background=True, step=done.step)  # while training
             decision = budget.should_stop()
             stop = dist.any_rank(bool(decision))
             if stop or step == STEPS:

@@ -129,6 +129,7 @@ def test_own_loop_under_a_real_slurm_deadline(tmp_path: Path) -> None:
             time.sleep(1)
         cluster.run(["scancel", job], check=False)
         log = (tmp_path / "job.out").read_text(errors="replace")
-        assert "exited with status 75" in log and "requeueing job" in log, log[-3000:]
+        assert "exited with status 75" in log and "stopped early with steps left" in log, log
+        assert f"requeued job {job} (restart 1)" in log, log[-3000:]
         assert re.search(r"stopped at step \d+/1000000 \(stop: [\d.]+ s left <", log), log[-3000:]
         assert_committed("own_loop", tmp_path)
