@@ -81,7 +81,9 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The long SLURM scenarios run in the background from the session's start; their tests only
     wait and assert. Last, so the CPU-bound scenarios run in the foreground meanwhile."""
-    items.sort(key=lambda item: "long" in getattr(item, "fixturenames", ()))
+    items.sort(
+        key=lambda item: any(f.startswith("long") for f in getattr(item, "fixturenames", ()))
+    )
 
 
 # -- real parts ----------------------------------------------------------------------------------
@@ -246,3 +248,93 @@ def short_reference(
     r = run_cli(short_flags(corpus, cache_dir, ckpt))
     assert r.returncode == 0, r.stdout + r.stderr
     return ckpt
+
+
+# -- the fault matrix (test_slurm_faults.py), started at once -------------------------------------
+
+
+@dataclass
+class FaultMatrix:
+    background: Background
+    clusters: dict[str, Any]
+    workdir: Path
+
+
+@pytest.fixture(scope="session", autouse=True)
+def fault_matrix(
+    request: pytest.FixtureRequest,
+    corpus: Path,
+    cache_dir: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+    long_runs: LongRuns | None,
+) -> Iterator[FaultMatrix | None]:
+    """Starts the matrix's clusters and drivers (only those of the selected cases) in the
+    background, once the time-limit scenario's first allocation is past its start-up (it
+    measures that start-up; the matrix's own start-ups then go three at a time)."""
+    from faults import BY_NAME, PREEMPT_CONF, PREEMPT_PARTITIONS, TWO_RANK_REFERENCE
+
+    wanted = [
+        item.callspec.params["name"]
+        for item in request.session.items
+        if "test_slurm_faults" in item.nodeid and hasattr(item, "callspec")
+    ]
+    localslurm = load_tool("localslurm")
+    if not wanted or localslurm.unavailable_reason() is not None:
+        yield None
+        return
+    if any(BY_NAME[n].reference == "two-ranks" for n in wanted):
+        wanted.append(TWO_RANK_REFERENCE.name)
+    work = tmp_path_factory.mktemp("faults")
+    specs: dict[str, dict[str, Any]] = {
+        "faults": {"cpus": 16},
+        "kw30": {"cpus": 2, "extra_conf": {"KillWait": "30"}},
+        "preempt": {"cpus": 2, "extra_conf": PREEMPT_CONF, "partitions": PREEMPT_PARTITIONS},
+    }
+    clusters: dict[str, Any] = {}
+    bg = Background()
+    try:
+        for key in sorted({BY_NAME[n].cluster for n in wanted}):
+            cluster = localslurm.LocalCluster(work / f"slurm-{key}", **specs[key])
+            clusters[key] = cluster.start()
+            cluster.env = {**environ_without_launchers(), "SLURM_CONF": str(cluster.conf_path)}
+            cluster.env["PATH"] = cluster.env.get("PATH", "") + os.pathsep + "/usr/sbin:/sbin"
+        bg.start("faults", lambda: _start_faults(bg, clusters, work, wanted, corpus, cache_dir,
+                                                 long_runs))  # fmt: skip
+        yield FaultMatrix(bg, clusters, work)
+    finally:
+        for cluster in clusters.values():
+            for job in list(cluster.jobs()):
+                cluster.run(["scancel", job], check=False)
+        bg.join_all(timeout=60)
+        for cluster in clusters.values():
+            cluster.stop()
+
+
+def _start_faults(
+    bg: Background,
+    clusters: dict[str, Any],
+    work: Path,
+    wanted: list[str],
+    corpus: Path,
+    cache: Path,
+    long_runs: LongRuns | None,
+) -> None:
+    from e2e_helpers import last_step, wait_until
+    from faults import BY_NAME, drive, drive_preemption
+
+    free_port = load_tool("localslurm").free_port
+    if long_runs is not None and long_runs.background.started("time_limit"):
+        metrics = long_runs.workdir / "timelimit" / "ckpt" / "timelimit" / "metrics.jsonl"
+        try:
+            wait_until("the time-limit scenario's first step", lambda: last_step(metrics) > 0, 300)
+        except TimeoutError:
+            pass  # its own test says what went wrong
+    for name in wanted:
+        case = BY_NAME[name]
+        if case.cluster == "preempt":
+            continue
+        job = Job(clusters[case.cluster], work, name)
+        port = free_port()
+        bg.start(name, lambda c=case, j=job, p=port: drive(c, j, corpus, cache, master_port=p))
+    if any(BY_NAME[n].cluster == "preempt" for n in wanted):
+        bg.start("preemption", lambda: drive_preemption(clusters["preempt"], work, corpus, cache))
