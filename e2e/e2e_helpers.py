@@ -384,9 +384,6 @@ class Background:
         self._threads[name] = thread
         thread.start()
 
-    def started(self, name: str) -> bool:
-        return name in self._threads
-
     def result(self, name: str, timeout: float) -> Any:
         thread = self._threads[name]
         thread.join(timeout)

@@ -3,9 +3,11 @@
 
 Writes this task's pid to ``$FAULT_DIR/pid.RESTART.RANK`` (so the test can kill, freeze or slow
 the very process that trains), then runs ``pyrecover-train`` in this process with the arguments
-the shipped sbatch script gives it. ``FAULT_CRASH_AT=N``: the task kills itself with SIGSEGV at
-the first step >= N it logs to ``$FAULT_METRICS`` (a deterministic crash at a fixed step, as a
-bug in the model code would be; nothing in the product knows about it).
+the shipped sbatch script gives it, at nice 10: the matrix shares the machine's cores with the
+scenarios that measure start-up and goodput (its own figures are SLURM's delays, not speed).
+``FAULT_CRASH_AT=N``: the task kills itself with SIGSEGV at the first step >= N it logs to
+``$FAULT_METRICS`` (a deterministic crash at a fixed step, as a bug in the model code would be;
+nothing in the product knows about it).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from pathlib import Path
 
 
 def main() -> None:
+    os.nice(int(os.environ.get("FAULT_NICE", "10")))
     folder = Path(os.environ["FAULT_DIR"])
     restart = os.environ.get("SLURM_RESTART_COUNT", "0") or "0"
     rank = os.environ.get("SLURM_PROCID", "0") or "0"

@@ -206,7 +206,9 @@ def settle(run: FaultRun, seconds: float = 20.0) -> None:
 def drive(case: Case, job: Job, corpus: Path, cache: Path, **kw: Any) -> FaultRun:
     run = FaultRun(case, job)
     flags = short_flags(corpus, cache, Path("ckpt"))
+    t0 = time.monotonic()
     DRIVERS[re.sub(r"-kw\d+$", "", case.name)](run, flags, **kw)
+    run.notes["wall"] = time.monotonic() - t0
     return run
 
 
@@ -379,6 +381,7 @@ def drive_preemption(cluster: Any, workdir: Path, corpus: Path, cache: Path) -> 
     train; then an `urgent` job that needs the node's two CPUs preempts both at once."""
     flags = short_flags(corpus, cache, Path("ckpt"))
     out, puppets = [], []
+    t0 = time.monotonic()
     for name, partition in (("preempt-requeue", "requeue"), ("preempt-cancel", "cancel")):
         job = Job(cluster, workdir, name)
         with starting():
@@ -403,6 +406,7 @@ def drive_preemption(cluster: Any, workdir: Path, corpus: Path, cache: Path) -> 
             puppet.release()
     for run in out:
         finish(run, run.records.pop())
+        run.notes["wall"] = time.monotonic() - t0
     return out
 
 

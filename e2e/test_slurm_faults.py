@@ -47,6 +47,7 @@ def test_fault(name: str, long_faults: Any, short_reference: Path, figures: dict
     run = result(long_faults, name)
     job, log = run.job, run.log
     figures["case"] = run.case.title
+    figures["wall"] = f"{run.notes['wall']:.0f} s"
     CHECKS[re.sub(r"-kw\d+$", "", name)](run, log, figures)
     info = run.info
     if run.case.reference == "none":
