@@ -10,6 +10,7 @@ unless PYRECOVER_REQUIRE_SLURM=1 / PYRECOVER_REQUIRE_S3=1 (CI sets both): then t
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -78,10 +79,21 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
         w.write_line(f"{row['scenario']:<{width}}  {row['result'].upper():<7}  {figs}")
 
 
+# Set when the first test of a background scenario begins: the foreground (CPU-bound) ones are done.
+FOREGROUND_DONE = threading.Event()
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    if any(f.startswith("long") for f in getattr(item, "fixturenames", ())):
+        FOREGROUND_DONE.set()
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The long SLURM scenarios run in the background from the session's start; their tests only
     wait and assert. Last, so the CPU-bound scenarios run in the foreground meanwhile."""
-    items.sort(key=lambda item: "long" in getattr(item, "fixturenames", ()))
+    items.sort(
+        key=lambda item: any(f.startswith("long") for f in getattr(item, "fixturenames", ()))
+    )
 
 
 # -- real parts ----------------------------------------------------------------------------------
@@ -246,3 +258,94 @@ def short_reference(
     r = run_cli(short_flags(corpus, cache_dir, ckpt))
     assert r.returncode == 0, r.stdout + r.stderr
     return ckpt
+
+
+# -- the fault matrix (test_slurm_faults.py), started at once -------------------------------------
+
+
+@dataclass
+class FaultMatrix:
+    background: Background
+    clusters: dict[str, Any]
+    workdir: Path
+
+
+@pytest.fixture(scope="session", autouse=True)
+def fault_matrix(
+    request: pytest.FixtureRequest,
+    corpus: Path,
+    cache_dir: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+    long_runs: LongRuns | None,
+) -> Iterator[FaultMatrix | None]:
+    """Starts the matrix's clusters at once and its drivers (only those of the selected cases)
+    in the background once the foreground scenarios are done: they are CPU-bound, the matrix
+    mostly waits for SLURM, and the time-limit scenario, which measures its start-ups and
+    goodput, runs on meanwhile (a CI session is as long as that scenario)."""
+    from faults import BY_NAME, PREEMPT_CONF, PREEMPT_PARTITIONS, TWO_RANK_REFERENCE
+
+    wanted = [
+        item.callspec.params["name"]
+        for item in request.session.items
+        if "test_slurm_faults" in item.nodeid and hasattr(item, "callspec")
+    ]
+    localslurm = load_tool("localslurm")
+    if not wanted or localslurm.unavailable_reason() is not None:
+        yield None
+        return
+    if any(BY_NAME[n].reference == "two-ranks" for n in wanted):
+        wanted.append(TWO_RANK_REFERENCE.name)
+    work = tmp_path_factory.mktemp("faults")
+    # A task SIGKILLed on a loaded machine may take a while to go: not a reason to drain the node.
+    slow = {"UnkillableStepTimeout": "180"}
+    specs: dict[str, dict[str, Any]] = {
+        "faults": {"cpus": 16, "extra_conf": {"KillWait": "5", **slow}},
+        "kw30": {"cpus": 2, "extra_conf": {"KillWait": "30", **slow}},
+        "preempt": {
+            "cpus": 2,
+            "extra_conf": {**PREEMPT_CONF, **slow},
+            "partitions": PREEMPT_PARTITIONS,
+        },
+    }
+    clusters: dict[str, Any] = {}
+    bg = Background()
+    try:
+        for key in sorted({BY_NAME[n].cluster for n in wanted}):
+            cluster = localslurm.LocalCluster(work / f"slurm-{key}", **specs[key])
+            clusters[key] = cluster.start()
+            cluster.env = {**environ_without_launchers(), "SLURM_CONF": str(cluster.conf_path)}
+            cluster.env["PATH"] = cluster.env.get("PATH", "") + os.pathsep + "/usr/sbin:/sbin"
+        bg.start("faults", lambda: _start_faults(bg, clusters, work, wanted, corpus, cache_dir,
+                                                 long_runs))  # fmt: skip
+        yield FaultMatrix(bg, clusters, work)
+    finally:
+        for cluster in clusters.values():
+            for job in list(cluster.jobs()):
+                cluster.run(["scancel", job], check=False)
+        bg.join_all(timeout=60)
+        for cluster in clusters.values():
+            cluster.stop()
+
+
+def _start_faults(
+    bg: Background,
+    clusters: dict[str, Any],
+    work: Path,
+    wanted: list[str],
+    corpus: Path,
+    cache: Path,
+    long_runs: LongRuns | None,
+) -> None:
+    from faults import BY_NAME, drive, drive_preemption
+
+    free_port = load_tool("localslurm").free_port
+    FOREGROUND_DONE.wait(timeout=3600)
+    for name in wanted:
+        case = BY_NAME[name]
+        if case.cluster == "preempt":
+            continue
+        job = Job(clusters[case.cluster], work, name)
+        port = free_port()
+        bg.start(name, lambda c=case, j=job, p=port: drive(c, j, corpus, cache, master_port=p))
+    if any(BY_NAME[n].cluster == "preempt" for n in wanted):
+        bg.start("preemption", lambda: drive_preemption(clusters["preempt"], work, corpus, cache))

@@ -41,7 +41,15 @@ TIME_LIMIT_MIN = 3
 ALLOC_TRAIN_S = TIME_LIMIT_MIN * 60 - 25
 GOAL_ALLOCATIONS = 3
 GOODPUT_TARGET = 0.85  # of every non-final allocation, in persisted steps (issue 12)
-FINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"}
+FINAL_STATES = {
+    "COMPLETED",
+    "FAILED",
+    "CANCELLED",
+    "TIMEOUT",
+    "NODE_FAIL",
+    "OUT_OF_MEMORY",
+    "PREEMPTED",
+}
 
 
 def job_env(**extra: str) -> dict[str, str]:

@@ -53,10 +53,11 @@ def test_preemption_notice_and_stop_by_hand(long: LongRuns, figures: dict[str, A
     figures["stops at"] = f"{stops[0]['step']} (requeue), {stops[1]['step']} (slurmclock stop)"
 
     log = first.log
-    assert "received SIGTERM: forwarding to the training step" in log
+    assert "received SIGTERM: SLURM requeued this job" in log  # scontrol requeue: left alone
+    assert "received SIGTERM (slurmclock stop or scancel --batch): forwarding" in log
     assert "received SIGUSR2: forwarding to the training step" in log  # news: not the lead's
     assert "using the earlier end" in log  # the trainer's budget read it as a notice
-    assert "stopped on request (SIGTERM" in log and "requeueing job" not in log
+    assert "stopped on request (SIGTERM" in log and "requeued job" not in log
     # (SLURM ends the batch shell of a requeued job KillWait after its SIGTERM: it may be gone
     # before it logs the step's status.)
     assert [a.status for a in allocations(log)] in ([75, 75], [None, 75]), log

@@ -23,6 +23,8 @@ This file is not part of any package. Tests load it by path, so it must stay sel
 As a script (the cluster keeps running after ``up``; ``down`` stops it by the PIDs it recorded)::
 
     python tools/localslurm.py up --dir /tmp/slurm [--cpus 8]   # prints `export SLURM_CONF=...`
+    python tools/localslurm.py up --dir /tmp/slurm --conf KillWait=30 \
+        --partition 'debug Default=YES' --partition 'low PriorityTier=1 PreemptMode=REQUEUE'
     python tools/localslurm.py status --dir /tmp/slurm
     python tools/localslurm.py down --dir /tmp/slurm
 
@@ -37,6 +39,14 @@ Settings that work on this machine, and why:
 - ``SchedulerParameters=sched_interval=2,bf_interval=1``: jobs start within ~2 s;
 - ``KillWait=5``: cancelled or timed-out jobs are gone soon; ``JobRequeue=1``;
 - ``MinJobAge=600``: finished jobs stay visible to ``scontrol show job`` for 10 minutes.
+
+``extra_conf`` overrides any of these (``{"KillWait": "30"}``: a site's default). ``partitions``
+replaces the one ``debug`` partition: ``{name: "more options"}``, each over the one node, e.g. for
+partition-based preemption on one node (with ``extra_conf={"PreemptType":
+"preempt/partition_prio", "PreemptMode": "REQUEUE"}``)::
+
+    {"debug": "Default=YES PreemptMode=OFF", "low": "PriorityTier=1 PreemptMode=REQUEUE",
+     "urgent": "PriorityTier=2 PreemptMode=OFF"}
 
 Shutdown order matters: ``scancel`` everything, wait for an empty queue (a ``slurmstepd`` that
 outlives its ``slurmd`` can hang), then stop the daemons by PID -- never by name, other clusters
@@ -186,6 +196,7 @@ class LocalCluster:
     ``workdir`` holds the config, state, spool, logs and pid files (a fresh temp dir when None; it
     is removed by :meth:`stop` only if this object created it). ``cpus`` one-CPU jobs run at
     once. ``extra_conf`` adds or overrides ``slurm.conf`` keys (e.g. ``{"KillWait": "2"}``).
+    ``partitions``: ``{name: options}`` over the node instead of the one ``debug`` partition.
     """
 
     def __init__(
@@ -194,10 +205,15 @@ class LocalCluster:
         *,
         cpus: int = 8,
         extra_conf: Mapping[str, str] | None = None,
+        partitions: Mapping[str, str] | None = None,
         reaper: bool = True,
     ) -> None:
         if cpus < 1:
             raise ValueError(f"cpus must be >= 1, got {cpus}")
+        self.partitions = dict(partitions or {"debug": "Default=YES"})
+        for name in self.partitions:
+            if not re.fullmatch(r"[A-Za-z0-9_-]+", name):
+                raise ValueError(f"partition name {name!r}: use letters, digits, '-' and '_'")
         self._own_dir = workdir is None
         self.workdir = Path(
             tempfile.mkdtemp(prefix="localslurm-") if workdir is None else workdir
@@ -308,9 +324,9 @@ class LocalCluster:
             f"NodeName={self.node_name} NodeAddr=127.0.0.1 NodeHostname=127.0.0.1 "
             f"CPUs={self.cpus} RealMemory=1000 State=UNKNOWN"
         )
-        lines.append(
-            f"PartitionName=debug Nodes={self.node_name} Default=YES MaxTime=INFINITE State=UP"
-        )
+        for name, options in self.partitions.items():
+            line = f"PartitionName={name} Nodes={self.node_name} MaxTime=INFINITE State=UP"
+            lines.append(f"{line} {options}".rstrip())
         self.conf_path.write_text("\n".join(lines) + "\n")
 
     def _start_daemons(self, timeout: float) -> None:
@@ -362,7 +378,8 @@ class LocalCluster:
 
     def _node_idle(self) -> bool:
         out = self.run(["sinfo", "-h", "-N", "-o", "%T"], check=False, timeout=10)
-        state = out.stdout.strip().lower()
+        # One line per partition the node is in, all with the node's state.
+        state = (out.stdout.split() or [""])[0].lower()
         if state.startswith(("down", "drain")):
             # A node registering for the first time can come up DOWN; bring it back.
             self.run(
@@ -621,9 +638,31 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--cpus", type=int, default=8, help="CPUs of the node (up only)")
     parser.add_argument("--parent", type=int, help=argparse.SUPPRESS)  # reap: whose death
     parser.add_argument("--remove-dir", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--conf",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="set or override a slurm.conf key (up only; repeat), e.g. --conf KillWait=30",
+    )
+    parser.add_argument(
+        "--partition",
+        action="append",
+        default=[],
+        metavar="'NAME [OPTIONS]'",
+        help="a partition over the node instead of `debug` (up only; repeat), e.g. "
+        "--partition 'low PriorityTier=1 PreemptMode=REQUEUE'",
+    )
     args = parser.parse_args(argv)
     if args.action == "reap":
         return reap(Path(args.dir).resolve(), args.parent, args.remove_dir)
+    extra: dict[str, str] = {}
+    for item in args.conf:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            parser.error(f"--conf {item!r}: give KEY=VALUE, e.g. --conf KillWait=30")
+        extra[key.strip()] = value.strip()
+    partitions = {p.split()[0]: " ".join(p.split()[1:]) for p in args.partition if p.split()}
     workdir = Path(args.dir).resolve()
     conf = workdir / "slurm.conf"
     pids = _read_pids(workdir)
@@ -635,7 +674,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
             return 1
         workdir.mkdir(parents=True, exist_ok=True)
-        cluster = LocalCluster(workdir, cpus=args.cpus, reaper=False)  # it outlives this CLI
+        try:
+            cluster = LocalCluster(  # reaper=False: it outlives this CLI
+                workdir,
+                cpus=args.cpus,
+                extra_conf=extra,
+                partitions=partitions or None,
+                reaper=False,
+            )
+        except ValueError as e:
+            parser.error(str(e))
         try:
             cluster.start()
         except SlurmError as e:

@@ -1,64 +1,50 @@
 #!/bin/bash
-# Run any time-aware training command under SLURM; requeue the job while it exits 75.
+# Run any time-aware training command under SLURM; the job comes back after anything but "done"
+# or a user's stop.
 #
 #   sbatch --time=04:00:00 examples/slurm/requeue-on-75.sh python examples/lightning_time_aware.py
-#   sbatch --time=04:00:00 --signal=B:USR2@120 examples/slurm/requeue-on-75.sh python my_train.py
+#   sbatch --time=04:00:00 examples/slurm/requeue-on-75.sh .venv/bin/python my_train.py
 #
 # The command stops on its own before the time limit (slurmclock reads the job's end time from
-# SLURM), saves a checkpoint and exits 75; this script then requeues the job, which starts again
-# with SLURM_RESTART_COUNT+1 and resumes. Exit 0 = finished; anything else is an error and is not
-# retried. A warning signal is optional: with --signal=B:USR2@N the shell forwards USR2 (and
-# SIGTERM from scancel or preemption) to the command, which saves at the next step and exits 75.
-# The same contract as pyrecover-train's apps/train/slurm/submit-training-simple.sh.
+# SLURM), saves a checkpoint and exits 75; `slurmclock supervise` then requeues the job, which
+# starts again with SLURM_RESTART_COUNT+1 and resumes. It also requeues at the time limit while
+# the command still runs, after preemption and after a crash -- unless MAX_FAILURES crashes in a
+# row came at the same checkpoint (the command marks `checkpoint step=N` in the job's timeline
+# through slurmclock's TimeBudget.record_save(step=N); without those marks: MAX_FAILURES crashes
+# in a row with no clean exit between): then one "gave up" line. Exit 0, exit 2 (a usage error),
+# scancel and `slurmclock stop JOBID` end the job. A warning signal is optional: with
+# --signal=B:USR2@N the USR2 is forwarded to the command. The same contract as pyrecover-train's
+# apps/train/slurm/submit-training-simple.sh.
+#
+# slurmclock must be found where this script runs: on PATH (activate its environment before
+# sbatch, which passes your PATH on), beside the python the command starts with
+# (`.venv/bin/python train.py` finds .venv/bin/slurmclock), or as SLURMCLOCK=/path/to/slurmclock.
 #
 #SBATCH --requeue
 #SBATCH --open-mode=append
 
 set -u
-MAX_RESTARTS=${MAX_RESTARTS:-50}
-restarts=${SLURM_RESTART_COUNT:-0}
+MAX_RESTARTS=${MAX_RESTARTS:-50}  # stop requeueing after this many restarts (a safety net)
+MAX_FAILURES=${MAX_FAILURES:-3}   # stop after this many failures in a row at the same checkpoint
 log() { echo "[$(date '+%F %T')] requeue-on-75: $*"; }
 [ $# -gt 0 ] || { log "usage: sbatch $0 COMMAND [ARGS...]"; exit 2; }
-log "job ${SLURM_JOB_ID:-?} restart $restarts: $*"
+log "job ${SLURM_JOB_ID:-?}, restart ${SLURM_RESTART_COUNT:-0}: $*"
 
-step_pid=""
-# shellcheck disable=SC2317  # called by the traps below
-forward() {
-    log "received SIG$1: forwarding to the training step"
-    [ -n "$step_pid" ] && kill -s "$1" "$step_pid" 2>/dev/null
-}
-trap 'forward USR2' USR2
-trap 'forward TERM' TERM
-
-srun --ntasks="${SLURM_NTASKS:-1}" --kill-on-bad-exit=1 "$@" &
-step_pid=$!
-# `wait` returns early whenever a trapped signal arrives: wait again until the step has exited.
-while true; do
-    wait "$step_pid"
-    rc=$?
-    kill -0 "$step_pid" 2>/dev/null || break
-done
-log "training step exited with status $rc"
-# From here a SIGTERM means SLURM is ending this run (our own requeue, or a cancel): just go.
-trap 'log "SIGTERM: SLURM ends this run"; exit 0' TERM
-
-case $rc in
-    0) log "training finished"; exit 0 ;;
-    75)
-        if [ "$restarts" -ge "$MAX_RESTARTS" ]; then
-            log "stopped early, but restarted $restarts times already (MAX_RESTARTS): giving up"
-            exit 75
-        fi
-        log "stopped early with a checkpoint: requeueing job ${SLURM_JOB_ID:-?}"
-        if command -v slurmclock >/dev/null 2>&1; then
-            slurmclock requeue && exit 0
-        else
-            scontrol requeue "$SLURM_JOB_ID" && exit 0
-        fi
-        # SLURM may end us before the command answers: did the restart count go up?
-        scontrol show job "$SLURM_JOB_ID" 2>/dev/null | grep -qE "Restarts=$((restarts + 1))( |$)" && exit 0
-        log "requeue failed: submit the job again to resume"
-        exit 75
-        ;;
-    *) log "training failed (status $rc): not requeueing"; exit "$rc" ;;
-esac
+clock=${SLURMCLOCK:-}
+if [ -z "$clock" ]; then
+    first=$(command -v "$1" 2>/dev/null)
+    if command -v slurmclock >/dev/null 2>&1; then
+        clock=slurmclock
+    elif [ -n "$first" ] && [ -x "$(dirname "$first")/slurmclock" ]; then
+        clock=$(dirname "$first")/slurmclock  # the environment of the command's python
+    fi
+fi
+if [ -z "$clock" ] || ! command -v "$clock" >/dev/null 2>&1; then
+    log "slurmclock not found (${clock:-not on PATH, not beside $1}): activate its environment before sbatch, start the command with that environment's python, or set SLURMCLOCK=/path/to/slurmclock"
+    exit 2
+fi
+trap '' TERM USR2  # ignored (not lost to bash's default) until the supervisor handles them
+exec "$clock" supervise --name requeue-on-75 --max-restarts "$MAX_RESTARTS" \
+    --max-failures "$MAX_FAILURES" \
+    --resume-hint "submit the job again (or scontrol requeue {job} while SLURM lists the job)" \
+    -- srun --ntasks="${SLURM_NTASKS:-1}" --kill-on-bad-exit=1 "$@"

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -96,7 +98,8 @@ def assert_committed(name: str, cwd: Path) -> None:
 @pytest.mark.slurm
 def test_own_loop_under_a_real_slurm_deadline(tmp_path: Path) -> None:
     """In a real SLURM job the end time comes from squeue: the loop stops before the kill with a
-    committed checkpoint, exits 75, and requeue-on-75.sh puts the job back in the queue."""
+    committed checkpoint, exits 75, and requeue-on-75.sh puts the job back in the queue; there
+    the loop is SIGKILLed after it resumed, and the job comes back again (a crash, retried)."""
     import importlib.util
 
     spec = importlib.util.spec_from_file_location(
@@ -121,14 +124,43 @@ def test_own_loop_under_a_real_slurm_deadline(tmp_path: Path) -> None:
             env=env,
             script_args=[sys.executable, str(EXAMPLES / "own_loop.py")],
         )
-        deadline = time.monotonic() + 240
-        while time.monotonic() < deadline:
-            info = cluster.job(job)
-            if int(info.get("Restarts", info.get("RestartCnt", "0")) or 0) >= 1:
-                break
-            time.sleep(1)
+        log_path = tmp_path / "job.out"
+
+        def said(what: str) -> bool:
+            return log_path.exists() and what in log_path.read_text(errors="replace")
+
+        wait(lambda: said("resumed from step"), 300)
+        pids = own_loop_pids(tmp_path)
+        assert len(pids) == 1, pids
+        os.kill(pids[0], signal.SIGKILL)
+        wait(lambda: said("restart 2:"), 120)
         cluster.run(["scancel", job], check=False)
-        log = (tmp_path / "job.out").read_text(errors="replace")
-        assert "exited with status 75" in log and "requeueing job" in log, log[-3000:]
+        log = log_path.read_text(errors="replace")
+        assert "training step exited with status 137" in log, log[-3000:]
+        assert "training failed (exit 137 (killed by SIGKILL), failure 1 of 3" in log, log
+        assert "exited with status 75" in log and "stopped early with steps left" in log, log
+        assert f"requeued job {job} (restart 1)" in log, log[-3000:]
         assert re.search(r"stopped at step \d+/1000000 \(stop: [\d.]+ s left <", log), log[-3000:]
         assert_committed("own_loop", tmp_path)
+
+
+def wait(ok: Any, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not ok():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.5)
+
+
+def own_loop_pids(cwd: Path) -> list[int]:
+    """The ``python own_loop.py`` processes working in ``cwd`` (this test's task, not its srun,
+    not the supervisor, not another test's)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+            here = os.readlink(proc / "cwd")
+        except OSError:
+            continue
+        if len(argv) > 1 and argv[1].endswith(b"own_loop.py") and Path(here) == cwd:
+            found.append(int(proc.name))
+    return found

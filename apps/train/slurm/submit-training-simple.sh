@@ -7,18 +7,29 @@
 #
 # How it works: the trainer reads the job's end time from SLURM and stops on its own when the
 # time left is what its next step, its final save and the end of the job need (all measured; the
-# end of each allocation -- process exit, srun teardown, this script's requeue -- is recorded in
-# the job's timeline by `slurmclock mark`/`slurmclock requeue` and read by the next allocation).
-# It saves a checkpoint and exits 75; this script then requeues the job, which starts again with
-# SLURM_RESTART_COUNT+1 and resumes from the latest checkpoint. Exit 0 = training finished;
-# anything else is an error and is not retried.
+# end of each allocation -- process exit, srun teardown, the requeue -- is recorded in the job's
+# timeline and read by the next allocation). It saves a checkpoint and exits 75. The step runs
+# under `slurmclock supervise`, which requeues the job (SLURM starts it again with
+# SLURM_RESTART_COUNT+1 and it resumes from the latest checkpoint) after anything but "done" or a
+# user's stop:
+#   exit 0                        training finished: the job ends
+#   exit 75                       stopped early with steps left: requeued
+#   the time limit                requeued at SLURM's SIGTERM, before the step has exited (slurmd
+#                                 waits max(KillWait, 5) s before its SIGKILL); the final save in
+#                                 flight completes or is discarded, the newest durable one stands
+#   preempted                     REQUEUE mode: SLURM requeues it; CANCEL mode: requeued at the
+#                                 SIGTERM; with GraceTime the trainer saves and exits 75: requeued
+#   a crash (any other exit, a    requeued, resuming from the newest durable checkpoint, unless it
+#   signal, OOM, a dead rank)     is the MAX_FAILURES-th failure in a row at the same checkpoint:
+#                                 then one "gave up" line here and in `slurmclock timeline`
+#   exit 2                        a usage error: not retried
+#   scancel / slurmclock stop     not requeued (the trainer saves first on `slurmclock stop`)
 #
 # Signals: SLURM's warning (--signal=B:USR2@300 below) is information: the script exports its
 # lead as PYRECOVER_SIGNAL_LEAD, so a warning that agrees with the known end time changes nothing
 # and one that arrives without a known end time sets it (receipt + lead). That is why the lead can
-# stay at 300 s, even in a 5-minute job. SIGTERM (scancel, preemption, `slurmclock stop JOBID`)
-# means "save and stop now": it is forwarded, the trainer saves and exits, and the job is NOT
-# requeued -- unless the TERM is SLURM's own at the time limit, when it is.
+# stay at 300 s, even in a 5-minute job. `slurmclock stop JOBID` (SIGTERM to this script) means
+# "save and stop now": forwarded to the step, the trainer saves and exits, no requeue.
 #
 #SBATCH --job-name=pyrecover
 #SBATCH --time=01:00:00
@@ -43,6 +54,7 @@ CONTAINER=${CONTAINER:-}          # prefix for the task command, e.g. "apptainer
 TRAIN_CMD=${TRAIN_CMD:-pyrecover-train}
 STAGE_DATASET=${STAGE_DATASET:-0} # 1 = copy --dataset to node-local $SLURM_TMPDIR first
 MAX_RESTARTS=${MAX_RESTARTS:-50}  # stop requeueing after this many restarts (a safety net)
+MAX_FAILURES=${MAX_FAILURES:-3}   # stop after this many failures in a row at the same checkpoint
 REQUEUE=${REQUEUE:-auto}          # auto: requeue unless part of a job array / chain; 0: never
 SLURMCLOCK_DIR=${SLURMCLOCK_DIR:-} # job timelines, on a file system all nodes see (default
                                   # ~/.cache/slurmclock)
@@ -110,13 +122,9 @@ fi
 restarts=${SLURM_RESTART_COUNT:-0}
 log "job ${SLURM_JOB_ID}${SLURM_ARRAY_TASK_ID:+ (array task $SLURM_ARRAY_TASK_ID)}, restart $restarts, ${SLURM_NNODES:-1} node(s), ${SLURM_NTASKS:-1} task(s)"
 
-# The job's timeline (slurmclock's per-job file): what the end of each allocation took is
-# measured here and read by the next allocation. Without slurmclock the marks are skipped.
+# The job's timeline (slurmclock's per-job file): what the end of each allocation took, the
+# checkpoints and the failures, read by the next allocation.
 [ -n "$SLURMCLOCK_DIR" ] && export SLURMCLOCK_DIR
-have_clock=0
-command -v slurmclock >/dev/null 2>&1 && have_clock=1
-mark() { [ "$have_clock" = 1 ] && slurmclock mark "$@" >/dev/null 2>&1; return 0; }
-mark start
 
 # The warning signal's lead for the trainer: from the environment, else from this script's own
 # #SBATCH --signal line (SLURM keeps the submitted script as $0). Unknown: USR2 stops at once.
@@ -154,117 +162,42 @@ if [ "$distributed" = 1 ]; then
 else
     ntasks=1
 fi
+# shellcheck disable=SC2206  # CONTAINER is a command prefix: split on purpose
+step=(srun --ntasks="$ntasks" --kill-on-bad-exit=1 $CONTAINER "$TRAIN_CMD"
+      ${flags[@]+"${flags[@]}"} ${passthrough[@]+"${passthrough[@]}"})
 
-# The batch shell gets SIGUSR2 (--signal=B:...) and SIGTERM (scancel, preemption, `slurmclock
-# stop`, the time limit): forward both to the training step. USR2 is information for the
-# trainer's budget; after TERM the trainer saves and exits 75 at once. USR2 goes through srun,
-# which passes it on; TERM must not (srun answers its own SIGTERM by killing the step within a
-# second, SLURM 22.05): it goes to the step's tasks through SLURM (scancel without --batch).
-step_pid=""
-term=""  # "request" or "limit" once SIGTERM arrived
-# shellcheck disable=SC2317  # called by the traps below
-forward() {
-    if [ "$1" = USR2 ] && warning_agrees; then
-        log "received SIGUSR2: agrees with the end time SLURM gives ($left s left, lead ${PYRECOVER_SIGNAL_LEAD} s): not forwarded"
-        mark signal name=USR2 forwarded=0
-        return 0
-    fi
-    log "received SIG$1: forwarding to the training step"
-    if [ "$1" = TERM ]; then
-        scancel --signal=TERM "$SLURM_JOB_ID" 2>/dev/null \
-            || { [ -n "$step_pid" ] && kill -s TERM "$step_pid" 2>/dev/null; }
-    elif [ -n "$step_pid" ]; then
-        kill -s "$1" "$step_pid" 2>/dev/null
-    fi
-    mark signal "name=$1"
-    if [ "$1" = TERM ] && [ -z "$term" ]; then
-        # SLURM's own TERM at the time limit is the only one after which requeueing is right
-        # (a cancelled job must stay cancelled); it comes at or after the end time.
-        term=request
-        if [ "$have_clock" = 1 ]; then
-            left=$(slurmclock seconds-left 2>/dev/null)
-            [[ $left =~ ^-?[0-9]+$ ]] && [ "$left" -le 2 ] && term=limit
-        fi
-    fi
-    return 0
-}
-# A warning that agrees with the end time SLURM gives tells the trainer nothing it does not know
-# (it reads that end time itself) -- and in a job shorter than the lead it comes at once, maybe
-# while the trainer is still importing, when a signal would kill it. Only news is forwarded: a
-# warning earlier than the lead says (preemption, a shortened limit, a manual one), or any
-# warning when SLURM gives no end time.
-# shellcheck disable=SC2317  # called by forward
-warning_agrees() {
-    [ "$have_clock" = 1 ] && [[ ${PYRECOVER_SIGNAL_LEAD:-} =~ ^[0-9]+$ ]] || return 1
-    left=$(slurmclock seconds-left 2>/dev/null)
-    [[ $left =~ ^-?[0-9]+$ ]] && [ "$left" -le $((PYRECOVER_SIGNAL_LEAD + 35)) ]
-}
-trap 'forward USR2' USR2
-trap 'forward TERM' TERM
+# `slurmclock supervise` runs the step, forwards SLURM's signals (USR2 through srun when it is
+# news; SIGTERM to the tasks through SLURM, as srun kills the step on its own SIGTERM) and decides
+# what comes next (see the table above); its lines go to this log with this script's name.
+requeue=1
+if [ "$REQUEUE" = 0 ] || { [ "$REQUEUE" = auto ] && [ -n "${SLURM_ARRAY_TASK_ID:-}${PYRECOVER_CHAIN:-}" ]; }; then
+    requeue=0  # the next array task / chained job resumes
+fi
+supervise=(--name submit-training-simple --max-restarts "$MAX_RESTARTS"
+           --max-failures "$MAX_FAILURES"
+           --resume-hint "submit again with --continue (or scontrol requeue {job} while SLURM lists the job)")
+[ "$requeue" = 0 ] && supervise+=(--no-requeue)
+if command -v slurmclock >/dev/null 2>&1; then
+    trap '' TERM USR2  # ignored (not lost to bash's default) until the supervisor handles them
+    exec slurmclock supervise "${supervise[@]}" -- "${step[@]}"
+fi
 
-# shellcheck disable=SC2086
-srun --ntasks="$ntasks" --kill-on-bad-exit=1 $CONTAINER "$TRAIN_CMD" ${flags[@]+"${flags[@]}"} ${passthrough[@]+"${passthrough[@]}"} &
-step_pid=$!
-# `wait` returns early whenever a trapped signal arrives: wait again until the step has exited.
+# Without slurmclock where this script runs (the trainer inside CONTAINER has it): a requeue after
+# exit 75 only -- no requeue at the time limit, after preemption or a crash.
+log "slurmclock not found on PATH here: requeueing only after exit 75; install slurmclock (stdlib only: pip install ./packages/slurmclock) where this script runs, or set PYTHON_ENV"
+trap 'log "received SIGTERM: forwarding to the training step"; scancel --signal=TERM "$SLURM_JOB_ID"' TERM
+"${step[@]}" &
+pid=$!
 while true; do
-    wait "$step_pid"
+    wait "$pid"
     rc=$?
-    kill -0 "$step_pid" 2>/dev/null || break
+    kill -0 "$pid" 2>/dev/null || break
 done
-wait "$step_pid" 2>/dev/null
-last=$?
-[ "$last" -ne 127 ] && rc=$last
-mark exited "rc=$rc"
 log "training step exited with status $rc"
-# From here a SIGTERM means SLURM is ending this run (our own requeue, or a cancel): just go.
-trap 'log "SIGTERM: SLURM ends this run"; exit 0' TERM
-
-requeue_job() {
-    if [ "$have_clock" = 1 ]; then
-        slurmclock requeue && return 0  # also marks `requeued` in the job's timeline
-    else
-        scontrol requeue "$SLURM_JOB_ID" && return 0
-    fi
-    # SLURM may kill the command before it exits 0: ask SLURM whether the restart was counted.
-    scontrol show job "$SLURM_JOB_ID" 2>/dev/null | grep -qE "(Restarts|RestartCnt)=$((restarts + 1))( |$)"
-}
-
-requeue_or_end() {  # $1: why the run ended with steps left
-    if [ "$REQUEUE" = 0 ] || { [ "$REQUEUE" = auto ] && [ -n "${SLURM_ARRAY_TASK_ID:-}${PYRECOVER_CHAIN:-}" ]; }; then
-        log "$1; not requeueing (the next array task / chained job resumes)"
-        exit 0
-    fi
-    if [ "$restarts" -ge "$MAX_RESTARTS" ]; then
-        log "$1, but already restarted $restarts times (MAX_RESTARTS): not requeueing"
-        exit 75
-    fi
-    log "$1: requeueing job $SLURM_JOB_ID to resume from the latest checkpoint"
-    if requeue_job; then
-        exit 0
-    fi
+trap 'exit 0' TERM  # our own requeue's SIGTERM
+if [ "$rc" = 75 ] && [ "$requeue" = 1 ] && [ "$restarts" -lt "$MAX_RESTARTS" ]; then
+    log "stopped early with steps left: requeueing job $SLURM_JOB_ID"
+    scontrol requeue "$SLURM_JOB_ID" && exit 0
     log "requeue failed: resubmit with --continue to resume"
-    exit 75
-}
-
-case $rc in
-    0)
-        log "training finished"
-        exit 0
-        ;;
-    75)
-        if [ "$term" = request ]; then
-            log "stopped on request (SIGTERM: scancel, preemption or slurmclock stop): not requeueing; resubmit with --continue to resume"
-            exit 0
-        fi
-        requeue_or_end "stopped early with steps left"
-        ;;
-    *)
-        if [ "$term" = limit ]; then
-            # SLURM ended the step at the time limit (an exit slower than the budget allowed, or
-            # a run without one): the checkpoints are verified, so the next allocation resumes.
-            requeue_or_end "the training step ended at the time limit (status $rc)"
-        fi
-        log "training failed (status $rc): not requeueing"
-        exit "$rc"
-        ;;
-esac
+fi
+exit "$rc"

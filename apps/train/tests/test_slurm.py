@@ -63,7 +63,7 @@ def test_signal_requeue_resume_until_done(
     assert info["RestartCnt"] == "1", out
     assert "received SIGUSR2: forwarding to the training step" in out
     assert "training step exited with status 75" in out
-    assert "requeueing job" in out and "requeue failed" not in out
+    assert "requeued job" in out and "requeue failed" not in out
     assert "training finished" in out
 
     events = list(read_events(metrics))
@@ -156,7 +156,7 @@ def _assert_resumed_without_requeue(outs: list[str], metrics: Path) -> None:
         assert "training step exited with status 75" in out, joined
         assert "not requeueing (the next array task / chained job resumes)" in out, joined
     assert "training finished" in outs[2] and "training finished" in outs[3], joined
-    assert "requeueing job" not in joined
+    assert "requeued job" not in joined
     events = list(read_events(metrics))
     stops = [(e["cause"], e["step"]) for e in events if e["event"] == "stop"]
     assert stops == [("time", 1), ("time", 2), ("done", 3), ("done", 3)], joined
@@ -260,7 +260,7 @@ def test_the_script_exports_the_lead_marks_the_end_and_honours_slurmclock_stop(
     run1 = json.loads((tmp_path / "requeue" / "run1.json").read_text())
     ((restart, seconds),) = run1["samples"]
     assert restart == 0 and 0 < seconds < 30, run1
-    assert "requeueing job" in log and "warning signal lead: 300 s" in log
+    assert "requeued job" in log and "warning signal lead: 300 s" in log
     assert "received SIGUSR2: agrees with the end time SLURM gives" in log
 
     info = cluster.wait_for(jobs["stop"], {"COMPLETED", "FAILED", "TIMEOUT"}, timeout=120)
@@ -269,12 +269,13 @@ def test_the_script_exports_the_lead_marks_the_end_and_honours_slurmclock_stop(
     stopped = json.loads((tmp_path / "stop" / "run0.json").read_text())
     assert stopped["final_cause"] == "signal", stopped
     assert stopped["final_reason"].startswith("stop: received SIGTERM"), stopped
-    assert "received SIGTERM: forwarding to the training step" in log
-    assert "stopped on request (SIGTERM" in log and "requeueing job" not in log
+    assert "received SIGTERM (slurmclock stop or scancel --batch): forwarding" in log
+    assert "stopped on request (SIGTERM" in log and "requeued job" not in log
 
-    # (3) the final save is durable but the step outlives the time limit: SLURM's TERM ends it,
-    # and the script still requeues (the checkpoints are verified; the next run resumes).
+    # (3) the final save is durable but the step outlives the time limit: at SLURM's TERM the
+    # script requeues at once, before the step has exited (the next run resumes).
     info = cluster.wait_for(jobs["limit"], {"COMPLETED", "FAILED", "TIMEOUT"}, timeout=240)
     log = (tmp_path / "limit" / "job.out").read_text()
     assert info["JobState"] == "COMPLETED" and info["RestartCnt"] == "1", log
-    assert "ended at the time limit (status" in log and "requeueing job" in log, log
+    assert "received SIGTERM at the time limit: requeueing job" in log, log
+    assert "already requeued at the time limit" in log, log

@@ -1,17 +1,21 @@
-"""The sbatch scripts' own logic, with fake ``srun``/``sbatch``/``scontrol``/``slurmclock`` on PATH
-(no SLURM needed): the original's interface, trainer-flag passthrough, resume on restart, what
-each exit status of the training step leads to, the job-array and ``--dependency=afterany``
-alternatives, dataset staging, self-submission; plus ``bash -n`` and shellcheck. The real-SLURM
-runs are in test_slurm.py."""
+"""The sbatch scripts' own logic, with fake ``srun``/``sbatch``/``scontrol``/``scancel`` on PATH and
+the real ``slurmclock supervise`` (no SLURM needed): the original's interface, trainer-flag
+passthrough, resume on restart, what each exit status of the training step and each kind of
+SIGTERM lead to, the crash budget, the job-array and ``--dependency=afterany`` alternatives,
+dataset staging, self-submission; plus ``bash -n`` and shellcheck. The real-SLURM runs are in
+e2e/ (the fault matrix)."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from train_helpers import ROOT
@@ -19,6 +23,9 @@ from train_helpers import ROOT
 SLURM_DIR = ROOT / "apps" / "train" / "slurm"
 SIMPLE = SLURM_DIR / "submit-training-simple.sh"
 CHAIN = SLURM_DIR / "submit-chain.sh"
+VENV_BIN = str(Path(sys.executable).parent)  # the real slurmclock
+RUNNING = "JobState=RUNNING Reason=None Restarts=0"
+AT_LIMIT = "JobState=COMPLETING Reason=TimeLimit Restarts=0"
 
 FAKE_SRUN = r"""#!/bin/bash
 # Records each call's arguments (and the signal lead it was given); runs staging commands
@@ -26,6 +33,7 @@ FAKE_SRUN = r"""#!/bin/bash
 # and then exits 75, as the trainer does (or $FAKE_TERM_RC: 143 = killed by it).
 n=$(find "$FAKE_DIR" -name 'srun.*.args' | wc -l)
 echo "${PYRECOVER_SIGNAL_LEAD-unset}" > "$FAKE_DIR/srun.$n.lead"
+[ -n "${FAKE_SRUN_ENV:-}" ] && echo "${!FAKE_SRUN_ENV-unset}" > "$FAKE_DIR/srun.env"
 echo $$ > "$FAKE_DIR/srun.pid"
 printf '%s\n' "$@" > "$FAKE_DIR/srun.$n.args.tmp"
 mv "$FAKE_DIR/srun.$n.args.tmp" "$FAKE_DIR/srun.$n.args"
@@ -38,6 +46,17 @@ if [ "${FAKE_WAIT_TERM:-0}" = 1 ]; then
     exit 1
 fi
 exit "${FAKE_RC:-0}"
+"""
+FAKE_SCONTROL = r"""#!/bin/bash
+# Records the call; `show job` prints $FAKE_JOB (what SLURM says about the job), `requeue` exits
+# with $FAKE_REQUEUE_RC (default 0), `show hostnames` prints its argument.
+echo "scontrol $*" >> "$FAKE_DIR/calls.log"
+case "$1 ${2:-}" in
+    "show job") echo "JobId=4242 ${FAKE_JOB:-JobState=RUNNING Reason=None Restarts=0}" ;;
+    "show hostnames") echo "$3" | tr ',' '\n' ;;
+    "requeue "*) exit "${FAKE_REQUEUE_RC:-0}" ;;
+esac
+exit 0
 """
 FAKE_RECORDER = r"""#!/bin/bash
 # Appends "NAME ARGS..." to calls.log; prints $FAKE_<NAME>_OUT; exits with $FAKE_<NAME>_RC
@@ -73,8 +92,8 @@ def fake(tmp_path: Path) -> Path:
     for name, text in (
         ("srun", FAKE_SRUN),
         ("sbatch", FAKE_SBATCH),
-        ("scontrol", FAKE_RECORDER),
-        ("slurmclock", FAKE_RECORDER),
+        ("scontrol", FAKE_SCONTROL),
+        ("sinfo", FAKE_RECORDER),
         ("scancel", FAKE_SCANCEL),
     ):
         path = bin_dir / name
@@ -92,8 +111,9 @@ def run_script(
         if not k.startswith(("SLURM_", "SBATCH_", "PYRECOVER_", "FAKE_", "SLURMCLOCK_"))
         and k not in ("PARTITION", "ACCOUNT", "MODULES", "PYTHON_ENV", "CONTAINER", "TRAIN_CMD")
     }
-    base["PATH"] = f"{fake / 'bin'}{os.pathsep}{base.get('PATH', '')}"
+    base["PATH"] = os.pathsep.join([str(fake / "bin"), VENV_BIN, base.get("PATH", "")])
     base["FAKE_DIR"] = str(fake)
+    base["SLURMCLOCK_DIR"] = str(fake / "timelines")
     if job:
         base.update(SLURM_JOB_ID="4242", SLURM_NNODES="1", SLURM_NTASKS="4")
     base.update(env)
@@ -118,16 +138,25 @@ def all_calls(fake: Path) -> list[str]:
 
 
 def calls(fake: Path) -> list[str]:
-    """The calls that act on the job (timeline marks and time queries left out)."""
-    return [
-        c
-        for c in all_calls(fake)
-        if not c.startswith(("slurmclock mark ", "slurmclock seconds-left"))
-    ]
+    """The calls that act on the job (queries left out)."""
+    return [c for c in all_calls(fake) if not c.startswith(("scontrol show ", "sinfo "))]
 
 
 def marks(fake: Path) -> list[str]:
-    return [c.removeprefix("slurmclock mark ") for c in all_calls(fake) if "mark " in c]
+    """The job's timeline (the real slurmclock's), one "EVENT k=v ..." per line."""
+    path = fake / "timelines" / "job-4242.jsonl"
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        rec = json.loads(line)
+        info = [
+            f"{k}={v}"
+            for k, v in rec.items()
+            if k not in ("event", "time", "restart", "host", "pid")
+        ]
+        out.append(" ".join([rec["event"], *info]))
+    return out
 
 
 def test_scripts_parse_and_pass_shellcheck() -> None:
@@ -215,13 +244,13 @@ def test_restarted_job_resumes_from_latest(fake: Path) -> None:
 def test_stopped_early_requeues_itself(fake: Path) -> None:
     r = run_script(fake, SIMPLE, "--exp_name=x", FAKE_RC="75")
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "training step exited with status 75" in r.stdout
-    assert "requeueing job 4242" in r.stdout
-    assert calls(fake) == ["slurmclock requeue"]
+    assert "submit-training-simple: training step exited with status 75" in r.stdout
+    assert "stopped early with steps left: requeueing" in r.stdout
+    assert "requeued job 4242 (restart 1)" in r.stdout
+    assert calls(fake) == ["scontrol requeue 4242"]
 
 
-def test_requeue_without_slurmclock_uses_scontrol(fake: Path) -> None:
-    (fake / "bin" / "slurmclock").unlink()
+def test_without_slurmclock_it_says_so_and_requeues_after_75_only(fake: Path) -> None:
     path = os.pathsep.join(
         p
         for p in os.environ.get("PATH", "").split(os.pathsep)
@@ -229,13 +258,15 @@ def test_requeue_without_slurmclock_uses_scontrol(fake: Path) -> None:
     )
     r = run_script(fake, SIMPLE, FAKE_RC="75", PATH=f"{fake / 'bin'}{os.pathsep}{path}")
     assert r.returncode == 0, r.stdout + r.stderr
+    said = [line for line in r.stdout.splitlines() if "slurmclock not found" in line]
+    assert len(said) == 1 and "requeueing only after exit 75" in said[0], r.stdout
     assert calls(fake) == ["scontrol requeue 4242"]
 
 
 def test_failed_requeue_exits_75_and_says_what_to_do(fake: Path) -> None:
-    r = run_script(fake, SIMPLE, FAKE_RC="75", FAKE_SLURMCLOCK_RC="1", FAKE_SCONTROL_RC="1")
+    r = run_script(fake, SIMPLE, FAKE_RC="75", FAKE_REQUEUE_RC="1")
     assert r.returncode == 75, r.stdout + r.stderr
-    assert "requeue failed: resubmit with --continue" in r.stdout
+    assert "requeue failed: submit again with --continue" in r.stdout
 
 
 @pytest.mark.parametrize(
@@ -255,14 +286,48 @@ def test_array_task_or_chained_job_does_not_requeue(fake: Path, env: dict[str, s
 def test_restart_limit(fake: Path) -> None:
     r = run_script(fake, SIMPLE, FAKE_RC="75", SLURM_RESTART_COUNT="3", MAX_RESTARTS="3")
     assert r.returncode == 75, r.stdout + r.stderr
-    assert "already restarted 3 times (MAX_RESTARTS)" in r.stdout and calls(fake) == []
+    assert "already restarted 3 times (max restarts)" in r.stdout and calls(fake) == []
 
 
-@pytest.mark.parametrize("rc", [1, 2])
-def test_errors_are_not_retried(fake: Path, rc: int) -> None:
-    r = run_script(fake, SIMPLE, FAKE_RC=str(rc))
+def test_a_usage_error_is_not_retried(fake: Path) -> None:
+    r = run_script(fake, SIMPLE, FAKE_RC="2")
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "training failed (exit 2: a usage error, a retry cannot help)" in r.stdout
+    assert calls(fake) == []
+
+
+@pytest.mark.parametrize("rc", [1, 137])
+def test_a_crash_is_retried_until_the_budget_is_spent(fake: Path, rc: int) -> None:
+    """Each allocation that fails at the same checkpoint step counts; the third stops the chain
+    with one line, here and in the job's timeline, naming what, where, how often, how to go on."""
+    for restart in range(3):
+        r = run_script(fake, SIMPLE, FAKE_RC=str(rc), SLURM_RESTART_COUNT=str(restart))
+        if restart < 2:
+            assert r.returncode == 0, r.stdout + r.stderr
+            assert f"failure {restart + 1} of 3 in a row before any checkpoint" in r.stdout
     assert r.returncode == rc, r.stdout + r.stderr
-    assert f"training failed (status {rc}): not requeueing" in r.stdout and calls(fake) == []
+    gave_up = [line for line in r.stdout.splitlines() if "gave up" in line]
+    assert len(gave_up) == 1, r.stdout
+    assert "failed 3 times in a row before any checkpoint" in gave_up[0]
+    assert "submit again with --continue (or scontrol requeue 4242" in gave_up[0]
+    assert calls(fake) == ["scontrol requeue 4242"] * 2
+    assert [m.split()[0] for m in marks(fake)].count("failed") == 3
+    assert marks(fake)[-1].startswith("gave_up why=gave up: the training step failed 3 times")
+
+
+def test_progress_between_crashes_restarts_the_count(fake: Path) -> None:
+    tl = fake / "timelines" / "job-4242.jsonl"
+    for restart, step in enumerate((100, 200, 300, 400)):
+        r = run_script(fake, SIMPLE, FAKE_RC="1", SLURM_RESTART_COUNT=str(restart))
+        assert r.returncode == 0 and "failure 1 of 3" in r.stdout, r.stdout
+        with tl.open("a") as f:  # the next allocation gets past a new checkpoint, then fails
+            f.write(
+                json.dumps(
+                    {"event": "checkpoint", "time": 1.0, "restart": restart + 1, "step": step}
+                )
+                + "\n"
+            )
+    assert "at checkpoint step 300" in r.stdout
 
 
 def test_dataset_staged_to_node_local_tmpdir(fake: Path) -> None:
@@ -371,19 +436,28 @@ def test_the_signal_lead_is_exported_from_the_sbatch_line(fake: Path) -> None:
 
 
 def test_the_end_of_each_run_is_marked_in_the_timeline(fake: Path) -> None:
-    r = run_script(fake, SIMPLE, FAKE_RC="75", SLURMCLOCK_DIR=str(fake / "tl"))
+    r = run_script(fake, SIMPLE, FAKE_RC="75")
     assert r.returncode == 0, r.stdout + r.stderr
-    assert marks(fake) == ["start", "exited rc=75"]
-    assert calls(fake) == ["slurmclock requeue"]  # which marks `requeued` itself
+    assert marks(fake) == ["start", "exited rc=75", "requeued confirmed=True"]
+    assert calls(fake) == ["scontrol requeue 4242"]
 
 
-def start_script(fake: Path, **env: str) -> subprocess.Popen[str]:
+def test_the_step_is_told_where_to_report_a_dead_rank(fake: Path) -> None:
+    r = run_script(fake, SIMPLE, FAKE_RC="0", FAKE_SRUN_ENV="DDPKIT_FAULT_FILE")
+    assert r.returncode == 0, r.stdout + r.stderr
+    said = (fake / "srun.env").read_text().strip()
+    assert said == str(fake / "timelines" / "job-4242.faults.jsonl")
+
+
+def start_script(fake: Path, script: Path = SIMPLE, **env: str) -> subprocess.Popen[str]:
     base = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "PYRECOVER_"))}
-    base.update(PATH=f"{fake / 'bin'}{os.pathsep}{base.get('PATH', '')}", FAKE_DIR=str(fake))
+    base.update(PATH=os.pathsep.join([str(fake / "bin"), VENV_BIN, base.get("PATH", "")]))
+    base.update(FAKE_DIR=str(fake), SLURMCLOCK_DIR=str(fake / "timelines"))
     base.update(SLURM_JOB_ID="4242", SLURM_NNODES="1", SLURM_NTASKS="1", FAKE_WAIT_TERM="1")
     base.update(env)
+    args = ["--exp_name=x"] if script == SIMPLE else ["train"]
     proc = subprocess.Popen(
-        ["bash", str(SIMPLE), "--exp_name=x"],
+        ["bash", str(script), *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -394,62 +468,86 @@ def start_script(fake: Path, **env: str) -> subprocess.Popen[str]:
     while not (fake / "srun.0.args").exists():
         assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()
         time.sleep(0.05)
-    time.sleep(0.3)  # the script is in its wait loop
+    time.sleep(0.3)  # the supervisor waits for the step
     return proc
 
 
-def test_sigterm_saves_and_stops_without_requeue(fake: Path) -> None:
-    """scancel, preemption or `slurmclock stop`: the job must stay stopped (a requeue after a
-    plain scancel would bring the cancelled job back). TERM reaches the tasks through SLURM, not
-    through srun (which would kill the step)."""
-    proc = start_script(fake)
+def wait_for(what: str, ok: Any, proc: subprocess.Popen[str]) -> None:
+    deadline = time.monotonic() + 30
+    while not ok():
+        assert time.monotonic() < deadline and proc.poll() is None, (what, proc.communicate())
+        time.sleep(0.05)
+
+
+def test_slurmclock_stop_saves_and_stops_without_requeue(fake: Path) -> None:
+    """`slurmclock stop` (SIGTERM to the batch script; the job still RUNNING): the TERM reaches
+    the tasks through SLURM, not through srun (which would kill the step); no requeue."""
+    proc = start_script(fake, FAKE_JOB=RUNNING)
     proc.send_signal(signal.SIGTERM)
     out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 0, out
-    assert "received SIGTERM: forwarding to the training step" in out
+    assert "received SIGTERM (slurmclock stop or scancel --batch): forwarding" in out
     assert "training step exited with status 75" in out
-    assert "stopped on request (SIGTERM: scancel, preemption or slurmclock stop)" in out
+    assert "stopped on request (SIGTERM to the batch script" in out
     assert calls(fake) == ["scancel --signal=TERM 4242"]
-    assert "signal name=TERM" in marks(fake)
+    assert "signal name=TERM kind=stop" in marks(fake)
 
 
-def test_slurms_sigterm_at_the_time_limit_still_requeues(fake: Path) -> None:
-    proc = start_script(fake, FAKE_SLURMCLOCK_OUT="-3")  # seconds-left: the end has passed
+@pytest.mark.parametrize(
+    "job",
+    [AT_LIMIT, "JobState=COMPLETING Reason=None Restarts=0 PreemptTime=2026-11-25T18:29:12"],
+    ids=["limit", "preempted"],
+)
+def test_at_the_time_limit_or_preemption_it_requeues_before_the_step_exits(
+    fake: Path, job: str
+) -> None:
+    """SLURM kills the batch script KillWait after its SIGTERM, maybe before the step exits (a
+    stuck file system, a slow save): the requeue comes first, the step is left to SLURM."""
+    proc = start_script(fake, FAKE_JOB=job)
     proc.send_signal(signal.SIGTERM)
+    wait_for("the requeue", lambda: "scontrol requeue 4242" in calls(fake), proc)
+    assert proc.poll() is None  # the step still runs; the requeue did not wait for it
+    os.kill(int((fake / "srun.pid").read_text()), signal.SIGKILL)  # SLURM's SIGKILL
     out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 0, out
-    assert "requeueing job 4242" in out
-    assert calls(fake) == ["scancel --signal=TERM 4242", "slurmclock requeue"]
+    assert "requeueing job 4242 now, before the step has exited" in out
+    assert "training step exited with status 137" in out
+    assert "already requeued at the" in out
+    assert calls(fake) == ["scontrol requeue 4242"]  # nothing forwarded: SLURM signals the tasks
 
 
-@pytest.mark.parametrize(("left", "requeued"), [("-3", True), ("120", False)])
-def test_a_step_killed_by_sigterm_is_requeued_only_at_the_time_limit(
-    fake: Path, left: str, requeued: bool
-) -> None:
-    """The step dies of SLURM's TERM (an exit slower than the first allocation's guess, a
-    trainer without a budget): at the time limit its verified checkpoints are resumed by the
-    next allocation; the same death on request (scancel) stays a failure, never requeued."""
-    proc = start_script(fake, FAKE_SLURMCLOCK_OUT=left, FAKE_TERM_RC="143")
+@pytest.mark.parametrize(
+    ("job", "said"),
+    [
+        ("JobState=COMPLETING Reason=None Restarts=0", "the job was cancelled (scancel)"),
+        ("JobState=COMPLETING Reason=None Restarts=1", "SLURM requeued this job"),
+    ],
+    ids=["scancel", "requeued-by-slurm"],
+)
+def test_scancel_and_slurms_own_requeue_are_left_alone(fake: Path, job: str, said: str) -> None:
+    proc = start_script(fake, FAKE_JOB=job, FAKE_TERM_RC="143")
+    proc.send_signal(signal.SIGTERM)
+    wait_for("the verdict", lambda: "kind=" in " ".join(marks(fake)), proc)
+    os.kill(int((fake / "srun.pid").read_text()), signal.SIGTERM)  # SLURM's own SIGTERM
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0, out
+    assert said in out and calls(fake) == [], out
+    assert not [m for m in marks(fake) if m.startswith("failed")]  # not a crash
+
+
+def test_a_step_killed_after_a_stop_request_is_not_requeued(fake: Path) -> None:
+    proc = start_script(fake, FAKE_JOB=RUNNING, FAKE_TERM_RC="143")
     proc.send_signal(signal.SIGTERM)
     out, _ = proc.communicate(timeout=60)
-    assert "training step exited with status 143" in out
-    if requeued:
-        assert proc.returncode == 0, out
-        assert "ended at the time limit (status 143): requeueing job 4242" in out
-        assert calls(fake) == ["scancel --signal=TERM 4242", "slurmclock requeue"]
-    else:
-        assert proc.returncode == 143, out
-        assert "training failed (status 143): not requeueing" in out
-        assert calls(fake) == ["scancel --signal=TERM 4242"]
+    assert proc.returncode == 143, out
+    assert "the step ended with exit 143 (killed by SIGTERM) after a stop request" in out
+    assert calls(fake) == ["scancel --signal=TERM 4242"]
 
 
 def test_usr2_is_forwarded_and_the_step_goes_on(fake: Path) -> None:
     proc = start_script(fake)
     proc.send_signal(signal.SIGUSR2)
-    deadline = time.monotonic() + 30
-    while not (fake / "srun.signals").exists():
-        assert time.monotonic() < deadline and proc.poll() is None
-        time.sleep(0.05)
+    wait_for("the USR2", lambda: (fake / "srun.signals").exists(), proc)
     time.sleep(0.3)
     assert proc.poll() is None  # information: the step goes on
     proc.send_signal(signal.SIGTERM)
@@ -462,13 +560,11 @@ def test_usr2_is_forwarded_and_the_step_goes_on(fake: Path) -> None:
 def test_a_warning_that_agrees_with_slurms_end_time_is_not_forwarded(fake: Path) -> None:
     """USR2@300 in a job with 200 s left: the trainer knows the end already, and a signal
     during its imports would kill it."""
-    proc = start_script(fake, FAKE_SLURMCLOCK_OUT="200")  # seconds-left
+    proc = start_script(fake, PYRECOVER_END_TIME=f"{time.time() + 200:.0f}")
     proc.send_signal(signal.SIGUSR2)
-    deadline = time.monotonic() + 30
-    while "signal name=USR2 forwarded=0" not in marks(fake):
-        assert time.monotonic() < deadline and proc.poll() is None
-        time.sleep(0.05)
+    wait_for("the verdict", lambda: "signal name=USR2 forwarded=0" in marks(fake), proc)
     proc.send_signal(signal.SIGTERM)
     out, _ = proc.communicate(timeout=60)
-    assert "received SIGUSR2: agrees with the end time SLURM gives (200 s left, lead 300 s)" in out
+    assert "received SIGUSR2: agrees with the end time SLURM gives (" in out
+    assert "s left, lead 300 s): not forwarded" in out
     assert not (fake / "srun.signals").exists()  # the step never saw it

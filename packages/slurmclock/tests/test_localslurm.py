@@ -68,3 +68,18 @@ def test_cli_usage_errors(localslurm: ModuleType, tmp_path: Path) -> None:
         timeout=60,
     )
     assert out.returncode == 1 and "slurmctld: not running" in out.stdout
+
+
+def test_partitions_and_settings_reach_slurm_conf(localslurm: ModuleType, tmp_path: Path) -> None:
+    cluster = localslurm.LocalCluster(
+        tmp_path,
+        extra_conf={"KillWait": "30", "PreemptType": "preempt/partition_prio"},
+        partitions={"debug": "Default=YES", "low": "PriorityTier=1 PreemptMode=REQUEUE"},
+    )
+    cluster._write_conf()  # what start() writes before the daemons start
+    conf = (tmp_path / "slurm.conf").read_text().splitlines()
+    assert "KillWait=30" in conf and "PreemptType=preempt/partition_prio" in conf
+    parts = [line for line in conf if line.startswith("PartitionName=")]
+    assert len(parts) == 2 and parts[1].endswith("State=UP PriorityTier=1 PreemptMode=REQUEUE")
+    with pytest.raises(ValueError, match="partition name 'a b'"):
+        localslurm.LocalCluster(tmp_path, partitions={"a b": ""})

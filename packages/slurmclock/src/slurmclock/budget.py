@@ -545,11 +545,13 @@ class TimeBudget:
     ) -> None:
         """Add a measured save duration (until the checkpoint is durable); see :meth:`save`.
 
+        ``step``: the checkpoint's step, marked ``checkpoint`` in the job's timeline (how
+        ``slurmclock supervise`` tells a failure at the same step from one after progress).
+
         ``background=True``: training went on while it was written (an async save, timed until
         durable). Such saves take longer than one with the machine to itself, so they get their
         own median: the final save's bound comes from blocking saves (from background ones only
         until a blocking save was measured), the bound of a background save from background ones.
-        ``step``: the step the checkpoint holds, marked ``checkpoint step=N`` in the timeline.
         """
         if self._valid("save", seconds):
             self._saves.add(float(seconds), background=background)

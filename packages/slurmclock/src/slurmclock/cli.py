@@ -12,6 +12,9 @@
                                     final save (exit, requeue)
     slurmclock stop JOBID           ask a running job to save and stop now (SIGTERM to its
                                     batch shell, which forwards it; the trainer saves and exits)
+    slurmclock supervise -- CMD...  run the job's step (the end of a batch script: exec it);
+                                    requeue after a stop, the time limit, preemption and
+                                    failures (a budget of them); see slurmclock.supervise
 
 Exit codes: 0 success, 1 the answer is "no" (no deadline, not requeued, not written), 2 usage
 error (bad arguments or a malformed PYRECOVER_END_TIME / SLURM_JOB_END_TIME), 141 quietly when
@@ -39,6 +42,7 @@ from slurmclock.deadline import DeadlineWatcher, parse_time
 from slurmclock.durations import check_seconds, parse_time_limit
 from slurmclock.job import array_task, check_job_id, job_id, job_id_problem, restart_count
 from slurmclock.requeue import requeue
+from slurmclock.supervise import SuperviseConfig, Supervisor
 from slurmclock.timeline import EVENTS, JobTimeline
 
 __all__ = ["main", "status"]
@@ -123,7 +127,92 @@ def _parser() -> argparse.ArgumentParser:
         help="ask a running job to save and stop now (scancel --batch --signal=TERM JOBID)",
     )
     p.add_argument("stop_job", metavar="JOBID", help="the job to stop")
+    _supervise_parser(sub, common)
     return parser
+
+
+def _supervise_parser(sub: Any, common: argparse.ArgumentParser) -> None:
+    p = sub.add_parser(
+        "supervise",
+        parents=[common],
+        help="run the job's step; requeue it after anything but done or a user's stop",
+    )
+    p.add_argument("--name", default="slurmclock", help="prefix of the log lines")
+    p.add_argument(
+        "--max-failures",
+        type=int,
+        default=3,
+        metavar="N",
+        help="stop the chain at N failures in a row at one checkpoint step (3)",
+    )
+    p.add_argument(
+        "--max-restarts",
+        type=int,
+        default=50,
+        metavar="N",
+        help="no requeue once the job was restarted N times (50)",
+    )
+    p.add_argument(
+        "--no-requeue",
+        action="store_true",
+        help="never requeue (an array task or chained job: the next one resumes)",
+    )
+    p.add_argument(
+        "--no-retry",
+        default="2",
+        metavar="CODES",
+        help="exit statuses not worth a retry, comma-separated (2: usage error)",
+    )
+    p.add_argument(
+        "--resume-hint",
+        default=None,
+        metavar="TEXT",
+        help="how to resume, said when the chain stops ({job}: the job id)",
+    )
+    p.add_argument(
+        "--keep-failed-nodes",
+        action="store_true",
+        help="do not exclude a node ddpkit reported dead/frozen from the next run",
+    )
+    p.add_argument("argv", nargs=argparse.REMAINDER, metavar="-- COMMAND ...")
+
+
+def _supervise(
+    args: argparse.Namespace, env: Mapping[str, str] | None, runner: Runner | None
+) -> int:
+    argv = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
+    if not argv:
+        print(
+            "slurmclock: error: give the step to run after --, e.g. slurmclock supervise -- "
+            "srun python train.py",
+            file=sys.stderr,
+        )
+        return 2
+    items = [c.strip() for c in args.no_retry.split(",") if c.strip()]
+    if not all(c.isdigit() for c in items):
+        print(
+            f"slurmclock: error: --no-retry {args.no_retry!r}: give exit statuses separated "
+            "by commas, e.g. --no-retry 2,3 (or --no-retry '' for none)",
+            file=sys.stderr,
+        )
+        return 2
+    try:
+        codes = frozenset(int(c) for c in items)
+        extra = {} if args.resume_hint is None else {"resume_hint": args.resume_hint}
+        config = SuperviseConfig(
+            name=args.name,
+            max_failures=args.max_failures,
+            max_restarts=args.max_restarts,
+            requeue=not args.no_requeue,
+            no_retry=codes,
+            exclude_failed_nodes=not args.keep_failed_nodes,
+            command_timeout=args.timeout,
+            **extra,
+        )
+    except ValueError as e:
+        print(f"slurmclock: error: supervise: {e}", file=sys.stderr)
+        return 2
+    return Supervisor(config, env=env, runner=runner).run(argv)
 
 
 def main(
@@ -333,7 +422,13 @@ def _stop(args: argparse.Namespace, env: Mapping[str, str] | None, runner: Runne
     return 0
 
 
-_COMMANDS = {"requeue": _requeue, "mark": _mark, "timeline": _timeline, "stop": _stop}
+_COMMANDS = {
+    "requeue": _requeue,
+    "mark": _mark,
+    "timeline": _timeline,
+    "stop": _stop,
+    "supervise": _supervise,
+}
 MAX_TIMEOUT = 3600.0  # seconds to wait for squeue/scontrol: beyond it, nobody is waiting
 MAX_INFO = 1000  # characters of one KEY=VALUE of `slurmclock mark`
 

@@ -5,16 +5,18 @@ script's ``scontrol requeue`` -- happens after the last moment the trainer can w
 into its checkpoint. So both write a line to a small per-job file instead, and the next
 allocation of the same job (``SLURM_JOB_ID`` stays the same across requeues) reads it:
 
-==============  ====================================================================================
+==============  ===================================================================================
 event           written by
-==============  ====================================================================================
+==============  ===================================================================================
 ``start``       the batch script, first thing (``slurmclock mark start``)
 ``signal``      the batch script when SLURM's signal arrives (``slurmclock mark signal``)
-``checkpoint``  the trainer when a checkpoint is durable (``TimeBudget.record_save(step=N)``)
 ``saved``       the trainer when its final save is durable (``TimeBudget.save(final=True)``)
 ``exited``      the batch script when the training step has exited (``slurmclock mark exited``)
 ``requeued``    ``slurmclock requeue`` / :func:`slurmclock.requeue` once SLURM accepted it
-==============  ====================================================================================
+``checkpoint``  the trainer whenever a checkpoint is durable: ``step`` (``record_save(step=)``)
+``failed``      ``slurmclock supervise`` when the step failed: ``rc``, ``step`` (newest checkpoint)
+``gave_up``     ``slurmclock supervise`` when it stopped the chain: ``why`` (the line it logged)
+==============  ===================================================================================
 
 The file is ``$SLURMCLOCK_DIR/CLUSTER-JOBID.jsonl`` (default directory
 ``$XDG_CACHE_HOME/slurmclock`` or ``~/.cache/slurmclock``: it must be on a file system every node
@@ -47,7 +49,7 @@ __all__ = ["EVENTS", "Event", "ExitSample", "JobTimeline", "timeline_dir"]
 
 log = logging.getLogger("slurmclock")
 
-EVENTS = ("start", "signal", "checkpoint", "saved", "exited", "requeued")
+EVENTS = ("start", "signal", "saved", "exited", "requeued", "checkpoint", "failed", "gave_up")
 
 
 def timeline_dir(env: Mapping[str, str] | None = None) -> Path:
