@@ -225,7 +225,7 @@ def test_the_final_save_marks_the_job_timeline_and_the_next_run_keeps_that_exit_
     budget = [e for e in events(ckpt) if e["event"] == "start"][-1]["budget"]
     assert budget["exits_measured"] == 1
     assert budget["exit_estimate"] == pytest.approx(1.25 * exit_s, abs=0.01)
-    assert "exit (measured) + 5 s slack" in second.stdout
+    assert "exit (measured) + 2 s slack" in second.stdout
 
 
 # -- start-up -----------------------------------------------------------------------------------

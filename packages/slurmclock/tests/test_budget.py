@@ -190,7 +190,7 @@ def test_steady_cheap_saves_need_seconds_not_a_minute(clock: Any) -> None:
         budget.record_save(10.0 * (1 + 0.02 * rng.uniform(-1, 1)))
     bound = budget.save_estimate
     assert bound is not None and 10.2 < bound < 15.0  # the prior (x1.35, worth 4 saves) fades
-    exit_and_slack = 5.0 + 5.0  # initial exit guess + slack: 10 s, not a 60 s margin
+    exit_and_slack = 5.0 + 2.0  # initial exit guess + slack: 7 s, not a 60 s margin
     assert budget.needed_to_stop() < bound + exit_and_slack + 0.01
 
 
@@ -708,7 +708,7 @@ def test_what_a_signal_means_is_slurmclocks(clock: Any) -> None:
     assert "SIGUSR2 stops at once" in unknown.describe()
     budget = TimeBudget(Deadline(clock.now + 60, "x"), signals=flag, signal_lead=300.0, env=NO_ENV)
     assert budget.describe_rule() == (
-        "stop when left < next step + final save + exit (not measured yet) + 5 s slack; "
+        "stop when left < next step + final save + exit (not measured yet) + 2 s slack; "
         + known.describe()
     )
 
@@ -719,7 +719,7 @@ def test_snapshot_is_json_ready(clock: Any) -> None:
     snap = json.loads(json.dumps(budget.snapshot()))
     assert snap["seconds_left"] == 500.0 and snap["deadline_source"] == "override"
     assert snap["step_estimate"] == 1.0 and snap["save_estimate"] is None
-    assert snap["needed_to_stop"] == 1.0 + 60.0 + 5.0 + 5.0
+    assert snap["needed_to_stop"] == 1.0 + 60.0 + 5.0 + 2.0  # step, save guess, exit guess, slack
     assert snap["margin"] is None and snap["exit_estimate"] is None
 
 

@@ -230,13 +230,14 @@ def test_a_probe_save_measures_the_save_time_once(clock: Any, tmp_path: Path) ->
 def test_the_first_allocations_exit_is_guessed_from_its_launch(clock: Any, tmp_path: Path) -> None:
     run = Run(clock, tmp_path, left=3600.0, margin=None, launch=0.7)
     budget = run.loop.budget
-    assert budget.needed_after_save() == 5.0 + 5.0  # the guess, until the launch is known
+    slack = budget.config.slack
+    assert budget.needed_after_save() == 5.0 + slack  # the guess, until the launch is known
     run.train()
     assert budget.launch_s == 0.7
-    assert budget.needed_after_save() == pytest.approx(1.0 + 2 * 0.7 + 5.0)
+    assert budget.needed_after_save() == pytest.approx(1.0 + 2 * 0.7 + slack)
     assert "exit 2.40 s (1 + 2 x launch 0.70 s)" in budget.should_stop().reason
     budget.record_exit(3.0, job="7", restart=0)  # measured: the launch no longer matters
-    assert budget.needed_after_save() == pytest.approx(1.25 * 3.0 + 5.0)
+    assert budget.needed_after_save() == pytest.approx(1.25 * 3.0 + slack)
 
 
 def test_a_loop_given_its_settings_makes_its_budget_and_installs_its_signals() -> None:
