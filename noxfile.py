@@ -230,8 +230,14 @@ for _name, (_spec, _extra) in PACKAGES.items():
 @nox.session
 def train(session: nox.Session) -> None:
     """Tests of pyrecover-train (the app), with the four packages it composes."""
+    # safetensors: test_import.py writes a safetensors file and a Hugging Face folder with it
     _install_with_torch(
-        session, *ALL_LOCAL, "./apps/train[s3,plot]", *TEST_TOOLS, "moto[server]>=5"
+        session,
+        *ALL_LOCAL,
+        "./apps/train[s3,plot]",
+        *TEST_TOOLS,
+        "moto[server]>=5",
+        "safetensors>=0.4",
     )
     _pytest(session, "apps/train/tests")
 

@@ -176,9 +176,10 @@ def test_import_checkpoint_then_resume(
     path, weights, flags = original
     assert main(["import-checkpoint", str(path), *flags, "--experiment_name", "imp"]) == 0
     out = capsys.readouterr().out
-    assert f"imported the original PyRecover checkpoint {path} at step 7" in out
+    line = f"imported the torch.save checkpoint {path} at step 7: took the weights (39 tensors), "
+    assert f"{line}the AdamW moments and step 7; not taken: the data position" in out
+    assert "the RNG states (re-seeded" in out and out.rstrip().count("unused: epoch\n") == 1
     assert "imported: step 7/400 into" in out
-    assert "not carried over: the data position" in out and "the RNG states" in out
     manifest, state = final_state(tmp_path, "imp")
     assert manifest.step == 7 and state["step"] == 7
     assert tensors_equal(state["model"], weights) == []  # every weight, mapped by name
@@ -202,7 +203,7 @@ def test_resume_from_an_original_file_directly(
     argv = [*flags, "--experiment_name", "direct", "--training-steps", "9"]
     assert main([*argv, "--resume-from-checkpoint", str(path)]) == 0
     resume = next(e for e in events(tmp_path, "direct") if e["event"] == "resume")
-    assert resume["step"] == 7 and "original PyRecover checkpoint" in resume["reason"]
+    assert resume["step"] == 7 and f"torch.save checkpoint {path}" in resume["reason"]
     assert final_state(tmp_path, "direct")[0].step == 9
 
 

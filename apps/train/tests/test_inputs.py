@@ -34,13 +34,15 @@ def test_out_of_memory_is_one_line_saying_what_to_lower(
 @pytest.mark.parametrize(
     ("content", "message"),
     [
-        (b"step = 4\n", "a file, but not a torch.save checkpoint"),
-        ("tensors", "not an original PyRecover checkpoint (expected a dict with 'model'"),
-        ("object", "not loadable with weights_only=True"),
+        (None, "no such checkpoint"),
+        (b"step = 4\n", "ckpt_4.pt is not a checkpoint ckptstore can import (not a torch.save"),
+        ("tensors", "its weights do not fit --model-size tiny (39 missing, e.g. tok_embeddings"),
+        ("object", "refused: not readable with torch.load(weights_only=True)"),
+        ("no model", "a torch.save checkpoint without model weights (it holds step, lr)"),
     ],
 )
 def test_a_file_given_as_the_checkpoint_is_one_line(
-    content: bytes | str,
+    content: bytes | str | None,
     message: str,
     corpus: Path,
     cache_dir: Path,
@@ -52,7 +54,9 @@ def test_a_file_given_as_the_checkpoint_is_one_line(
         torch.save({"weights": torch.zeros(2)}, target)
     elif content == "object":
         torch.save({"model": {}, "step": 4, "extra": Path("x")}, target)  # not weights-only
-    else:
+    elif content == "no model":
+        torch.save({"step": 3, "lr": 0.1}, target)
+    elif content is not None:
         assert isinstance(content, bytes)
         target.write_bytes(content)
     ckpt = tmp_path / "ckpt"

@@ -195,3 +195,37 @@ def test_a_damaged_token_cache_is_one_line_and_the_checkpoints_are_untouched(
     assert sorted((ckpt / "default-exp").glob("step-*/*")) + [ckpt / "default-exp/latest"] == (
         checkpoints
     )
+
+
+def test_a_checkpoint_of_a_newer_ckptstore_is_ckptstores_one_line(
+    corpus: Path, cache_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Step 6 written by a newer ckptstore (manifest schema 99): a resume from "latest" and a
+    fresh start are refused in ckptstore's own line (no prefix, no exception name), nothing
+    written; the older step 3, named as that line says, still resumes."""
+    import orjson
+
+    from ckptstore.manifest import _body_checksum
+
+    ckpt = tmp_path / "ckpt"
+    assert main(flags(corpus, cache_dir, ckpt)) == 0  # steps 3 and 6
+    manifest = ckpt / "default-exp" / "step-00000006" / "manifest.json"
+    body = orjson.loads(manifest.read_bytes())
+    body.pop("checksum")
+    body["ckptstore"] = 99
+    body["checksum"] = _body_checksum(body)
+    manifest.write_bytes(orjson.dumps(body))
+    before = sorted(p.name for p in (ckpt / "default-exp").iterdir())
+    capsys.readouterr()
+    for resume in (["--resume-from-checkpoint", "latest"], []):
+        assert main([*flags(corpus, cache_dir, ckpt), *resume]) == 2
+        line = one_line(capsys.readouterr().err)
+        assert line.startswith(
+            f"pyrecover-train: error: {manifest.parent} was written by a newer ckptstore "
+            "(manifest schema 99"
+        ), line
+        assert line.endswith("step 3 is the newest this one reads: name it to load that"), line
+        assert sorted(p.name for p in (ckpt / "default-exp").iterdir()) == before
+    more = ["--resume-from-checkpoint", "3", "--training-steps", "5", "--checkpoint-frequency", "0"]
+    assert main([*flags(corpus, cache_dir, ckpt), *more]) == 0
+    assert [e["step"] for e in events(ckpt) if e["event"] == "resume"] == [3]

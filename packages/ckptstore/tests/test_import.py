@@ -24,6 +24,7 @@ from ckptstore import (
     CheckpointStore,
     IncompatibleCheckpointError,
     export_checkpoint,
+    foreign_kind,
     import_checkpoint,
     read_foreign,
 )
@@ -284,6 +285,22 @@ def test_a_folder_that_is_no_checkpoint_says_so(tmp_path: Path) -> None:
     (tmp_path / "x" / "notes.txt").write_text("hi")
     with pytest.raises(CheckpointError, match="not a checkpoint ckptstore can import"):
         read_foreign(str(tmp_path / "x"))
+
+
+def test_foreign_kind_tells_a_foreign_checkpoint_from_ours_and_from_none(tmp_path: Path) -> None:
+    """What a trainer asks of a path it was given, before reading it."""
+    model, _ = model_and_optim()
+    torch.save({"model": model.state_dict(), "step": 3}, tmp_path / "w.pt")
+    kind, line = foreign_kind(str(tmp_path / "w.pt"))
+    assert kind == "torch.save" and f"ckptstore import {tmp_path / 'w.pt'} DEST" in line
+    with CheckpointStore(str(tmp_path / "c")) as store:
+        store.save(3, {"model": model})
+    assert foreign_kind(str(tmp_path / "c")) == ("", "")  # ours: the experiment
+    assert foreign_kind(str(tmp_path / "c" / "step-00000003")) == ("", "")  # and a step of it
+    assert foreign_kind(str(tmp_path / "missing")) == ("", "")  # nothing there: the caller says
+    (tmp_path / "notes.txt").write_text("hello, world")
+    kind, why = foreign_kind(str(tmp_path / "notes.txt"))
+    assert kind == "" and "is not a checkpoint ckptstore can import" in why and "\n" not in why
 
 
 def test_a_hugging_face_folder_with_sharded_bin_weights_comes_in(tmp_path: Path) -> None:

@@ -29,7 +29,7 @@ import slurmclock
 from . import data as data_mod
 from . import state as state_mod
 from .config import TrainConfig, UsageError, first_line
-from .legacy import OriginalCheckpoint
+from .foreign import ForeignCheckpoint
 from .lr_schedule import warmup_cosine
 from .model import GPT, ModelConfig, build_model, preset_config
 from .precision import Precision, PrecisionError, resolve_precision
@@ -51,7 +51,7 @@ class Parts:
     state: state_mod.TrainState
     train_model: nn.Module  # the model as trained: DDP and/or torch.compile around state.model
     store: ckptstore.CheckpointStore
-    original: OriginalCheckpoint | None  # --resume-from-checkpoint FILE.pt of the original
+    foreign: ForeignCheckpoint | None  # --resume-from-checkpoint of another tool's checkpoint
     new_folders: list[Path] = field(default_factory=list)  # made by the writer lock
 
     def undo(self) -> None:
@@ -149,8 +149,8 @@ def _parts(
     phase("setup")
     data = _data(cfg, dist)
     phase("data")
-    original = OriginalCheckpoint.read_if_file(cfg.resume_from_checkpoint)
-    model_cfg = _model_config(cfg, data, original)
+    foreign = ForeignCheckpoint.find(cfg.resume_spec, cfg.storage_options)
+    model_cfg = _model_config(cfg, data, foreign)
     model = build_model(model_cfg, seed=cfg.seed, device=dist.device)
     train_model = _train_model(cfg, model, dist, precision)
     if cfg.parallelism == "fsdp":
@@ -164,7 +164,7 @@ def _parts(
         loader=data.train,
     )
     phase("model")
-    return Parts(precision, data, model_cfg, state, train_model, store, original)
+    return Parts(precision, data, model_cfg, state, train_model, store, foreign)
 
 
 def check_output_dirs(cfg: TrainConfig) -> None:
@@ -208,14 +208,14 @@ def _data(cfg: TrainConfig, dist: ddpkit.Dist) -> data_mod.Data:
 
 
 def _model_config(
-    cfg: TrainConfig, data: data_mod.Data, original: OriginalCheckpoint | None
+    cfg: TrainConfig, data: data_mod.Data, foreign: ForeignCheckpoint | None
 ) -> ModelConfig:
     try:
         return preset_config(
             cfg.model_size,
             vocab_size=data.tokenizer.vocab_size,
             max_seq_len=cfg.sequence_length,
-            exact_vocab=None if original is None else original.vocab_size,
+            exact_vocab=None if foreign is None else foreign.vocab_size,
         )
     except ValueError as e:
         raise UsageError(str(e)) from None

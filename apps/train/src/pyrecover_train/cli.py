@@ -1,5 +1,5 @@
 """``pyrecover-train [train] [FLAGS]``, ``pyrecover-train report EXP_DIR`` and
-``pyrecover-train import-checkpoint FILE.pt [FLAGS]``.
+``pyrecover-train import-checkpoint SOURCE [FLAGS]``.
 
 Exit status of ``train``: 0 finished all --training-steps; 75 (EX_TEMPFAIL) stopped early for
 time or by a signal, a checkpoint was saved and a requeue is wanted; 1 error; 2 usage error
@@ -30,9 +30,11 @@ if TYPE_CHECKING:
 PROG = "pyrecover-train"
 log = logging.getLogger("pyrecover_train")
 IMPORT_USAGE = (
-    f"usage: {PROG} import-checkpoint FILE.pt [FLAGS]: an original PyRecover torch.save "
-    "checkpoint becomes the first checkpoint of --experiment_name (with the --model-size, "
-    "--tokenizer, ... it was trained with); then resume with --resume-from-checkpoint latest"
+    f"usage: {PROG} import-checkpoint SOURCE [FLAGS]: a torch.save file (an original PyRecover "
+    "ckpt_N.pt too), a dcp.save folder, a safetensors file, a Lightning .ckpt or a Hugging Face "
+    "Trainer checkpoint-N folder becomes the first checkpoint of --experiment_name (with the "
+    "--model-size, --tokenizer, ... it was trained with); then resume with "
+    "--resume-from-checkpoint latest"
 )
 INTERRUPTED = "interrupted before training started; nothing was saved"
 

@@ -181,7 +181,7 @@ def _resume_target(flag: str, target: Any) -> None:
     if why:
         raise ValueError(
             f"{flag} {target!r}: {why} (give 'latest', a step number, a checkpoint folder, or "
-            "an original PyRecover .pt file)"
+            "another tool's checkpoint file or folder)"
         )
 
 
@@ -243,8 +243,9 @@ OBSERVE = Section("observability")
 _MEASURED = "0: the first step is measured before the first stop decision"
 _GUESS = "1 s + state size / 200 MB/s"
 _RESUME_HELP = (
-    "'latest' (a fresh start when there is none yet), a step number, a checkpoint folder, or an "
-    "original PyRecover .pt file (imported)"
+    "'latest' (a fresh start when there is none yet), a step number, a checkpoint folder, or "
+    "another tool's checkpoint to start from: a torch.save file (an original PyRecover .pt too), "
+    "a dcp.save folder, a safetensors file, a Lightning .ckpt, a Hugging Face checkpoint-N folder"
 )
 _STORAGE_HELP = (
     "fsspec options for --checkpoint-url/--checkpoint-mirror (JSON object), e.g. "
@@ -558,7 +559,7 @@ class TrainConfig:
     @property
     def resume_spec(self) -> ckptstore.StepSpec | None:
         """``--resume-from-checkpoint`` as ckptstore reads it: latest, a step (``42`` or
-        ``step-00000042``) or a path/URL (a checkpoint folder; a local file is the original's)."""
+        ``step-00000042``) or a path/URL (a checkpoint folder, or another tool's checkpoint)."""
         target = self.resume_from_checkpoint
         return None if target is None else ckptstore.StepSpec.parse(target)
 
@@ -752,9 +753,10 @@ DESCRIPTION = (
     "Time-aware GPT trainer: checkpoints before the SLURM deadline, resumes bit-exactly. "
     "Exit status: 0 finished, 75 stopped early (time or signal; requeue wanted), 1 error, "
     "2 usage error. Subcommands: `pyrecover-train report EXP_DIR` summarises and plots a run; "
-    "`pyrecover-train import-checkpoint FILE.pt [FLAGS]` imports an original PyRecover "
-    "checkpoint. Every flag is also accepted with underscores, as the original spelled them "
-    "(--experiment_name = --experiment-name). 'default: preset' = the default depends on "
+    "`pyrecover-train import-checkpoint SOURCE [FLAGS]` imports another tool's checkpoint "
+    "(torch.save, dcp.save, safetensors, Lightning, Hugging Face Trainer). Every flag is also "
+    "accepted with underscores, as the original PyRecover spelled them (--experiment_name = "
+    "--experiment-name). 'default: preset' = the default depends on "
     "--model-size: tiny and small are sized for a CPU, 125m and up take the original "
     "PyRecover's defaults; a flag you give always wins."
 )
@@ -766,7 +768,7 @@ def build_parser(prog: str = "pyrecover-train") -> argparse.ArgumentParser:
     p = _Parser(
         prog=prog,
         usage=f"{prog} [train] [FLAGS] | {prog} report EXP_DIR | "
-        f"{prog} import-checkpoint FILE.pt [FLAGS]",
+        f"{prog} import-checkpoint SOURCE [FLAGS]",
         description=DESCRIPTION,
         formatter_class=_OneSpelling,
         allow_abbrev=False,

@@ -1,6 +1,7 @@
-"""Where a run starts: from step 0, from one of its checkpoints, or from an original PyRecover
-file. Everything that can go wrong is found before anything is written, and said in one line;
-what a resume with other flags than the checkpoint's does to the schedule is said too."""
+"""Where a run starts: from step 0, from one of its checkpoints, or from another tool's
+checkpoint (:mod:`.foreign`). Everything that can go wrong is found before anything is written,
+and said in one line; what a resume with other flags than the checkpoint's does to the schedule
+is said too."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import ckptstore
 import ddpkit
 
 from .config import TrainConfig, UsageError, first_line
-from .legacy import OriginalCheckpoint
+from .foreign import ForeignCheckpoint
 from .lr_schedule import warmup_cosine
 from .model import ModelConfig
 from .state import TrainState
@@ -37,20 +38,15 @@ class Resume:
         self.model_cfg, self.tokenizer = model_cfg, tokenizer
         self.metadata: dict[str, Any] = {}  # of the checkpoint resumed from (e.g. time_budget)
 
-    def run(self, original: OriginalCheckpoint | None) -> str | None:
+    def run(self, foreign: ForeignCheckpoint | None) -> str | None:
         """Resume (or refuse to clobber); returns what it resumed from, None for step 0.
         ``latest`` is the newest commit on the primary or the mirror (ckptstore's)."""
         target = self.cfg.resume_spec
-        if original is not None:
-            if self.state.sharded:
-                raise UsageError(
-                    "an original PyRecover checkpoint is imported with --parallelism ddp (its "
-                    "weights and optimizer are whole tensors): drop --parallelism fsdp"
-                )
-            original.apply(self.state, self.cfg.model_size)
-            self._reseed("the original PyRecover saved no RNG states")
-            reapply_flags(self.state, self.cfg)
-            return f"step {self.state.step} (original PyRecover checkpoint {original.path})"
+        if foreign is not None:
+            return self._start_from(foreign)
+        if target is not None and not target.latest:  # a step or a folder, named
+            self._latest_step(newer_ok=True)  # the location answers (credentials, bucket)
+            return self._load(_resolve(target))
         latest = self._latest_step()
         if target is None:
             if latest is not None:
@@ -60,14 +56,45 @@ class Resume:
                     "--experiment_name / --checkpoint-dir (nothing was changed)"
                 )
             return None
-        if target.latest and latest is None:
+        if latest is None:
             log.info("--resume-from-checkpoint latest: no checkpoint yet, starting at step 0")
             return None
-        return self._load(_resolve(target))
+        return self._load("latest")
 
-    def _latest_step(self) -> int | None:
+    def _start_from(self, foreign: ForeignCheckpoint) -> str:
+        """Another tool's checkpoint, into a new experiment (a run's own steps would mix with
+        the checkpoints already there)."""
+        if self.state.sharded:
+            raise UsageError(
+                f"--resume-from-checkpoint {foreign.source}: another tool's checkpoint is "
+                "imported with --parallelism ddp (its weights and optimizer are whole tensors): "
+                "drop --parallelism fsdp"
+            )
+        latest = self._latest_step()
+        if latest is not None:
+            raise UsageError(
+                f"{self._where_latest()} already holds checkpoints (latest step {latest}): "
+                f"start from {foreign.source} in a new --experiment_name, or continue this one "
+                "with --resume-from-checkpoint latest (nothing was changed)"
+            )
+        foreign.apply(self.state, self.cfg.model_size)  # logs its one line: the RNGs too
+        ddpkit.reseed_rng(self.cfg.seed, self.state.step, self.dist.rank, self.dist.device)
+        reapply_flags(self.state, self.cfg)
+        return f"step {self.state.step} ({foreign.label})"
+
+    def _latest_step(self, *, newer_ok: bool = False) -> int | None:
+        """The newest step; ``newer_ok``: None when a newer ckptstore wrote it (a step named
+        by the user is loaded without it, as ckptstore's refusal of "latest" suggests)."""
         try:
             return self.store.latest_step()
+        except ckptstore.IncompatibleCheckpointError as e:  # its line says it all
+            if newer_ok:
+                return None
+            raise UsageError(first_line(e)) from None
+        except ckptstore.CheckpointError as e:
+            raise UsageError(
+                f"cannot read the checkpoint location {self.cfg.experiment_url}: {first_line(e)}"
+            ) from None
         except Exception as e:  # no credentials, no bucket, no permission: fix and retry
             raise UsageError(
                 f"cannot read the checkpoint location {self.cfg.experiment_url}: "
@@ -149,10 +176,6 @@ class Resume:
             now = self.dist.world_size
             why = f"world size changed ({saved_world} in the checkpoint, {now} now)"
             self._log_reseed(why, got.seed)
-
-    def _reseed(self, why: str) -> None:
-        cfg, step, rank = self.cfg, self.state.step, self.dist.rank
-        self._log_reseed(why, ddpkit.reseed_rng(cfg.seed, step, rank, self.dist.device))
 
     def _log_reseed(self, why: str, seed: int | None) -> None:
         cfg, step, rank = self.cfg, self.state.step, self.dist.rank

@@ -41,8 +41,8 @@ def import_checkpoint(
     signals: slurmclock.StopSignals | None = None,
     startup: Startup | None = None,
 ) -> RunResult:
-    """Resume from ``cfg.resume_from_checkpoint`` (an original PyRecover file) and save it as
-    this experiment's checkpoint at its step, without training."""
+    """Start from ``cfg.resume_from_checkpoint`` (another tool's checkpoint, :mod:`.foreign`)
+    and save it as this experiment's checkpoint at its step, without training."""
     return _session(cfg, lambda t: t.save_imported(), signals, startup)
 
 

@@ -124,7 +124,7 @@ class Trainer:
         resume = Resume(
             cfg, self.store, self.state, self.dist, model_cfg=self.model_cfg, tokenizer=tokenizer
         )
-        self.resumed_from = resume.run(parts.original)
+        self.resumed_from = resume.run(parts.foreign)
         self.budget = build.budget(cfg, self.state.model, self.stop_flag, resumed=resume.metadata)
 
     # -- the loop ---------------------------------------------------------------------------

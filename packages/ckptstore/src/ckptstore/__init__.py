@@ -11,7 +11,7 @@ from .errors import (
     NoCheckpointError,
 )
 from .exporting import ExportReport, export_checkpoint
-from .foreign import Foreign, read_foreign
+from .foreign import Foreign, foreign_kind, read_foreign
 from .formats import (
     CheckpointFormat,
     LoadContext,
@@ -85,6 +85,7 @@ __all__ = [
     "available_storages",
     "experiment_location",
     "export_checkpoint",
+    "foreign_kind",
     "get_format",
     "get_storage",
     "import_checkpoint",
