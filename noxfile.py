@@ -37,10 +37,11 @@ TEST_TOOLS = ("pytest>=8", "pytest-timeout>=2.2", "hypothesis>=6.90")
 
 PACKAGES = {
     # session name: (install spec, extra test-only requirements)
-    "slurmclock": ("./packages/slurmclock", ()),
-    # [wandb]: the real offline W&B test runs; numpy: the tests of ddpkit's numpy paths (that
-    # ddpkit works without numpy is tested in a subprocess that blocks the import).
-    "ddpkit": ("./packages/ddpkit[wandb]", ("numpy",)),
+    # [wandb]: the real offline W&B test of slurmclock.WandbLogger runs (wandb brings no torch).
+    "slurmclock": ("./packages/slurmclock[wandb]", ()),
+    # numpy: the tests of ddpkit's numpy paths (that ddpkit works without numpy is tested in a
+    # subprocess that blocks the import).
+    "ddpkit": ("./packages/ddpkit", ("numpy",)),
     # safetensors: the standard reader the tests open ckptstore's files with (not a dependency)
     "ckptstore": ("./packages/ckptstore[s3]", ("moto[server]>=5", "safetensors>=0.4")),
     "parquetlm": ("./packages/parquetlm[hf,gpt2,torch,s3]", ("moto[server]>=5",)),

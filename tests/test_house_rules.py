@@ -73,6 +73,9 @@ def test_detector_catches_a_sibling_import(tmp_path: Path) -> None:
     src += "m = importlib.import_module('ddpkit')\n"
     assert {"ckptstore", "ddpkit"} <= imported_top_levels(src, "x.py")
     assert "parquetlm" not in imported_top_levels("from . import parquetlm\n", "x.py")
+    lazy = "import os\ndef f():\n    import wandb\nclass C:\n    def g(self):\n        import x\n"
+    assert imported_at_import_time(lazy, "x.py") == {"os"}
+    assert "wandb" in imported_at_import_time("try:\n    import wandb\nexcept: pass\n", "x.py")
 
 
 @pytest.mark.parametrize("package", PACKAGES)
@@ -97,6 +100,18 @@ def test_package_layout(package: str) -> None:
 # Trainer integrations: optional extras of slurmclock, importable only with their library; the
 # core never imports them (module file -> the extra that must declare its libraries).
 SLURMCLOCK_INTEGRATIONS = {"lightning.py": "lightning", "hf.py": "hf"}
+# Core modules that import an extra's library lazily, inside a function (never when slurmclock is
+# imported): module file -> (library, the extra that declares it).
+SLURMCLOCK_LAZY = {"wandb_logger.py": ("wandb", "wandb")}
+
+
+def imported_at_import_time(source: str, filename: str) -> set[str]:
+    """imported_top_levels, leaving out what function bodies import (run only when called)."""
+    tree = ast.parse(source, filename=filename)
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            node.body = [ast.Pass()]
+    return imported_top_levels(ast.unparse(tree), filename)
 
 
 def test_slurmclock_is_stdlib_only() -> None:
@@ -121,6 +136,13 @@ def test_slurmclock_is_stdlib_only() -> None:
                 f"{path.relative_to(ROOT)} imports the optional integration {name}"
             )
         third_party = imported_top_levels(source, str(path)) - stdlib
+        if path.name in SLURMCLOCK_LAZY:
+            library, extra = SLURMCLOCK_LAZY[path.name]
+            assert library in " ".join(extras.get(extra, [])), f"extra [{extra}] lacks {library}"
+            assert library not in imported_at_import_time(source, str(path)), (
+                f"{path.relative_to(ROOT)} imports {library} at import time (import it lazily)"
+            )
+            third_party -= {library}
         assert not third_party, f"{path.relative_to(ROOT)} imports non-stdlib {third_party}"
 
 

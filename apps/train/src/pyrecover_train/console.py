@@ -14,7 +14,6 @@ from typing import IO, Any
 
 import torch
 
-import ddpkit
 import slurmclock
 
 from . import logs
@@ -270,7 +269,7 @@ def _open_csv(path: Path) -> IO[str]:
 def _wandb(cfg: TrainConfig, rank: int, model_config: dict[str, Any]) -> Any:
     """Rank 0's W&B run; the id is derived from the experiment so a requeued job continues it."""
     try:
-        logger = ddpkit.WandbLogger(
+        logger = slurmclock.WandbLogger(
             project="pyrecover",
             name=cfg.experiment_name,
             config={"args": cfg.to_dict(), "model": model_config},

@@ -56,7 +56,6 @@ from ddpkit.rng import (  # noqa: E402
     set_rng_state,
 )
 from ddpkit.seed import seed_everything  # noqa: E402
-from ddpkit.wandb_logger import MetricsLogger, WandbLogger  # noqa: E402
 from ddpkit.watchdog import WatchdogOptions  # noqa: E402
 
 __version__ = "0.1.0"
@@ -75,13 +74,11 @@ __all__ = [
     "InitInterrupted",
     "InitOptions",
     "Launcher",
-    "MetricsLogger",
     "PeerError",
     "RankLogging",
     "RankZeroFilter",
     "RngRestored",
     "ShardOptions",
-    "WandbLogger",
     "WatchdogOptions",
     "capture_rng",
     "checkpoint_activations",

@@ -4,7 +4,8 @@
 says when to stop so the final checkpoint is durable and the job requeued before the kill,
 :class:`TimeLoop` is the time-aware loop protocol every trainer drives (stop, saves, extra saves,
 exit codes), :class:`StopSignals` turns SLURM's signals into a flag, :class:`JobTimeline`
-remembers what the end of each allocation took, :func:`requeue` puts the job back in the queue.
+remembers what the end of each allocation took, :func:`requeue` puts the job back in the queue,
+:class:`WandbLogger` logs to W&B from rank 0 across requeues (``wandb`` imported lazily).
 See README.md.
 """
 
@@ -57,6 +58,7 @@ from slurmclock.signals import (
     signal_number,
 )
 from slurmclock.timeline import EVENTS, Event, ExitSample, JobTimeline, timeline_dir
+from slurmclock.wandb_logger import MetricsLogger, WandbLogger
 
 __version__ = "0.1.0"
 
@@ -79,6 +81,7 @@ __all__ = [
     "Event",
     "ExitSample",
     "JobTimeline",
+    "MetricsLogger",
     "RequeueResult",
     "RobustEstimate",
     "Runner",
@@ -89,6 +92,7 @@ __all__ = [
     "SubprocessRunner",
     "TimeBudget",
     "TimeLoop",
+    "WandbLogger",
     "__version__",
     "allocation_start",
     "array_task",

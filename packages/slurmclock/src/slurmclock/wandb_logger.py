@@ -1,22 +1,26 @@
-"""Optional rank-0 experiment logging to Weights & Biases (``pip install ddpkit[wandb]``).
+"""Optional rank-0 experiment logging to Weights & Biases (``pip install slurmclock[wandb]``).
 
 Every failure mode turns it into a no-op with a reason instead of an exception or a hang: not
 rank 0, wandb not installed, ``WANDB_MODE=disabled``, no credentials for online mode (which would
 otherwise prompt on a batch node), or ``wandb.init`` failing. Training never dies for its logger.
-No module-level state: the run object is held by the logger instance.
+A failure of wandb is one line on the ``slurmclock`` logger, never a raw Python warning.
+No module-level state: the run object is held by the logger instance. Standard library only:
+``wandb`` is imported when a logger starts, not with this module.
 """
 
 from __future__ import annotations
 
 import importlib
+import logging
 import netrc
 import os
-import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Protocol
 from urllib.parse import urlparse
+
+log = logging.getLogger("slurmclock")
 
 
 class MetricsLogger(Protocol):
@@ -33,8 +37,8 @@ OFFLINE_MODES = ("offline", "dryrun")
 class WandbLogger:
     """Log metrics from rank 0 to W&B; a no-op everywhere else (see :attr:`reason`).
 
-        with WandbLogger(project="gpt", rank=dist.rank, config=vars(args),
-                         run_id=f"job-{dist.info.job_id}") as wb:
+        with WandbLogger(project="gpt", rank=rank, config=vars(args),
+                         run_id=f"job-{slurmclock.job_id()}") as wb:
             wb.log({"loss": loss}, step=step)
 
     ``run_id`` + ``resume="allow"`` (the default here) makes a requeued SLURM job continue the same
@@ -65,7 +69,7 @@ class WandbLogger:
             return
         wandb = module if module is not None else _import_wandb()
         if wandb is None:
-            self.reason = "wandb is not installed (pip install 'ddpkit[wandb]')"
+            self.reason = "wandb is not installed (pip install 'slurmclock[wandb]')"
             return
         kwargs: dict[str, Any] = {"project": project, "name": name, "mode": mode, **init_kwargs}
         if config is not None:
@@ -77,7 +81,7 @@ class WandbLogger:
             self.run = wandb.init(**kwargs)
         except Exception as e:  # network, bad project name, ...: log nothing rather than crash
             self.reason = f"wandb.init failed: {type(e).__name__}: {e}"
-            warnings.warn(f"WandbLogger disabled: {self.reason}", RuntimeWarning, stacklevel=2)
+            log.warning("WandbLogger disabled: %s", self.reason)
             self.run = None
 
     @staticmethod
@@ -125,10 +129,10 @@ class WandbLogger:
         try:
             run.finish(exit_code=exit_code)
         except Exception as e:
-            warnings.warn(f"wandb finish failed: {e}", RuntimeWarning, stacklevel=2)
+            log.warning("WandbLogger: wandb finish failed: %s: %s", type(e).__name__, e)
 
     def _disable(self, reason: str) -> None:
-        warnings.warn(f"WandbLogger disabled: {reason}", RuntimeWarning, stacklevel=3)
+        log.warning("WandbLogger disabled: %s", reason)
         self.reason = reason
         run, self.run = self.run, None
         try:

@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from ddpkit import WandbLogger
-from ddpkit.wandb_logger import has_credentials
+from slurmclock import WandbLogger
+from slurmclock.wandb_logger import has_credentials
 
 
 class FakeRun:
@@ -131,27 +131,63 @@ def test_online_with_an_api_key_or_netrc(tmp_path: Path) -> None:
     assert [c["mode"] for c in fake.calls] == ["online", "online"]
 
 
-def test_init_failure_disables_with_a_warning() -> None:
-    with pytest.warns(RuntimeWarning, match="wandb.init failed: TimeoutError"):
-        wb = WandbLogger(
-            project="p", mode="offline", env=NO_CREDS, module=FakeWandb(fail_init=True)
-        )
-    assert not wb.active
+def warned(caplog: pytest.LogCaptureFixture) -> list[str]:
+    """The slurmclock logger's lines: a failure is one of them, never a Python warning (the
+    tests run with warnings as errors, so a warnings.warn would fail them)."""
+    return [r.getMessage() for r in caplog.records if r.name == "slurmclock"]
+
+
+@pytest.mark.filterwarnings("error")
+def test_init_failure_disables_with_one_log_line(caplog: pytest.LogCaptureFixture) -> None:
+    wb = WandbLogger(project="p", mode="offline", env=NO_CREDS, module=FakeWandb(fail_init=True))
+    assert warned(caplog) == [
+        "WandbLogger disabled: wandb.init failed: TimeoutError: could not reach api.wandb.ai"
+    ]
+    assert not wb.active and "wandb.init failed: TimeoutError" in (wb.reason or "")
     wb.log({"loss": 1.0})
+    assert len(warned(caplog)) == 1
 
 
-def test_log_failure_disables_instead_of_crashing_training() -> None:
+@pytest.mark.filterwarnings("error")
+def test_log_failure_disables_instead_of_crashing_training(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     fake = FakeWandb(fail_log=True)
     wb = WandbLogger(project="p", mode="offline", env=NO_CREDS, module=fake)
-    with pytest.warns(RuntimeWarning, match="run.log failed: ConnectionError"):
-        wb.log({"loss": 1.0})
+    wb.log({"loss": 1.0})
+    wb.log({"loss": 0.5})  # disabled: no second line
+    assert warned(caplog) == [
+        "WandbLogger disabled: run.log failed: ConnectionError: wandb backend went away"
+    ]
     assert not wb.active and fake.runs[0].finished == [1]
+
+
+@pytest.mark.filterwarnings("error")
+def test_finish_failure_is_one_log_line(caplog: pytest.LogCaptureFixture) -> None:
+    fake = FakeWandb()
+    wb = WandbLogger(project="p", mode="offline", env=NO_CREDS, module=fake)
+
+    def fail(exit_code: int | None = None) -> None:
+        raise OSError("disk full")
+
+    fake.runs[0].finish = fail  # type: ignore[method-assign]
+    wb.finish()
+    assert warned(caplog) == ["WandbLogger: wandb finish failed: OSError: disk full"]
+    assert not wb.active and wb.reason == "finished"
 
 
 def test_missing_wandb_package(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "wandb", None)  # makes `import wandb` raise ImportError
     wb = WandbLogger(project="p", mode="offline", env=NO_CREDS)
-    assert not wb.active and "pip install 'ddpkit[wandb]'" in (wb.reason or "")
+    assert not wb.active and "pip install 'slurmclock[wandb]'" in (wb.reason or "")
+
+
+def test_importing_slurmclock_does_not_import_wandb() -> None:
+    """slurmclock stays stdlib-only at import: wandb comes in when a logger starts."""
+    code = "import sys, slurmclock; print('wandb' in sys.modules, slurmclock.WandbLogger.__name__)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["False", "WandbLogger"]
 
 
 def test_no_shared_state_between_loggers() -> None:
@@ -167,13 +203,13 @@ def test_no_shared_state_between_loggers() -> None:
 
 @pytest.mark.skipif(
     importlib.util.find_spec("wandb") is None,
-    reason="wandb is not installed (pip install 'ddpkit[wandb]' to run the real offline test)",
+    reason="wandb is not installed (pip install 'slurmclock[wandb]' to run the real offline test)",
 )
 def test_real_wandb_offline(tmp_path: Path) -> None:
     code = (
-        "import ddpkit\n"
-        "with ddpkit.WandbLogger(project='ddpkit-test', config={'lr': 0.25}, run_id='job-42',"
-        " dir='.') as wb:\n"
+        "import slurmclock\n"
+        "with slurmclock.WandbLogger(project='slurmclock-test', config={'lr': 0.25},"
+        " run_id='job-42', dir='.') as wb:\n"
         "    assert wb.active, wb.reason\n"
         "    for i in range(3):\n"
         "        wb.log({'loss_metric': 1.0 / (i + 1)}, step=i)\n"
