@@ -140,11 +140,17 @@ def cli(args: list[str]) -> list[str]:
 
 
 def deadline_of(ckpt: Path) -> float:
-    """The deadline the run stopped for: the warning's receipt + LEAD (its stop event)."""
+    """The deadline the run stopped for: the warning's receipt + LEAD, from its stop event. Not
+    the event's ISO deadline alone: that is whole seconds, up to 1 s before the real one (the
+    abandon at deadline - MARGIN then looked up to 1 s late)."""
     from datetime import datetime
 
     stop = [e for e in events(ckpt) if e["event"] == "stop"][-1]
-    return datetime.fromisoformat(stop["budget"]["deadline"]).timestamp()
+    # seconds_left is taken just before the event's time: later by microseconds, never earlier
+    exact = stop["time"] + stop["budget"]["seconds_left"]
+    whole = datetime.fromisoformat(stop["budget"]["deadline"]).timestamp()
+    assert whole <= exact < whole + 1.05, (exact, stop["budget"])
+    return float(exact)
 
 
 def assert_resumes_from(ckpt: Path, step: int, args: list[str]) -> None:

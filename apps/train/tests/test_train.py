@@ -397,7 +397,7 @@ def test_auto_interval_is_young_daly_from_the_measured_save_cost(
     monkeypatch.setattr(save_schedule, "AUTO_ASSUMED_SAVE_COST", 1e-9)
     ckpt = tmp_path / "ckpt"
     argv = tiny_flags(corpus, cache_dir, ckpt, "--training-steps", "6", "--keep-last", "0")
-    argv += ["--checkpoint-interval-seconds", "auto", "--mtbf", "1:00:00"]
+    argv += ["--checkpoint-interval-seconds", "auto", "--mtbf", "1h"]
     assert main(argv) == 0
     assert "auto: Young/Daly with MTBF 1:00:00" in capsys.readouterr().out
     saves = [e for e in events(ckpt) if e["event"] == "save"]

@@ -6,8 +6,8 @@ rank of a gloo job. Run by tests/test_open_formats.py.
     python ckpt_open_worker.py save-dcp ROOT                     # under RANK/WORLD_SIZE: gloo
     python ckpt_open_worker.py exec FILE                         # run FILE (a README snippet)
 
-The readers first make ``ckptstore`` unimportable (its folder off sys.path, and a finder that
-refuses the name), so a read that needed it would fail: the proof that a user who uninstalled
+The readers first make ``ckptstore`` unimportable (a finder ahead of all others refuses the
+name), so a read that needed it would fail: the proof that a user who uninstalled
 ckptstore still reads its checkpoints. ``EXPECTED`` is a plain ``torch.save`` file of the state
 as nested dicts (what ``CheckpointStore.read()`` returned when it was written).
 """
@@ -29,7 +29,11 @@ class _Refuse(importlib.abc.MetaPathFinder):
 
 
 def block_ckptstore() -> None:
-    sys.path[:] = [p for p in sys.path if not os.path.isdir(os.path.join(p or ".", "ckptstore"))]
+    # A finder first in line, not a shorter sys.path: installed as a wheel (nox, CI), ckptstore
+    # shares site-packages with the readers' own packages (safetensors, numpy), and dropping that
+    # folder would take them too.
+    for name in [m for m in sys.modules if m == "ckptstore" or m.startswith("ckptstore.")]:
+        del sys.modules[name]
     sys.meta_path.insert(0, _Refuse())
     try:
         importlib.util.find_spec("ckptstore")

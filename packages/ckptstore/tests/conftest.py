@@ -11,11 +11,8 @@ from typing import Any
 
 import fsspec
 import pytest
-from ckpt_helpers import (  # importable: the tests folder is on pytest's `pythonpath`
-    FolderStorage,
-    install_entry_point,
-    s3server,
-)
+from ckpt_helpers import s3server  # importable: the tests folder is on pytest's `pythonpath`
+from ckpt_plugin import FolderStorage, install_entry_point
 
 from ckptstore.storage import registry
 
@@ -45,7 +42,7 @@ def folder_backend(tmp_path_factory: pytest.TempPathFactory) -> Iterator[type[Fo
     """``folder://`` served by :class:`FolderStorage`, declared only as an entry point of a
     distribution on sys.path (as a pip-installed plugin package is)."""
     site = tmp_path_factory.mktemp("site")
-    install_entry_point(site, registry.ENTRY_POINT_GROUP, "folder", "ckpt_helpers:FolderStorage")
+    install_entry_point(site, registry.ENTRY_POINT_GROUP, "folder", "ckpt_plugin:FolderStorage")
     with pytest.MonkeyPatch.context() as mp:
         mp.syspath_prepend(str(site))
         yield FolderStorage

@@ -11,13 +11,13 @@ import pytest
 import torch
 from ckpt_helpers import (
     STORAGES,
-    FolderStorage,
     assert_same_state,
     blank_state,
     corrupt,
     fs_for,
     make_state,
 )
+from ckpt_plugin import FolderStorage
 
 from ckptstore import (
     CheckpointStore,

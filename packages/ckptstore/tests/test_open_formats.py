@@ -150,3 +150,14 @@ def test_the_readme_reads_both_formats_without_ckptstore(tmp_path: Path) -> None
     snippet.write_text(f"import torch\nrun = {run_dir!r}\n# -- without ckptstore{reading}")
     (out,) = finish([run("exec", str(snippet))])
     assert out.strip().endswith("OK snippet")
+
+
+def test_the_readers_cannot_import_ckptstore_yet_keep_their_own_packages(tmp_path: Path) -> None:
+    """What makes the reads above a proof: in the worker ``import ckptstore`` fails, while the
+    packages installed beside it (safetensors, numpy: one site-packages when installed as a
+    wheel, as in nox and CI) still import."""
+    snippet = tmp_path / "probe.py"
+    snippet.write_text("import numpy, safetensors\nimport ckptstore\n")
+    proc = run("exec", str(snippet))
+    (out,) = communicate_all([proc])
+    assert proc.returncode == 1 and "ckptstore is not installed here" in out, out[-3000:]

@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 import torch
-from ckpt_helpers import STORAGES, FolderStorage
+from ckpt_helpers import STORAGES
+from ckpt_plugin import FolderStorage
 
 from ckptstore import (
     CheckpointError,
@@ -146,7 +147,7 @@ def test_a_third_party_storage_is_found_through_its_entry_point(
     """A package that declares ``[project.entry-points."ckptstore.storage"]`` needs no import
     or register_storage call by the user: the URL's protocol alone finds it."""
     eps = importlib.metadata.entry_points(group=storage_registry.ENTRY_POINT_GROUP)
-    assert [ep.value for ep in eps if ep.name == "folder"] == ["ckpt_helpers:FolderStorage"]
+    assert [ep.value for ep in eps if ep.name == "folder"] == ["ckpt_plugin:FolderStorage"]
     assert "folder" in available_storages()
     with CheckpointStore(f"folder://{tmp_path}/ckpt", experiment="e") as store:
         store.save(3, {"x": torch.ones(2)})

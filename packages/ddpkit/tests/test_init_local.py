@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import re
 import socket
+import sys
 import time
 from datetime import timedelta
 from typing import Any
@@ -16,6 +17,7 @@ import torch.distributed as tdist
 
 import ddpkit
 from ddpkit import Dist, DistConfigError, PeerError, init
+from ddpkit.cli import main
 
 
 @pytest.fixture(autouse=True)
@@ -222,6 +224,33 @@ def test_print_only_on_rank_zero(capsys: pytest.CaptureFixture[str]) -> None:
     )
     other.print("hidden")
     assert capsys.readouterr().out == ""
+
+
+class _Writes:
+    """An unbuffered stdout (PYTHONUNBUFFERED): every write reaches the launcher on its own."""
+
+    def __init__(self) -> None:
+        self.writes: list[str] = []
+
+    def write(self, text: str) -> int:
+        self.writes.append(text)
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+
+def test_a_printed_line_is_one_write(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ranks share the launcher's stdout: a line written in parts can take in another rank's
+    line (mpirun's merged output had two JSON objects on one line)."""
+    out = _Writes()
+    monkeypatch.setattr(sys, "stdout", out)
+    with init(env={}) as dist:
+        dist.print("everyone", 1, all_ranks=True)
+        dist.print("a", "b", sep="-", end="!\n")
+    assert main(["info", "--json"]) == 0
+    assert out.writes[:2] == ["[rank 0] everyone 1\n", "a-b!\n"]
+    assert len(out.writes) == 3 and out.writes[2].endswith("}\n"), out.writes
 
 
 @pytest.mark.parametrize(

@@ -185,7 +185,11 @@ def _table(rows: Sequence[Sequence[str]]) -> None:
 def _nothing(store: Any) -> NoCheckpointError:
     """No checkpoint here: say whether the folder exists or holds experiments instead."""
     local = store.local_path or ""
-    if os.path.exists(local) and not os.path.isdir(local):  # a file, a FIFO, a device
+    if os.path.isfile(local):  # a torch.save, safetensors or Lightning file: say how to import
+        kind, foreign = foreign_kind(store.url, store._storage_options)
+        if kind:
+            return NoCheckpointError(foreign)
+    if os.path.exists(local) and not os.path.isdir(local):  # a file, a FIFO (never read), a device
         return NoCheckpointError(f"{store.url} is a file, not a folder of checkpoints")
     exps = store.experiments()
     if exps:

@@ -72,9 +72,9 @@ def _info(as_json: bool) -> int:
     fields = dataclasses.asdict(info)
     fields["host"] = socket.gethostname()
     if as_json:
-        print(json.dumps(fields, sort_keys=True), flush=True)
+        _line(json.dumps(fields, sort_keys=True))
     else:
-        print(" ".join(f"{k}={v}" for k, v in fields.items()), flush=True)
+        _line(" ".join(f"{k}={v}" for k, v in fields.items()))
     return 0
 
 
@@ -99,7 +99,7 @@ def _check(timeout: float | None, backend: str, device: str | None, as_json: boo
             "ok": ok,
         }
         if as_json:
-            print(json.dumps(line, sort_keys=True), flush=True)
+            _line(json.dumps(line, sort_keys=True))
         else:
             dist.print(
                 f"ddpkit check: {'ok' if ok else 'WRONG'}: {n} rank(s) via {dist.info.launcher}, "
@@ -107,6 +107,14 @@ def _check(timeout: float | None, backend: str, device: str | None, as_json: boo
             )
         all_ok = dist.all_ranks(ok)
     return 0 if all_ok else 1
+
+
+def _line(text: str) -> None:
+    """``text`` and its newline in one write: every rank of a launch shares the launcher's
+    stdout, and ``print``'s separate write of the newline (unbuffered, as under PYTHONUNBUFFERED)
+    lets another rank's line in between: two JSON objects on one line."""
+    sys.stdout.write(text + "\n")
+    sys.stdout.flush()
 
 
 def _hostlist(nodelist: str, first: bool) -> int:

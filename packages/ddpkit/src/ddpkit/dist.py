@@ -7,7 +7,6 @@ collective would have returned for one rank, so the same training script runs un
 
 from __future__ import annotations
 
-import builtins
 import contextlib
 import ctypes
 import dataclasses
@@ -19,6 +18,7 @@ import pickle
 import re
 import signal
 import socket
+import sys
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
@@ -786,9 +786,17 @@ class Dist:
     # -- output ----------------------------------------------------------------------------
 
     def print(self, *args: object, all_ranks: bool = False, **kwargs: Any) -> None:
-        """``print`` on rank 0 only (flushed); ``all_ranks=True`` prefixes ``[rank N]`` instead."""
-        kwargs.setdefault("flush", True)
+        """``print`` on rank 0 only (flushed); ``all_ranks=True`` prefixes ``[rank N]`` instead.
+        The line goes out in one write: ``print`` writes each part and the newline apart, and
+        unbuffered (PYTHONUNBUFFERED, as launchers often set) another rank's line lands between
+        them in the launcher's merged output."""
         if all_ranks:
-            builtins.print(f"[rank {self.rank}]", *args, **kwargs)
-        elif self.is_main:
-            builtins.print(*args, **kwargs)
+            args = (f"[rank {self.rank}]", *args)
+        elif not self.is_main:
+            return
+        sep, end = kwargs.get("sep"), kwargs.get("end")
+        text = (" " if sep is None else sep).join(map(str, args)) + ("\n" if end is None else end)
+        file = kwargs.get("file") or sys.stdout
+        file.write(text)
+        if kwargs.get("flush", True):
+            file.flush()
