@@ -99,6 +99,18 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 # -- real parts ----------------------------------------------------------------------------------
 
 
+@pytest.fixture(scope="session", autouse=True)
+def timelines(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """slurmclock's job timelines (every pyrecover-train under SLURM marks its job's) go to the
+    session's temp folder: never the user's ~/.cache/slurmclock, nor tempguard's catch-all.
+    Session-wide, as a requeued job's allocations read its timeline, and set before the SLURM
+    cluster starts: it copies this environment, and so do the jobs."""
+    where = tmp_path_factory.mktemp("timelines")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("SLURMCLOCK_DIR", str(where))
+        yield where
+
+
 def _unavailable(what: str, why: str, require: str) -> None:
     if os.environ.get(require) == "1":
         pytest.fail(f"{require}=1 but {what} is not available: {why}")
@@ -106,7 +118,7 @@ def _unavailable(what: str, why: str, require: str) -> None:
 
 
 @pytest.fixture(scope="session")
-def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+def slurm_cluster(tmp_path_factory: pytest.TempPathFactory, timelines: Path) -> Iterator[Any]:
     """A running local SLURM, or None (with the reason in ``.why``)."""
     localslurm = load_tool("localslurm")
     why = localslurm.unavailable_reason()

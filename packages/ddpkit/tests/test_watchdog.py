@@ -184,6 +184,25 @@ def test_a_rank_leaving_with_an_error_ends_the_others_without_a_fault_line(ranks
         assert "rank 1 on " in line and "ended with an error (KeyError: 'boom')" in line
 
 
+@pytest.mark.parametrize("victim", [0, 1])
+def test_a_collective_failing_as_its_peer_dies_reports_the_death(victim: int, ranks: Any) -> None:
+    """SIGKILL of one of two ranks: the other's collective fails at the same moment (gloo:
+    "Connection reset by peer") and its ``with`` block ends in that error, often before its
+    watch thread has read the closed connection. The death is what the job must hear (exit 69,
+    the fault file), not this rank's error."""
+    job = ranks(2)
+    time.sleep(3 * INTERVAL)
+    job.kill(victim)
+    survivor = 1 - victim
+    job.dogs[survivor].leave("RuntimeError: Read error: Connection reset by peer")
+    assert job.exits == {survivor: EXIT_PEER_LOST}, job.lines
+    assert [(f["rank"], f["what"], f["reporter"]) for f in job.faults()] == [
+        (victim, "dead", survivor)
+    ]
+    (line,) = job.lines[survivor]
+    assert f"rank {victim} on " in line and "seen by this rank" in line, line
+
+
 class HangingStore:
     """Rank 0's store as seen from another rank when rank 0 is stopped: calls never return."""
 

@@ -59,6 +59,11 @@ DEAD_PROBE_INTERVALS = 3  # a silent rank's beacon is probed after this many int
 MIN_DEAD_PROBE_S = 5.0  # ... but not sooner than this
 TICK_S = 0.25  # the watch thread's wake-up: how late a message or a closed connection is read
 STORE_GONE_GRACE_S = 1.0  # a store error waits this long for the news from rank 0's beacon
+# A rank leaving with an error first lets its watch thread look this many more times (bounded
+# by VERDICT_WAIT_S): the error may be a peer's death seen first by a collective.
+VERDICT_TICKS = 2
+VERDICT_WAIT_S = 2.0
+DYING_WAIT_S = 5.0  # how long a leaving rank waits for a dying watch thread's own exit
 
 
 class WatchStore(Protocol):
@@ -214,6 +219,8 @@ class Watchdog:
         self._store_stop = threading.Event()  # the store thread ends (the store is going away)
         self._lock = threading.Lock()
         self._dying = False
+        self._ticks = 0  # the watch thread's completed looks, each after a fresh select
+        self._ticked = threading.Condition()
         self.fault: Fault | None = None  # what made this rank exit (tests read it)
         now = clock()
         self._last_ok = now
@@ -265,6 +272,8 @@ class Watchdog:
         Rank 0 (whose store the others use) then waits up to one interval for the others to
         hang up, so no store thread is left talking to a store that just went away.
         """
+        if error is not None:
+            self._await_verdict()
         with self._lock:
             if self._dying or self._stop.is_set():
                 self._shutdown()
@@ -289,6 +298,25 @@ class Watchdog:
         if self.rank == 0 and error is None:
             self._wait_hang_ups(self.settings.interval + 0.5)
         self._shutdown()
+
+    def _await_verdict(self) -> None:
+        """Before leaving with an error, let the watch thread look again. When a peer is killed,
+        this rank's collective fails ("Connection reset by peer") the moment its connection to
+        the peer's beacon closes; the ``with`` block may end in that error before the watch
+        thread has read the close, and leaving would silence it: the job would hear "error,
+        exit 1" instead of "rank N on HOST is dead, exit 69, in the fault file". VERDICT_TICKS
+        fresh looks (at most a TICK_S each, more on a loaded machine; bounded by VERDICT_WAIT_S)
+        settle it; a watch thread that found a failure ends the process meanwhile (its exit)."""
+        watch = self._threads[-1] if self._threads else None  # started last in start()
+        if watch is None or not watch.is_alive():
+            return
+        with self._ticked:
+            goal = self._ticks + VERDICT_TICKS
+            self._ticked.wait_for(
+                lambda: self._ticks >= goal or self._stop.is_set(), timeout=VERDICT_WAIT_S
+            )
+        if self._dying:  # it found one: its exit code and line, not this rank's error
+            watch.join(DYING_WAIT_S)
 
     def _wait_hang_ups(self, seconds: float) -> None:
         end = self._clock() + seconds
@@ -354,14 +382,23 @@ class Watchdog:
                 link.read()
             verdict = self.judge(now)
             if verdict is None:
+                self._looked()
                 continue
             if isinstance(verdict, str):  # "stop": rank 0 left, the job is ending
                 self._beacon.send("L\n")  # first: a closed beacon alone would look dead
                 self._shutdown()
+                self._looked()
                 return
             fault, reporter = verdict
             self._die(fault, reporter)
             return
+        self._looked()
+
+    def _looked(self) -> None:
+        """One more look done (or the watch over): wakes a leave() waiting for a verdict."""
+        with self._ticked:
+            self._ticks += 1
+            self._ticked.notify_all()
 
     def _stalled(self, gap: float) -> None:
         with self._lock:
@@ -474,6 +511,7 @@ class Watchdog:
                 return  # leave() won the race: this rank is ending normally
             self._dying = True
             self._stop.set()
+        self._looked()  # a leave() waiting for a verdict: here it is
         # The rank that watches the failed one records it, however the news reached it first
         # (a follower's F may arrive before its own closed connection or its own count).
         reporter = reporter or fault.reporter == self.rank
