@@ -289,3 +289,48 @@ def test_end_process_keeps_what_an_exit_does_and_skips_the_teardown(tmp_path: Pa
     assert r.stdout == "buffered, not yet flushed"
     assert (tmp_path / "thread").read_text() == "joined"
     assert (tmp_path / "atexit").read_text() == "ran"
+
+
+def _watchdog(at: float, **kw: Any) -> tuple[Any, list[str]]:
+    from slurmclock.loop import _Watchdog
+
+    said: list[str] = []
+    dog = _Watchdog(
+        at,
+        on_abandon=kw.pop("on_abandon", said.append),
+        interrupted=kw.pop("interrupted", lambda: None),
+        clock=time.time,
+        exit=kw.pop("exit", lambda: said.append("exit")),
+        poll=0.01,
+    )
+    return dog, said
+
+
+def test_an_abandon_watchdog_whose_body_ends_in_time_does_nothing() -> None:
+    dog, said = _watchdog(time.time() + 0.3)
+    dog.start()
+    dog.stop()  # the save was durable first
+    time.sleep(0.4)  # past its time: nothing happens any more
+    assert said == []
+
+
+def test_an_abandon_watchdog_exits_even_when_its_report_raises() -> None:
+    def report(why: str) -> None:
+        raise OSError(f"timeline not writable ({why})")
+
+    exited: list[bool] = []
+    dog, _ = _watchdog(time.time() + 0.05, on_abandon=report, exit=lambda: exited.append(True))
+    dog.start()
+    deadline = time.monotonic() + 30  # a busy machine may starve the thread for a while
+    while not exited and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert exited == [True]
+
+
+def test_an_abandon_watchdog_acts_at_once_on_an_interruption() -> None:
+    dog, said = _watchdog(time.time() + 3600, interrupted=lambda: "received SIGTERM")
+    dog.start()
+    deadline = time.monotonic() + 30
+    while "exit" not in said and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert said == ["received SIGTERM", "exit"]
