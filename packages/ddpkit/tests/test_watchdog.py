@@ -90,8 +90,9 @@ class Ranks:
         return [json.loads(line) for line in self.fault_file.read_text().splitlines()]
 
     def close(self) -> None:
-        for dog in self.dogs:
-            dog._shutdown()
+        # Threads first: a watch thread still running would read a link closed under it.
+        for rank in range(len(self.dogs)):
+            self.kill(rank)
 
 
 @pytest.fixture
@@ -201,6 +202,23 @@ def test_a_collective_failing_as_its_peer_dies_reports_the_death(victim: int, ra
     ]
     (line,) = job.lines[survivor]
     assert f"rank {victim} on " in line and "seen by this rank" in line, line
+
+
+def test_a_peer_error_read_while_leaving_with_one_changes_nothing(ranks: Any) -> None:
+    """Rank 0 and 1 raise in the same step; rank 1, waiting a look for a verdict before it
+    leaves, reads rank 0's E line meanwhile: that is no reason to end it with 69, its own error
+    stands (rank 0's E is sent as its leave() does it, from its beacon)."""
+    job = ranks(2)
+    time.sleep(3 * INTERVAL)
+    leaving = threading.Thread(target=job.dogs[1].leave, args=("KeyError: 'boom 1'",))
+    leaving.start()
+    while not job.dogs[1]._leaving_with_error:
+        time.sleep(0.001)
+    error = Fault(rank=0, host="n0", what="error", reporter=0, detail="KeyError: 'boom 0'")
+    job.dogs[0]._beacon.send(f"E {error.to_json()}\n")
+    leaving.join(10)
+    # Rank 1 is not ended by rank 0's error (rank 0, still watching, is by rank 1's E: fine).
+    assert 1 not in job.exits and job.lines[1] == [] and job.faults() == [], job.lines
 
 
 class HangingStore:

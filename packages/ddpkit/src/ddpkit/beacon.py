@@ -8,6 +8,7 @@ import contextlib
 import json
 import os
 import socket
+import threading
 from collections.abc import Mapping
 from typing import Any
 
@@ -46,6 +47,9 @@ class Beacon:
         self.sock.setblocking(False)
         self.port = int(self.sock.getsockname()[1])
         self.conns: list[socket.socket] = []
+        # Held from accept() to the listing of its connection: a fork waits for it (see
+        # watchdog's fork handlers), or the child would copy a connection it cannot close.
+        self.accepting = threading.Lock()
 
     def record(self) -> str:
         """What the rendezvous publishes for this rank."""
@@ -53,15 +57,16 @@ class Beacon:
         return json.dumps({**record, **identity(os.getpid())})
 
     def accept(self) -> None:
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except (BlockingIOError, InterruptedError):
-                return
-            except OSError:
-                return
-            conn.setblocking(False)
-            self.conns.append(conn)
+        with self.accepting:
+            while True:
+                try:
+                    conn, _ = self.sock.accept()
+                except (BlockingIOError, InterruptedError):
+                    return
+                except OSError:
+                    return
+                conn.setblocking(False)
+                self.conns.append(conn)
 
     def drain(self, readable: list[Any]) -> None:
         """Drop the watchers' connections that closed (they send nothing else)."""

@@ -221,6 +221,8 @@ class Watchdog:
         self._dying = False
         self._ticks = 0  # the watch thread's completed looks, each after a fresh select
         self._ticked = threading.Condition()
+        self._watch_over = False
+        self._leaving_with_error = False
         self.fault: Fault | None = None  # what made this rank exit (tests read it)
         now = clock()
         self._last_ok = now
@@ -306,14 +308,17 @@ class Watchdog:
         thread has read the close, and leaving would silence it: the job would hear "error,
         exit 1" instead of "rank N on HOST is dead, exit 69, in the fault file". VERDICT_TICKS
         fresh looks (at most a TICK_S each, more on a loaded machine; bounded by VERDICT_WAIT_S)
-        settle it; a watch thread that found a failure ends the process meanwhile (its exit)."""
+        settle it; a watch thread that found a failure ends the process meanwhile (its exit). A
+        peer's error (its ``E``) is no such failure: this rank ends with its own."""
         watch = self._threads[-1] if self._threads else None  # started last in start()
         if watch is None or not watch.is_alive():
             return
+        self._leaving_with_error = True
         with self._ticked:
             goal = self._ticks + VERDICT_TICKS
             self._ticked.wait_for(
-                lambda: self._ticks >= goal or self._stop.is_set(), timeout=VERDICT_WAIT_S
+                lambda: self._ticks >= goal or self._stop.is_set() or self._watch_over,
+                timeout=VERDICT_WAIT_S,
             )
         if self._dying:  # it found one: its exit code and line, not this rank's error
             watch.join(DYING_WAIT_S)
@@ -364,6 +369,13 @@ class Watchdog:
     # -- the watch thread ----------------------------------------------------------------------
 
     def _watch_loop(self) -> None:
+        try:
+            self._watch()
+        finally:
+            self._watch_over = True
+            self._looked()
+
+    def _watch(self) -> None:
         last = self._clock()
         while not self._stop.is_set():
             socks: list[Any] = [self._beacon.sock, *self._beacon.conns]
@@ -387,12 +399,12 @@ class Watchdog:
             if isinstance(verdict, str):  # "stop": rank 0 left, the job is ending
                 self._beacon.send("L\n")  # first: a closed beacon alone would look dead
                 self._shutdown()
-                self._looked()
                 return
             fault, reporter = verdict
+            if fault.what == "error" and self._leaving_with_error:
+                return  # this rank ends with an error of its own: a peer's changes nothing
             self._die(fault, reporter)
             return
-        self._looked()
 
     def _looked(self) -> None:
         """One more look done (or the watch over): wakes a leave() waiting for a verdict."""
@@ -576,14 +588,37 @@ class Watchdog:
 _LIVE: weakref.WeakSet[Watchdog] = weakref.WeakSet()
 
 
+_HELD: list[threading.Lock] = []  # the beacons' accept locks a fork in progress holds
+
+
+def _before_fork() -> None:
+    """Wait for an accept in progress on another thread: the connection it made exists in the
+    fd table the child copies but is not yet in ``conns``, which the child closes -- it would
+    stay open in the child, and a dead parent would look alive (seen: 1 fork in 6)."""
+    for dog in list(_LIVE):
+        lock = dog._beacon.accepting
+        if lock.acquire(timeout=1.0):  # bounded: a fork must never hang on the watchdog
+            _HELD.append(lock)
+
+
+def _after_fork_in_parent() -> None:
+    while _HELD:
+        _HELD.pop().release()
+
+
 def _forget_all_in_child() -> None:
     for dog in list(_LIVE):
         dog.forget_in_child()
     _LIVE.clear()
+    _after_fork_in_parent()  # the copies of the locks, held: free, as in the parent
 
 
 if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_forget_all_in_child)
+    os.register_at_fork(
+        before=_before_fork,
+        after_in_parent=_after_fork_in_parent,
+        after_in_child=_forget_all_in_child,
+    )
 
 
 def _select(socks: list[Any], timeout: float) -> list[Any]:
