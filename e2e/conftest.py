@@ -26,7 +26,7 @@ from e2e_helpers import (
     Background,
     Job,
     LongRuns,
-    calibrate_step_seconds,
+    calibrate,
     short_flags,
     start_straight,
     trainer_flags,
@@ -205,15 +205,15 @@ def long_runs(
     }
     # Enough steps for >= 3 three-minute allocations: sized with the CPU time of a step, before
     # anything else starts (a busier machine later means more allocations, never fewer).
-    step_s, steps = 0.0, 2000
+    quiet, steps = None, 2000
     if "time_limit" in wanted:
-        step_s = calibrate_step_seconds(corpus, cache_dir, work / "calibrate")
+        quiet = calibrate(corpus, cache_dir, work / "calibrate")
         goal = (GOAL_ALLOCATIONS - 0.7) * ALLOC_TRAIN_S
-        steps = max(2000, min(60000, int(round(goal / step_s, -2))))
+        steps = max(2000, min(60000, int(round(goal / quiet.step_s, -2))))
     ref_ckpt, preempt_ref = work / "reference", work / "preempt-reference"
     bg = Background()
     runs_ = LongRuns(
-        steps, step_s, long_flags(corpus, cache_dir, Path("ckpt"), steps), ref_ckpt, bg, work
+        steps, quiet, long_flags(corpus, cache_dir, Path("ckpt"), steps), ref_ckpt, bg, work
     )
     runs_.preempt_reference = preempt_ref
     straight: list[Any] = []  # the uninterrupted reference runs, killed at the end if still on

@@ -102,10 +102,18 @@ def wait_until(what: str, ok: Callable[[], bool], timeout: float, poll: float = 
         time.sleep(poll)
 
 
-def calibrate_step_seconds(corpus: Path, cache: Path, scratch: Path) -> float:
-    """CPU seconds per step of the tiny configuration on this machine (one process, one thread):
-    a lower bound of its wall time per step however busy the machine is now or later, so a run
-    sized with it never takes fewer allocations than planned (a busier machine: more)."""
+@dataclass(frozen=True)
+class Calibration:
+    """CPU seconds of the tiny configuration on this machine, measured before anything else runs
+    (one process, one thread): a lower bound of its wall time however busy the machine gets."""
+
+    step_s: float  # per step
+    startup_s: float  # of a run's fixed work: imports, data, model, exit
+
+
+def calibrate(corpus: Path, cache: Path, scratch: Path) -> Calibration:
+    """A run sized with ``step_s`` never takes fewer allocations than planned (a busier machine:
+    more); ``startup_s`` is what a loaded machine stretches at the start of every allocation."""
 
     def cpu(steps: int) -> float:
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -127,7 +135,9 @@ def calibrate_step_seconds(corpus: Path, cache: Path, scratch: Path) -> float:
         return (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
 
     # The difference of two runs: the start-up (imports, data, model) cancels out.
-    return max(1e-4, (cpu(500) - cpu(100)) / 400)
+    short = cpu(100)
+    step_s = max(1e-4, (cpu(500) - short) / 400)
+    return Calibration(step_s, max(0.0, short - 100 * step_s))
 
 
 # -- SLURM jobs ---------------------------------------------------------------------------------
@@ -195,6 +205,20 @@ class AllocationUse:
     own_step_s: float
     limit_s: float
     held_s: float  # from the script's first log line to its last, whole seconds
+    quiet: Calibration | None = None
+
+    @property
+    def load(self) -> float:
+        """How many times slower than quiet steps ran in this allocation (>= 1)."""
+        return 1.0 if self.quiet is None else max(1.0, self.step_s / self.quiet.step_s)
+
+    @property
+    def target(self) -> float:
+        """GOODPUT_TARGET, less the time a loaded machine adds to the start-up's measured CPU
+        work (``load - 1`` times it): on a quiet machine the target itself; what the run
+        controls (the stop margin, the exit) gets no allowance."""
+        extra = 0.0 if self.quiet is None else (self.load - 1.0) * self.quiet.startup_s
+        return GOODPUT_TARGET - extra / self.limit_s
 
     @property
     def step_s(self) -> float:
@@ -210,7 +234,7 @@ class AllocationUse:
         return (
             f"allocation {self.restart}: {self.persisted_steps} steps x {1000 * self.step_s:.1f} "
             f"ms (reference {ref}, own {1000 * self.own_step_s:.1f}) / {self.limit_s:.0f} s = "
-            f"{100 * self.share:.1f}%"
+            f"{100 * self.share:.1f}% (target {100 * self.target:.1f}% at load x{self.load:.1f})"
         )
 
 
@@ -219,6 +243,7 @@ def allocation_use(
     job_runs: Sequence[Sequence[dict[str, Any]]],
     reference: Sequence[dict[str, Any]],
     limit_s: float,
+    quiet: Calibration | None = None,
 ) -> list[AllocationUse]:
     """:class:`AllocationUse` of each allocation (job log + each run's step events)."""
     out = []
@@ -236,6 +261,7 @@ def allocation_use(
             own,
             limit_s,
             window[1] - window[0] + 1.0,
+            quiet,
         )
         out.append(use)
     return out
@@ -341,7 +367,7 @@ class LongRuns:
     """Background work shared by the SLURM scenarios (one configuration, one reference)."""
 
     steps: int
-    step_s: float
+    quiet: Calibration | None
     flags: list[str]
     reference: Path
     background: Background

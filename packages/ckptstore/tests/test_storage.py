@@ -130,3 +130,56 @@ def test_io_options_say_how_to_fix() -> None:
 def test_unknown_protocol_is_a_clear_error() -> None:
     with pytest.raises(CheckpointError, match="nosuchproto"):
         open_storage("nosuchproto://x/y")
+
+
+@pytest.mark.parametrize("engine", ["pool", "inline"])
+def test_stream_reads_in_order_and_raises_after_every_finish(engine: str) -> None:
+    from ckptstore.storage import InlineIO
+
+    io = IOEngine(IOOptions(threads=4))
+    eng = io if engine == "pool" else InlineIO(io)
+    read_order, finished = [], []
+
+    def read(x: int) -> int:
+        read_order.append(x)
+        if x == 7:
+            raise OSError("disk gone at 7")
+        return x
+
+    def finish(x: int) -> None:
+        if x == 3:
+            raise CorruptCheckpointError("chunk 3")
+        finished.append(x)
+
+    with pytest.raises((OSError, CorruptCheckpointError)) as e:
+        eng.stream(range(10), read, finish)
+    # in order, in the caller's thread; the pool finished everything read before raising
+    assert read_order == (list(range(8)) if engine == "pool" else [0, 1, 2, 3])
+    want = [0, 1, 2, 4, 5, 6] if engine == "pool" else [0, 1, 2]
+    assert sorted(finished) == want
+    # the first error: a checksum of the pool's finishes comes after the reader's own error
+    assert isinstance(e.value, OSError if engine == "pool" else CorruptCheckpointError)
+    io.close()
+
+
+def test_an_idle_worker_keeps_nothing_of_its_last_job() -> None:
+    import gc
+    import time
+    import weakref
+
+    io = IOEngine(IOOptions(threads=2))
+
+    class Big:
+        pass
+
+    obj = Big()
+    ref = weakref.ref(obj)
+    io.map(lambda o: None, [obj], background=False)
+    io.stream([obj], lambda o: o, lambda o: None)
+    del obj
+    deadline = time.monotonic() + 10  # a worker drops its job just after setting the result
+    while ref() is not None and time.monotonic() < deadline:
+        gc.collect()
+        time.sleep(0.01)
+    assert ref() is None  # a mapped file or a snapshot buffer would stay alive here
+    io.close()

@@ -101,13 +101,18 @@ class BufferPool:
 
     @contextmanager
     def get(self) -> Iterator[torch.Tensor]:
-        buf = self._take()
+        buf = self.take()
         try:
             yield buf
         finally:
-            self._free.put(buf)
+            self.give(buf)
 
-    def _take(self) -> torch.Tensor:
+    def give(self, buf: torch.Tensor) -> None:
+        """Return a buffer from :meth:`take` (another thread may return it)."""
+        self._free.put(buf)
+
+    def take(self) -> torch.Tensor:
+        """A free buffer (waits for one); hand it back with :meth:`give`."""
         with self._lock:
             if self._made < self._count:
                 self._made += 1

@@ -84,28 +84,28 @@ class MappedFile:
             os.close(fd)
 
     def verify(self, ranges: Sequence[tuple[int, int]], io: IOEngine) -> None:
-        """Check every checksum chunk that the byte ranges ``[a, b)`` touch (on the I/O pool)."""
+        """Check every checksum chunk that the byte ranges ``[a, b)`` touch, in file order, in
+        this thread: the kernel reads ahead (``MADV_WILLNEED``) while the checksum follows it.
+        Several threads faulting a mapping whose pages are still on their way measured 1.4x
+        slower cold (4 threads, 1 GB, 2 cores) and break the disk's sequential stream."""
         chunks = sorted(
             {c for a, b in ranges if b > a for c in range(a // CRC_CHUNK, -(-b // CRC_CHUNK))}
         )
         if not chunks or self._map is None:
             return
         size = self.entry.size
-        for a, b in _runs(chunks):  # the disk reads ahead of the checksumming threads
+        for a, b in _runs(chunks):
             start = a * CRC_CHUNK
             self._map.madvise(mmap.MADV_WILLNEED, start, min(b * CRC_CHUNK, size) - start)
         view = memoryview(self._map)
-        piece = max(1, io.options.piece_bytes // CRC_CHUNK)
-        groups = [chunks[i : i + piece] for i in range(0, len(chunks), piece)]
-
-        def check(group: list[int]) -> None:
-            for c in group:
+        try:
+            for c in chunks:
                 a = c * CRC_CHUNK
                 check_chunks(
                     crc_chunks(view[a : min(a + CRC_CHUNK, size)], a), self.entry, self.url
                 )
-
-        io.map(check, groups, background=False)
+        finally:
+            view.release()
 
     def tensor(self, offset: int, nbytes: int, dtype: torch.dtype, shape: Sequence[int]) -> Any:
         """The bytes ``[offset, offset + nbytes)`` as a tensor of its own (it keeps the mapping

@@ -84,12 +84,14 @@ class DaemonPool(Executor):
         _lower_priority(nice)
         while (job := self._q.get()) is not None:
             f, call = job
-            if not f.set_running_or_notify_cancel():
-                continue
-            try:
-                f.set_result(call())
-            except BaseException as e:
-                f.set_exception(e)
+            del job  # a waiting worker must not keep its last job's arguments (a mapped file,
+            # a snapshot buffer) alive until the next job
+            if f.set_running_or_notify_cancel():
+                try:
+                    f.set_result(call())
+                except BaseException as e:
+                    f.set_exception(e)
+            del f, call
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         for _ in self._threads:
@@ -105,19 +107,21 @@ class IOEngine:
 
     def __init__(self, options: IOOptions | None = None) -> None:
         self.options = options or IOOptions()
-        self._pools: dict[bool, DaemonPool] = {}
+        self._pools: dict[str, DaemonPool] = {}
         self._staging: BufferPool | None = None
         self._big: BufferPool | None = None
         self._lock = threading.Lock()
 
     def pool(self, background: bool = False) -> Executor:
+        if background:
+            return self._pool("bg", self.options.background_threads, self.options.background_nice)
+        return self._pool("io", self.options.threads, 0)
+
+    def _pool(self, name: str, threads: int, nice: int) -> Executor:
         with self._lock:
-            if background not in self._pools:
-                nice = self.options.background_nice if background else 0
-                name = "ckptstore-bg" if background else "ckptstore-io"
-                n = self.options.background_threads if background else self.options.threads
-                self._pools[background] = DaemonPool(n, name, nice)
-            return self._pools[background]
+            if name not in self._pools:
+                self._pools[name] = DaemonPool(threads, f"ckptstore-{name}", nice)
+            return self._pools[name]
 
     @property
     def staging(self) -> BufferPool:
@@ -148,6 +152,31 @@ class IOEngine:
         if first_error is not None:
             raise first_error
         return results
+
+    def stream(
+        self, items: Iterable[Any], read: Callable[[Any], Any], finish: Callable[[Any], Any]
+    ) -> None:
+        """``finish(read(x))`` for every item: ``read`` here, in order, ``finish`` behind it on
+        a pool of at most one worker fewer than the CPUs this process may use (the reader keeps
+        a core); waits for all and raises the first error. One sequential stream keeps a disk's
+        readahead going: reading and checking 1 GB cold on 4 workers (2 CPUs) measured
+        0.40-0.43 s, one reader with one checker behind it 0.30 s."""
+        pool = self._pool("stream", max(1, min(self.options.threads, usable_cpus() - 1)), 0)
+        futures: list[Future[Any]] = []
+        error: BaseException | None = None
+        try:
+            for x in items:
+                got = read(x)
+                futures.append(pool.submit(finish, got))
+        except BaseException as e:
+            error = e
+        for f in futures:  # every finish ends before the caller's buffers are touched again
+            try:
+                f.result()
+            except BaseException as e:  # noqa: PERF203 - collect, then raise the first
+                error = error or e
+        if error is not None:
+            raise error
 
     def copy_all(self, pairs: Sequence[tuple[torch.Tensor, torch.Tensor]], *, cuda: bool) -> None:
         """copy_bytes(dst, src) for every pair; CPU copies split in 16 MiB chunks over the
@@ -187,6 +216,14 @@ def _copy_batch(batch: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> None:
         copy_bytes(dst, src)
 
 
+def usable_cpus() -> int:
+    """CPUs this process may run on (SLURM's --cpus-per-task binds fewer than the node has)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
 def _lower_priority(nice: int) -> None:
     if nice and hasattr(os, "setpriority"):
         with contextlib.suppress(OSError, AttributeError):
@@ -204,6 +241,12 @@ class InlineIO(IOEngine):
 
     def map(self, fn: Callable[[Any], Any], items: Iterable[Any], background: bool) -> list[Any]:
         return [fn(x) for x in items]
+
+    def stream(
+        self, items: Iterable[Any], read: Callable[[Any], Any], finish: Callable[[Any], Any]
+    ) -> None:
+        for x in items:
+            finish(read(x))
 
     @property
     def staging(self) -> BufferPool:

@@ -283,12 +283,12 @@ class LocalStorage:
 
     def read_into(self, path: str, entry: FileEntry, dests: Sequence[Dest], io: IOEngine) -> None:
         with self._reader(path, entry, dests, io) as reader:
-            io.map(reader.read, reader.jobs(), background=False)
+            io.stream(reader.jobs(), reader.fetch, reader.place)
 
     def verify(self, path: str, entry: FileEntry, io: IOEngine) -> str | None:
         try:
             with self._reader(path, entry, (), io) as reader:
-                io.map(reader.check, pieces(entry.size, io.options.piece_bytes), background=False)
+                io.stream(pieces(entry.size, io.options.piece_bytes), reader.fetch, reader.place)
         except CorruptCheckpointError as e:
             return str(e)
         return None
@@ -396,37 +396,48 @@ class _PieceReader:
             out += [(off, min(piece, stop - off)) for off in range(start, stop, piece)]
         return out
 
-    def read(self, job: tuple[int, int]) -> None:
+    def fetch(self, job: tuple[int, int]) -> _Fetched:
+        """Read one piece (in the reading thread): straight into the destination that holds
+        all of it, else into a staging buffer."""
         off, n = job
         target = next((d for d in self.dests if d.offset <= off and off + n <= d.end), None)
-        if target is None:
-            self._via_staging(off, n)
-            return
-        dst = target.buf[off - target.offset :]
-        if self.dfd is not None and dst.numel() >= align_up(n) and dst.data_ptr() % ALIGN == 0:
-            self._read_checked(self.dfd, memview(dst[: align_up(n)]), off, n)
-        else:
-            self._read_checked(self.fd, memview(dst[:n]), off, n)
+        if target is not None:
+            dst = target.buf[off - target.offset :]
+            aligned = dst.numel() >= align_up(n) and dst.data_ptr() % ALIGN == 0
+            if self.dfd is not None and aligned:
+                mv = memview(dst[: align_up(n)])
+                self._read(self.dfd, mv, off, n)
+            else:
+                mv = memview(dst[:n])
+                self._read(self.fd, mv, off, n)
+            return off, n, mv, None
+        buf = self.io.staging.take()
+        try:
+            use, length = (self.fd, n) if self.dfd is None else (self.dfd, align_up(n))
+            mv = memview(buf[:length])
+            self._read(use, mv, off, n)
+        except BaseException:
+            self.io.staging.give(buf)
+            raise
+        return off, n, mv, buf
 
-    def _via_staging(self, off: int, n: int) -> None:
-        with self.io.staging.get() as buf:
-            mv = self._checked_in(buf, off, n)
-            scatter(mv[:n], off, self.dests)
+    def place(self, fetched: _Fetched) -> None:
+        """Verify a fetched piece (on a worker) and copy a staged one where it belongs."""
+        off, n, mv, buf = fetched
+        try:
+            check_chunks(crc_chunks(mv[:n], off), self.entry, self.path)
+            if buf is not None:
+                scatter(mv[:n], off, self.dests)
+        finally:
+            if buf is not None:
+                self.io.staging.give(buf)
 
-    def check(self, job: tuple[int, int]) -> None:
-        with self.io.staging.get() as buf:
-            self._checked_in(buf, *job)
-
-    def _checked_in(self, buf: torch.Tensor, off: int, n: int) -> memoryview:
-        use, length = (self.fd, n) if self.dfd is None else (self.dfd, align_up(n))
-        mv = memview(buf[:length])
-        self._read_checked(use, mv, off, n)
-        return mv
-
-    def _read_checked(self, fd: int, mv: memoryview, off: int, n: int) -> None:
+    def _read(self, fd: int, mv: memoryview, off: int, n: int) -> None:
         got = _pread_all(fd, mv, off)
         if got < n:
             raise CorruptCheckpointError(
                 f"{self.path}: truncated while reading at byte {off + got}"
             )
-        check_chunks(crc_chunks(mv[:n], off), self.entry, self.path)
+
+
+_Fetched = tuple[int, int, memoryview, "torch.Tensor | None"]
