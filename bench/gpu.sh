@@ -24,7 +24,8 @@
 # it (only the dependencies it lacks are fetched; PIP_FIND_LINKS=wheels/ PIP_NO_INDEX=1 works
 # offline), and runs. Knobs (environment): GPU_BENCH_VENV (default /tmp/pyrecover-gpu-venv),
 # GPU_BENCH_WORK (scratch on the disk to measure; default a temp dir, removed at the end; needs
-# ~40 GB free), GPU_BENCH_STEPS (40), GPU_BENCH_BATCH (8), GPU_BENCH_REPEATS (2), TORCH_SPEC.
+# ~40 GB free), GPU_BENCH_STEPS (40), GPU_BENCH_BATCH (8), GPU_BENCH_REPEATS (2), TORCH_SPEC,
+# GPU_BENCH_RESUME (the resume checks: "det-eager det-compiled det-fsdp det-bf16 default-eager").
 set -euo pipefail
 
 STAGES="mfu det resume fsdp ckpt 8b"
@@ -40,7 +41,7 @@ while (( $# )); do
     --cpu-smoke) SMOKE=1 ;;
     --only) (( $# > 1 )) || usage; ONLY="${2//,/ }"; shift ;;
     --only=*) ONLY="${1#--only=}"; ONLY="${ONLY//,/ }" ;;
-    -h|--help) sed -n '2,29p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,30p' "$0"; exit 0 ;;
     -*) echo "bench/gpu.sh: unknown option $1" >&2; usage ;;
     *) [[ -z "$DIR" ]] || { echo "bench/gpu.sh: one DIR only (got $DIR and $1)" >&2; usage; }
        DIR="$1" ;;
@@ -219,11 +220,20 @@ resume_check() {  # NAME [FLAGS...]
     2>&1 | tee -a "$DIR/gpu.log"
   return "${PIPESTATUS[0]}"
 }
+resume_case() {  # CASE: one of RESUME_CASES
+  case "$1" in
+    det-eager) resume_check resume-det-eager --deterministic ;;
+    det-compiled) (( ${#COMPILED[@]} == 0 )) || resume_check resume-det-compiled --deterministic "${COMPILED[@]}" ;;
+    det-fsdp) resume_check resume-det-fsdp --deterministic --parallelism fsdp ;;
+    det-bf16) resume_check resume-det-bf16 --deterministic --param-dtype bf16 ;;  # bf16 weights + moments
+    default-eager) resume_check resume-default-eager ;;  # the control: on a GPU expected to differ
+    *) say "unknown resume case '$1' (det-eager det-compiled det-fsdp det-bf16 default-eager)"; return 1 ;;
+  esac
+}
 if want resume; then
-  resume_check resume-det-eager --deterministic || FAILED=1
-  if (( ${#COMPILED[@]} )); then resume_check resume-det-compiled --deterministic "${COMPILED[@]}" || FAILED=1; fi
-  resume_check resume-det-fsdp --deterministic --parallelism fsdp || FAILED=1
-  resume_check resume-default-eager || FAILED=1  # the control: on a GPU expected to differ
+  for case in ${GPU_BENCH_RESUME:-det-eager det-compiled det-fsdp det-bf16 default-eager}; do
+    resume_case "$case" || FAILED=1
+  done
 fi
 
 # -- 6. FSDP at world size 1 vs the DDP path ----------------------------------------------------
