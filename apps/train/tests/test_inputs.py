@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -258,3 +259,35 @@ def test_ctrl_c_during_start_up_is_one_line(corpus: Path, cache_dir: Path, tmp_p
         done.stderr == "pyrecover-train: interrupted before training started; nothing was saved\n"
     )
     assert not (tmp_path / "ckpt").exists()
+
+
+def test_a_failing_wandb_init_is_one_line(monkeypatch: pytest.MonkeyPatch, caplog: Any) -> None:
+    """slurmclock's WandbLogger logs its own failure; the trainer does not say it again (it says
+    the reasons the logger keeps quiet about: no credentials, not installed)."""
+    import logging
+
+    import slurmclock
+    from pyrecover_train import console
+    from pyrecover_train.config import TrainConfig
+
+    class Broken:
+        def init(self, **kwargs: Any) -> Any:
+            raise TimeoutError("could not reach api.wandb.ai")
+
+    real = slurmclock.WandbLogger
+
+    def logger(**kwargs: Any) -> Any:
+        return real(**kwargs, mode="offline", module=Broken())
+
+    monkeypatch.setattr(slurmclock, "WandbLogger", logger)
+    caplog.set_level(logging.WARNING)
+    assert console._wandb(TrainConfig(), 0, {}) is None
+    said = [r.getMessage() for r in caplog.records if "wandb" in r.getMessage().lower()]
+    assert said == [
+        "WandbLogger disabled: wandb.init failed: TimeoutError: could not reach api.wandb.ai"
+    ], said
+    caplog.clear()
+    monkeypatch.setattr(slurmclock, "WandbLogger", lambda **kw: real(**kw, env={"HOME": "/n"}))
+    assert console._wandb(TrainConfig(), 0, {}) is None  # online, no credentials: the app says
+    said = [r.getMessage() for r in caplog.records]
+    assert len(said) == 1 and said[0].startswith("--wandb: not logging"), said

@@ -144,8 +144,11 @@ def test_init_failure_disables_with_one_log_line(caplog: pytest.LogCaptureFixtur
         "WandbLogger disabled: wandb.init failed: TimeoutError: could not reach api.wandb.ai"
     ]
     assert not wb.active and "wandb.init failed: TimeoutError" in (wb.reason or "")
+    assert wb.reported  # a caller need not say it again
     wb.log({"loss": 1.0})
     assert len(warned(caplog)) == 1
+    quiet = WandbLogger(project="p", env=NO_CREDS, module=FakeWandb())
+    assert not quiet.active and not quiet.reported and len(warned(caplog)) == 1  # caller says it
 
 
 @pytest.mark.filterwarnings("error")

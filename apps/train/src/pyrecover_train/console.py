@@ -280,7 +280,7 @@ def _wandb(cfg: TrainConfig, rank: int, model_config: dict[str, Any]) -> Any:
         log.warning("--wandb: not logging to Weights & Biases (%s)", e)
         return None
     if not logger.active:
-        if rank == 0:
+        if rank == 0 and not logger.reported:  # a failure it logged itself: not twice
             log.warning("--wandb: not logging to Weights & Biases: %s", logger.reason)
         return None
     return logger

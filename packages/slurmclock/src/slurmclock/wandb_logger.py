@@ -62,6 +62,7 @@ class WandbLogger:
     ) -> None:
         self.run: Any = None
         self.reason: str | None = None
+        self.reported = False  # the reason was logged here (a failure); else the caller says it
         environ = os.environ if env is None else env
         mode = mode or environ.get("WANDB_MODE") or "online"
         self.reason = self._why_inactive(rank, mode, environ)
@@ -82,6 +83,7 @@ class WandbLogger:
         except Exception as e:  # network, bad project name, ...: log nothing rather than crash
             self.reason = f"wandb.init failed: {type(e).__name__}: {e}"
             log.warning("WandbLogger disabled: %s", self.reason)
+            self.reported = True
             self.run = None
 
     @staticmethod
@@ -133,7 +135,7 @@ class WandbLogger:
 
     def _disable(self, reason: str) -> None:
         log.warning("WandbLogger disabled: %s", reason)
-        self.reason = reason
+        self.reason, self.reported = reason, True
         run, self.run = self.run, None
         try:
             run.finish(exit_code=1)
