@@ -377,3 +377,57 @@ def test_a_stop_signal_ends_the_wait_for_a_rank_that_never_comes(
     assert "stopped waiting at the rendezvous" in lines[0] and f"{sig.name} received" in lines[0]
     assert "rank 1 never did" in lines[0]
     assert not ckpt.exists()
+
+
+def test_a_dead_peer_without_the_watchdog_is_one_line(
+    corpus: Path, cache_dir: Path, tmp_path: Path
+) -> None:
+    """DDPKIT_WATCHDOG=0: rank 1 of 2 is SIGKILLed mid-run; rank 0's gradient all-reduce (inside
+    backward) fails. It says so in one line naming the silent rank (ddpkit's heartbeats), exit
+    69 like the watchdog's; the backend's traceback goes to train.log only."""
+    port = _free_port()
+    ckpt = tmp_path / "ckpt"
+    argv = [*tiny_flags(corpus, cache_dir, ckpt), "--training-steps", "100000", "--distributed"]
+    argv += ["--log-every", "1"]
+    procs = []
+    for rank in (0, 1):
+        env = child_env(
+            RANK=str(rank),
+            WORLD_SIZE="2",
+            LOCAL_RANK=str(rank),
+            LOCAL_WORLD_SIZE="2",
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(port),
+            DDPKIT_WATCHDOG="0",
+        )
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "-m", "pyrecover_train", *argv],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                env=env,
+            )
+        )
+    try:
+        metrics = ckpt / "default-exp" / "metrics.jsonl"
+        deadline = time.monotonic() + 300
+        while not (metrics.exists() and b'"step"' in metrics.read_bytes()):
+            assert all(p.poll() is None for p in procs), procs[0].communicate()
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        procs[1].kill()
+        procs[1].communicate()
+        out, err = procs[0].communicate(timeout=240)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.communicate()
+    assert procs[0].returncode == 69, out + err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in out + err, err
+    assert lines[0].startswith("pyrecover-train: error: [rank 0/2 on "), lines[0]
+    assert "training failed" in lines[0] and "rank 1" in lines[0], lines[0]
+    assert "--resume-from-checkpoint latest" in lines[0]
+    assert "Traceback" in (ckpt / "default-exp" / "train.log").read_text()

@@ -299,3 +299,14 @@ def test_agree_encoding_round_trips_every_small_value() -> None:
             assert 0 <= word < 2**63
             assert agreement.unpack(word, n, width, "max") == tuple(map(max, mine, theirs))
             assert agreement.unpack(word, n, width, "min") == tuple(map(min, mine, theirs))
+
+
+def test_peer_failures_are_told_from_programming_errors() -> None:
+    from ddpkit import is_peer_failure
+
+    gloo = "[gloo/transport/tcp/pair.cc:537] Read error [127.0.0.1]:4421: Connection reset by peer"
+    assert is_peer_failure(RuntimeError(gloo))
+    assert is_peer_failure(RuntimeError("NCCL communicator was aborted on rank 0"))
+    assert is_peer_failure(PeerError("[rank 0/2 on n1] all_reduce failed"))
+    assert not is_peer_failure(RuntimeError("expected scalar type Float but found Half"))
+    assert not is_peer_failure(ValueError("timeout must be positive"))  # not a backend error

@@ -39,6 +39,10 @@ IMPORT_USAGE = (
 INTERRUPTED = "interrupted before training started; nothing was saved"
 
 
+PEER_NOTE = (
+    "the checkpoints are untouched; the traceback is in train.log: resume with "
+    "--resume-from-checkpoint latest (slurmclock supervise requeues the job by itself)"
+)
 DATA_ERROR_NOTE = (
     "no batch of it was trained on and the checkpoints are untouched: fix it, then resume with "
     "--resume-from-checkpoint latest"
@@ -98,6 +102,7 @@ def _main(args: list[str], signals: slurmclock.StopSignals | None, startup: Star
 def _run(
     cfg: TrainConfig, command: str, signals: slurmclock.StopSignals | None, startup: Startup
 ) -> int:
+    import ddpkit
     from ckptstore import CheckpointError
     from parquetlm import ParquetLMError
 
@@ -116,6 +121,9 @@ def _run(
         # Their messages say what happened and what to do; the traceback is in train.log.
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return 1
+    except ddpkit.PeerError as e:  # another rank died or stalled: the job is retried
+        print(f"{PROG}: error: {e} ({PEER_NOTE})", file=sys.stderr)
+        return ddpkit.EXIT_PEER_LOST
     except ParquetLMError as e:  # e.g. a token cache damaged on disk, found mid-run
         print(f"{PROG}: error: data: {e} ({DATA_ERROR_NOTE})", file=sys.stderr)
         return 1

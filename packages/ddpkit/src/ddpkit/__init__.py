@@ -20,7 +20,14 @@ with warnings.catch_warnings():
     import torch  # noqa: F401
 
 from ddpkit.determinism import CUBLAS_DETERMINISTIC, Determinism, set_determinism  # noqa: E402
-from ddpkit.dist import DEFAULT_TIMEOUT_S, TIMEOUT_ENV, Dist, InitOptions, init  # noqa: E402
+from ddpkit.dist import (  # noqa: E402
+    DEFAULT_TIMEOUT_S,
+    TIMEOUT_ENV,
+    Dist,
+    InitOptions,
+    init,
+    is_peer_failure,
+)
 from ddpkit.env import (  # noqa: E402
     DistInfo,
     Launcher,
@@ -90,6 +97,7 @@ __all__ = [
     "first_host",
     "full_value",
     "init",
+    "is_peer_failure",
     "is_sharded",
     "master_port_for_job",
     "no_sync",

@@ -60,6 +60,16 @@ _COMM_FAILURE = re.compile(
 )
 
 
+def is_peer_failure(e: BaseException) -> bool:
+    """Whether ``e`` means "another rank is gone or late" rather than a programming error: a
+    :class:`PeerError`, a ``torch.distributed`` error, or a backend's RuntimeError about a
+    closed connection or a timeout (what DDP's gradient all-reduce inside ``backward()``
+    raises when a peer dies and the watchdog is off)."""
+    if isinstance(e, PeerError | tdist.DistError):
+        return True
+    return isinstance(e, RuntimeError) and _COMM_FAILURE.search(str(e)) is not None
+
+
 @dataclass(kw_only=True, slots=True)
 class InitOptions:
     """The arguments of :func:`init`, checked before anything touches the network."""
@@ -562,11 +572,14 @@ class Dist:
         try:
             return fn()
         except RuntimeError as e:
-            if not (isinstance(e, tdist.DistError) or _COMM_FAILURE.search(str(e))):
+            if not is_peer_failure(e):
                 raise  # a programming error (wrong dtype, device), not a peer problem
-            raise self._peer_error(op, e, time.monotonic() - start) from e
+            raise self.peer_error(op, e, time.monotonic() - start) from e
 
-    def _peer_error(self, op: str, e: BaseException, elapsed: float) -> PeerError:
+    def peer_error(self, op: str, e: BaseException, elapsed: float | None = None) -> PeerError:
+        """``e`` (see :func:`is_peer_failure`) as a :class:`PeerError` naming this rank and,
+        when the heartbeats can tell, the ranks that went silent: for a failure raised outside
+        these collectives, e.g. DDP's all-reduce inside ``backward()``."""
         why = "(no heartbeats to tell which rank failed)"
         if self._store is not None and self._heartbeat is not None:
             why = diagnose(
@@ -576,10 +589,10 @@ class Dist:
                 heartbeat_interval(self.timeout_s),
                 prefix=self._heartbeat_prefix,
             )
+        after = "" if elapsed is None else f" after {elapsed:.1f} s"
         return PeerError(
-            f"[rank {self.rank}/{self.world_size} on {socket.gethostname()}] {op} failed after "
-            f"{elapsed:.1f} s (timeout {self.timeout_s:g} s): {why}. Backend said: "
-            f"{first_line(e)}"
+            f"[rank {self.rank}/{self.world_size} on {socket.gethostname()}] {op} failed{after} "
+            f"(timeout {self.timeout_s:g} s): {why}. Backend said: {first_line(e)}"
         )
 
     def barrier(self) -> None:
