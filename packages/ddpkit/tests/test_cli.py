@@ -26,10 +26,22 @@ def test_malformed_hostlist_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
     assert err.startswith("ddpkit: error: unclosed '['") and err.count("\n") == 1
 
 
-def test_usage_error_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize("argv", [["frobnicate"], [], ["check", "--bogus"]])
+def test_usage_error_exits_2_with_one_line(
+    capsys: pytest.CaptureFixture[str], argv: list[str]
+) -> None:
     with pytest.raises(SystemExit) as e:
-        main(["frobnicate"])
+        main(argv)
     assert e.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("ddpkit") and err[0].endswith("--help)"), err
+
+
+@pytest.mark.parametrize("nodelist", ["", "  "])
+def test_an_empty_hostlist_is_an_error(capsys: pytest.CaptureFixture[str], nodelist: str) -> None:
+    assert main(["hostlist", nodelist]) == 2  # an unset $SLURM_JOB_NODELIST, most likely
+    err = capsys.readouterr().err
+    assert err.startswith("ddpkit: error: empty node list") and err.count("\n") == 1
 
 
 def run(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:

@@ -153,7 +153,9 @@ def test_usage_errors_exit_2(capsys: pytest.CaptureFixture[str], argv: list[str]
     with pytest.raises(SystemExit) as e:
         main(argv, env={})
     assert e.value.code == 2
-    assert "usage: slurmclock" in capsys.readouterr().err
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("slurmclock"), err  # one line, no usage block
+    assert "error: " in err[0] and err[0].endswith("--help)"), err
 
 
 def test_bad_override_values_exit_2_with_one_line(capsys: pytest.CaptureFixture[str]) -> None:

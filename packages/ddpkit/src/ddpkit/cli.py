@@ -9,6 +9,7 @@ import os
 import socket
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 from ddpkit.dist import init
 from ddpkit.env import detect
@@ -26,14 +27,21 @@ variables, 128+N stopped by signal N while waiting for the other ranks (143: SIG
 141 quietly when the reader of stdout left early (| head -1), as SIGPIPE gives."""
 
 
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:  # one line, not the usage block and then this
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="ddpkit",
         description=DESCRIPTION,
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(
+        dest="command", required=True, metavar="COMMAND", parser_class=_Parser
+    )
     p_info = sub.add_parser("info", help="print what detect() sees in this process")
     p_info.add_argument("--json", action="store_true", help="one JSON object")
     p_check = sub.add_parser("check", help="join the group and verify an all-reduce")
@@ -118,6 +126,13 @@ def _line(text: str) -> None:
 
 
 def _hostlist(nodelist: str, first: bool) -> int:
+    if not nodelist.strip():
+        print(
+            "ddpkit: error: empty node list: pass one, e.g. 'gpu[001-004]' or "
+            '"$SLURM_JOB_NODELIST" (is the variable set in this shell?)',
+            file=sys.stderr,
+        )
+        return 2
     hosts = [first_host(nodelist)] if first else expand_hostlist(nodelist)
     sys.stdout.write("".join(f"{h}\n" for h in hosts))
     return 0

@@ -34,7 +34,7 @@ import signal
 import sys
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 from slurmclock import __version__
 from slurmclock.commands import CommandError, Runner, default_runner
@@ -80,26 +80,33 @@ def status(
     }
 
 
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:  # one line, not the usage block and then this
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def _parser() -> argparse.ArgumentParser:
-    common = argparse.ArgumentParser(add_help=False)
+    common = _Parser(add_help=False)
     common.add_argument("--job-id", help="job to ask SLURM about (default: $SLURM_JOB_ID)")
     common.add_argument(
         "--timeout", type=float, default=10.0, help="seconds to wait for squeue/scontrol"
     )
-    deadline = argparse.ArgumentParser(add_help=False)
+    deadline = _Parser(add_help=False)
     deadline.add_argument("--end-time", help="override: the deadline as epoch seconds or ISO-8601")
     deadline.add_argument(
         "--time-limit",
         help="override: a limit counted from now, as sbatch --time reads it (90 = 90 min, "
         "1:30:00, 2-12:00; 0 or UNLIMITED: none) or with a unit (30s, 1h30m)",
     )
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="slurmclock",
         description="How much time this SLURM job has left, and self-requeue.",
         epilog="Exit codes: 0 success, 1 no deadline / not requeued, 2 usage error.",
     )
     parser.add_argument("--version", action="version", version=f"slurmclock {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    sub = parser.add_subparsers(
+        dest="command", required=True, metavar="COMMAND", parser_class=_Parser
+    )
     p = sub.add_parser("status", parents=[common, deadline], help="job, deadline, time left")
     p.add_argument("--json", action="store_true", help="one JSON object (for jq)")
     sub.add_parser(
