@@ -5,6 +5,7 @@ and SIGKILLs, async checkpoints, refusals that touch nothing, --dry-run, and the
 from __future__ import annotations
 
 import contextlib
+import os
 import random
 import shutil
 import signal
@@ -715,3 +716,34 @@ def test_the_process_is_gone_right_after_its_stop_line(
     assert stop["cause"] == "signal" and "SIGINT" in stop["reason"]
     own = OwnSpeed.of(ckpt)
     assert gone - stop["time"] < own.exit_allowance, (gone - stop["time"], own)
+
+
+def test_a_closed_terminal_saves_and_stops(corpus: Path, cache_dir: Path, tmp_path: Path) -> None:
+    """SIGHUP (the terminal or the ssh session went away) stops with a final save, as Ctrl-C
+    does, although every write to the terminal now fails: the run goes on into train.log."""
+    ckpt = tmp_path / "ckpt"
+    args = [*flags(corpus, cache_dir, ckpt), "--training-steps", "100000", "--log-every", "1"]
+    master, slave = os.openpty()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pyrecover_train", *args],
+        stdin=subprocess.DEVNULL,
+        stdout=slave,
+        stderr=slave,
+        env=child_env(),
+    )
+    os.close(slave)
+    try:
+        wait_for_step(proc, ckpt / "default-exp" / "metrics.jsonl", 0, 3)
+        os.close(master)  # the terminal is gone: writes to it fail with EIO from now on
+        proc.send_signal(signal.SIGHUP)
+        proc.wait(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 75
+    stop = [e for e in events(ckpt) if e["event"] == "stop"][-1]
+    assert stop["cause"] == "signal" and "SIGHUP" in stop["reason"], stop
+    saved = [e for e in events(ckpt) if e["event"] == "saved"]
+    assert saved and saved[-1]["step"] == stop["step"], (saved[-1:], stop)
+    assert "SIGHUP" in (ckpt / "default-exp" / "train.log").read_text()

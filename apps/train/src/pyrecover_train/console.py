@@ -7,6 +7,7 @@ from __future__ import annotations
 import csv
 import logging
 import os
+import signal
 import time
 import zlib
 from pathlib import Path
@@ -325,3 +326,25 @@ def _say_original_flags(cfg: TrainConfig) -> None:
     for name, note in notes.items():
         if getattr(cfg, name) not in (None, False):
             log.info("--%s: %s", name.replace("_", "-"), note)
+
+
+class HangupAware(slurmclock.StopSignals):
+    """Ctrl-C and SIGHUP (the terminal or ssh session went away) stop with a final save, as
+    SIGTERM does (before, a hangup killed the run and lost every step since the last save).
+    After a hangup every write to the terminal fails (EIO, a logging error per line): stdout and
+    stderr that are terminals go to /dev/null (train.log and the metrics keep everything)."""
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if signum == signal.SIGHUP:
+            _detach_from_terminal()
+        super()._handle(signum, frame)
+
+
+def _detach_from_terminal() -> None:
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        for fd in (1, 2):
+            if os.isatty(fd):
+                os.dup2(devnull, fd)
+    finally:
+        os.close(devnull)

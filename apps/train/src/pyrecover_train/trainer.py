@@ -30,7 +30,7 @@ import slurmclock
 
 from . import build, logs
 from .config import TrainConfig, UsageError
-from .console import Console, LossWindow
+from .console import Console, HangupAware, LossWindow
 from .dryrun import dry_run
 from .perf import peak_flops
 from .profiling import StepProfiler
@@ -79,7 +79,7 @@ class Trainer:
     ) -> None:
         self.cfg, self.dist, self.device = cfg, dist, dist.device
         self.startup = Startup.now() if startup is None else startup
-        self.interrupt = slurmclock.StopSignals(("INT",))  # installed when the loop starts
+        self.interrupt = HangupAware(("INT", "HUP"))  # installed when the loop starts
         self.stop_flag = slurmclock.AnyFlag(signals, self.interrupt)
         self.console = Console(cfg, rank=dist.rank, world_size=dist.world_size)
         parts = build.parts(cfg, dist, phase=self.startup.mark)
@@ -137,7 +137,7 @@ class Trainer:
         if s.step >= cfg.training_steps:
             log.info("already at step %d of %d: nothing to do", s.step, cfg.training_steps)
             return self._finish("already finished")
-        self.interrupt.install()  # from here on Ctrl-C means "save and stop"
+        self.interrupt.install()  # from here on Ctrl-C or a closed terminal: save and stop
         self.window = LossWindow(self.device, each=cfg.log_loss_to_csv)
         self.loop.begin()
         while self.loop.training:
