@@ -12,7 +12,9 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from train_helpers import (
@@ -695,25 +697,14 @@ def test_the_process_is_gone_right_after_its_stop_line(
     importing those modules took it; the teardown took ~0.5x that (1.2 s against 2.1 s)."""
     ckpt = tmp_path / "ckpt"
     args = [*flags(corpus, cache_dir, ckpt), "--training-steps", "100000"]
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "pyrecover_train", *args],
+    stop, gone = _stopped_by(
+        signal.SIGINT,
+        ckpt,
+        args,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
-        env=child_env(),
         preexec_fn=_as_from_a_terminal,
     )
-    try:
-        wait_for_step(proc, ckpt / "default-exp" / "metrics.jsonl", 0, 3)
-        proc.send_signal(signal.SIGINT)
-        proc.wait(timeout=120)
-        gone = time.time()
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    assert proc.returncode == 75
-    stop = [e for e in events(ckpt) if e["event"] == "stop"][-1]
-    assert stop["cause"] == "signal" and "SIGINT" in stop["reason"]
     own = OwnSpeed.of(ckpt)
     assert gone - stop["time"] < own.exit_allowance, (gone - stop["time"], own)
 
@@ -724,26 +715,49 @@ def test_a_closed_terminal_saves_and_stops(corpus: Path, cache_dir: Path, tmp_pa
     ckpt = tmp_path / "ckpt"
     args = [*flags(corpus, cache_dir, ckpt), "--training-steps", "100000", "--log-every", "1"]
     master, slave = os.openpty()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "pyrecover_train", *args],
+
+    def hang_up() -> None:  # the terminal is gone: writes to it fail with EIO from now on
+        os.close(slave)
+        os.close(master)
+
+    stop, _ = _stopped_by(
+        signal.SIGHUP,
+        ckpt,
+        args,
+        before=hang_up,
         stdin=subprocess.DEVNULL,
         stdout=slave,
         stderr=slave,
-        env=child_env(),
     )
-    os.close(slave)
+    saved = [e for e in events(ckpt) if e["event"] == "saved"]
+    assert saved and saved[-1]["step"] == stop["step"], (saved[-1:], stop)
+    assert "SIGHUP" in (ckpt / "default-exp" / "train.log").read_text()
+
+
+def _stopped_by(
+    sig: signal.Signals,
+    ckpt: Path,
+    args: list[str],
+    *,
+    before: Callable[[], None] = lambda: None,
+    **popen: Any,
+) -> tuple[dict[str, Any], float]:
+    """Start pyrecover-train, send ``sig`` once step 3 is done (``before`` just before it): it
+    must save and exit 75 for that signal. Its last stop event, and when the process was gone."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pyrecover_train", *args], env=child_env(), **popen
+    )
     try:
         wait_for_step(proc, ckpt / "default-exp" / "metrics.jsonl", 0, 3)
-        os.close(master)  # the terminal is gone: writes to it fail with EIO from now on
-        proc.send_signal(signal.SIGHUP)
+        before()
+        proc.send_signal(sig)
         proc.wait(timeout=120)
+        gone = time.time()
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
     assert proc.returncode == 75
     stop = [e for e in events(ckpt) if e["event"] == "stop"][-1]
-    assert stop["cause"] == "signal" and "SIGHUP" in stop["reason"], stop
-    saved = [e for e in events(ckpt) if e["event"] == "saved"]
-    assert saved and saved[-1]["step"] == stop["step"], (saved[-1:], stop)
-    assert "SIGHUP" in (ckpt / "default-exp" / "train.log").read_text()
+    assert stop["cause"] == "signal" and sig.name in stop["reason"], stop
+    return stop, gone

@@ -70,11 +70,10 @@ def _session(
                 return body(trainer)
             except Exception as e:
                 trainer.record_error(e)
-                if dist.distributed and ddpkit.is_peer_failure(e):
+                raw = dist.distributed and not isinstance(e, ddpkit.PeerError)
+                if raw and ddpkit.is_peer_failure(e):
                     # e.g. DDP's all-reduce in backward() when a peer died (watchdog off):
                     # one line naming the silent rank, not the backend's traceback
-                    if isinstance(e, ddpkit.PeerError):
-                        raise
                     raise dist.peer_error("training", e) from e
                 raise
             finally:

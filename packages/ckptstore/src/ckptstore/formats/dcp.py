@@ -244,7 +244,7 @@ def _mapped(
         spans = [
             (int(tmeta[k]["chunks"][0]["offset"]), int(tmeta[k]["chunks"][0]["length"])) for k in ks
         ]
-        mapped.verify([(a, a + n) for a, n in spans], ctx.io)
+        mapped.verify([(a, a + n) for a, n in spans])
         for k, (a, n) in zip(ks, spans, strict=True):
             out[k] = mapped.tensor(a, n, dtype_from_name(tmeta[k]["dtype"]), tmeta[k]["size"])
     return out

@@ -83,7 +83,7 @@ class MappedFile:
         finally:
             os.close(fd)
 
-    def verify(self, ranges: Sequence[tuple[int, int]], io: IOEngine) -> None:
+    def verify(self, ranges: Sequence[tuple[int, int]]) -> None:
         """Check every checksum chunk that the byte ranges ``[a, b)`` touch, in file order, in
         this thread: the kernel reads ahead (``MADV_WILLNEED``) while the checksum follows it.
         Several threads faulting a mapping whose pages are still on their way measured 1.4x

@@ -189,7 +189,7 @@ class TorchFormat:
             assert local is not None
             mapped = MappedFile(local, entry, url)
             ranges = [(specs[k]["offset"], specs[k]["offset"] + specs[k]["nbytes"]) for k in loose]
-            mapped.verify(ranges, ctx.io)
+            mapped.verify(ranges)
             for k in loose:
                 s = specs[k]
                 dtype = dtype_from_name(s["dtype"])

@@ -142,16 +142,7 @@ class IOEngine:
 
     def map(self, fn: Callable[[Any], Any], items: Iterable[Any], background: bool) -> list[Any]:
         """Run ``fn`` over ``items`` on the pool; wait for all; raise the first error."""
-        futures: list[Future[Any]] = [self.pool(background).submit(fn, x) for x in items]
-        results, first_error = [], None
-        for f in futures:
-            try:
-                results.append(f.result())
-            except BaseException as e:  # noqa: PERF203 - collect, then raise the first
-                first_error = first_error or e
-        if first_error is not None:
-            raise first_error
-        return results
+        return _settle([self.pool(background).submit(fn, x) for x in items])
 
     def stream(
         self, items: Iterable[Any], read: Callable[[Any], Any], finish: Callable[[Any], Any]
@@ -163,20 +154,13 @@ class IOEngine:
         0.40-0.43 s, one reader with one checker behind it 0.30 s."""
         pool = self._pool("stream", max(1, min(self.options.threads, usable_cpus() - 1)), 0)
         futures: list[Future[Any]] = []
-        error: BaseException | None = None
         try:
             for x in items:
                 got = read(x)
                 futures.append(pool.submit(finish, got))
         except BaseException as e:
-            error = e
-        for f in futures:  # every finish ends before the caller's buffers are touched again
-            try:
-                f.result()
-            except BaseException as e:  # noqa: PERF203 - collect, then raise the first
-                error = error or e
-        if error is not None:
-            raise error
+            _settle(futures, e)  # every finish ends before the caller's buffers are touched again
+        _settle(futures)
 
     def copy_all(self, pairs: Sequence[tuple[torch.Tensor, torch.Tensor]], *, cuda: bool) -> None:
         """copy_bytes(dst, src) for every pair; CPU copies split in 16 MiB chunks over the
@@ -214,6 +198,19 @@ class IOEngine:
 def _copy_batch(batch: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> None:
     for dst, src in batch:
         copy_bytes(dst, src)
+
+
+def _settle(futures: Sequence[Future[Any]], error: BaseException | None = None) -> list[Any]:
+    """Wait for every future; raise ``error`` or else the first one's error; the results."""
+    results = []
+    for f in futures:
+        try:
+            results.append(f.result())
+        except BaseException as e:  # noqa: PERF203 - collect, then raise the first
+            error = error or e
+    if error is not None:
+        raise error
+    return results
 
 
 def usable_cpus() -> int:
