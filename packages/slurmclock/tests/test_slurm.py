@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from slurmclock import CommandError, Deadline, SubprocessRunner, find_deadline
+from slurmclock import CommandError, Deadline, Slurm, SubprocessRunner, find_deadline
 
 pytestmark = pytest.mark.slurm
 
@@ -520,3 +520,25 @@ def test_the_end_of_a_run_is_measured_across_a_real_requeue(
     assert second["state"] == [{"job": job.id, "restart": 0, "seconds": seconds}]
     info = cluster.wait_for(job.id, {"COMPLETED"}, timeout=60)
     assert info["RestartCnt"] == "1", job.diagnostics()
+    from_a_login_shell(cluster, job)
+
+
+def from_a_login_shell(cluster: Any, job: Job) -> None:
+    """After the job, from a shell with none of its variables (no SLURM_CLUSTER_NAME): its
+    facts come from SLURM (restart 1, not this shell's 0), its timeline is found by the id."""
+    env = {"SLURMCLOCK_DIR": str(job.dir), "SLURM_RESTART_COUNT": "0"}
+    clock = [PY, "-m", "slurmclock"]
+    status = cluster.run([*clock, "status", "--json", job.id], env=env)
+    assert json.loads(status.stdout)["restart_count"] == 1, status.stdout + status.stderr
+    shown = cluster.run([*clock, "timeline", job.id], env=env)
+    path = job.dir / f"{cluster.cluster_name}-{job.id}.jsonl"
+    assert shown.stdout.startswith(f"timeline of job {job.id}: {path}\n"), shown.stdout
+    assert " requeued " in shown.stdout and "(no events yet)" not in shown.stdout
+    # The scheduler interface against the real SLURM, as the supervisor uses it.
+    slurm = Slurm(SubprocessRunner(env=cluster.env))
+    view = slurm.show_job(job.id)
+    assert (view.state, view.restarts, view.num_nodes) == ("COMPLETED", 1, 1), view
+    assert slurm.cluster_name() == cluster.cluster_name
+    assert slurm.hostnames(view.nodes) == [cluster.node_name]
+    nodes = slurm.nodes(view.partition)
+    assert [(n.name, n.usable) for n in nodes] == [(cluster.node_name, True)], nodes
