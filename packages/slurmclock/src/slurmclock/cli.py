@@ -142,7 +142,7 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _shared_options() -> tuple[argparse.ArgumentParser, ...]:
+def _shared_options() -> tuple[_Parser, _Parser, _Parser]:
     """The options several commands share: the job and SLURM's timeout, the job as a word,
     the deadline's overrides."""
     common = _Parser(add_help=False)
