@@ -1,14 +1,11 @@
 """slurmclock.job: the job's facts, who leads, the exit codes; slurmclock.slurm: SLURM behind the
-Scheduler interface (canned command output, a fake scheduler, and a real Open MPI mpirun)."""
+Scheduler interface (canned command output, a fake scheduler). Under a real mpirun in a real
+batch job: test_slurm.py."""
 
 from __future__ import annotations
 
-import json
 import logging
 import os
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -99,40 +96,6 @@ def test_a_garbage_rank_is_named_once(caplog: pytest.LogCaptureFixture) -> None:
         assert slurmclock.global_rank({"RANK": "zero"}) == -1
         assert slurmclock.global_rank({"RANK": "zero"}) == -1
     assert caplog.text.count("RANK='zero' is not a whole number") == 1
-
-
-CHILD = """
-import json, os, sys
-import slurmclock
-timeline = slurmclock.JobTimeline()
-said = {"leads": slurmclock.watches_the_clock(), "wrote": timeline.mark("start")}
-with open(os.path.join(sys.argv[1], f"said-{os.getpid()}.json"), "w") as f:
-    json.dump(said, f)  # a file each: mpirun interleaves its ranks' standard output
-"""
-
-
-def test_one_rank_leads_under_a_real_mpirun_inside_a_batch_job(tmp_path: Path) -> None:
-    """Open MPI's mpirun in an sbatch script: its ranks inherit SLURM_PROCID=0 (and the job's
-    id). Exactly one writes the job's timeline and watches the clock."""
-    exe = shutil.which("mpirun")
-    if exe is None:
-        if os.environ.get("PYRECOVER_REQUIRE_MPI") == "1":
-            pytest.fail("PYRECOVER_REQUIRE_MPI=1 but mpirun is not installed")
-        pytest.skip("mpirun not installed (apt-get install openmpi-bin)")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "OMPI_", "PMI"))}
-    # As the batch shell has them: SLURM_PROCID=0 is what every child of mpirun inherits.
-    env.update(
-        SLURM_JOB_ID="4242", SLURM_PROCID="0", SLURMCLOCK_DIR=str(tmp_path), TMPDIR=str(tmp_path)
-    )
-    root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
-    argv = [exe, "-n", "3", *root, "--oversubscribe", sys.executable, "-c", CHILD, str(tmp_path)]
-    out = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=300, check=False)
-    assert out.returncode == 0, out.stdout + out.stderr
-    said = [json.loads(p.read_text()) for p in tmp_path.glob("said-*.json")]
-    assert len(said) == 3, out.stdout + out.stderr
-    assert sorted((s["leads"], s["wrote"]) for s in said) == [(False, False)] * 2 + [(True, True)]
-    lines = (tmp_path / "job-4242.jsonl").read_text().splitlines()
-    assert [json.loads(line)["event"] for line in lines] == ["start"]
 
 
 # -- the job's facts ---------------------------------------------------------------------------

@@ -7,7 +7,9 @@ waits for what its job wrote. Skipped where slurm-wlm is absent, unless PYRECOVE
 from __future__ import annotations
 
 import json
+import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -183,6 +185,28 @@ write("second.json", {
 )
 
 
+MPI_RANK = """
+import json, os, sys
+import slurmclock
+said = {"leads": slurmclock.watches_the_clock(), "wrote": slurmclock.JobTimeline().mark("start"),
+        "procid": os.environ.get("SLURM_PROCID")}
+with open(os.path.join(sys.argv[1], f"said-{os.getpid()}.json"), "w") as f:
+    json.dump(said, f)  # a file each: mpirun interleaves its ranks' standard output
+"""
+
+
+def mpirun_job_script(rank: Path) -> str | None:
+    """Open MPI's mpirun in the batch script, three ranks (None without mpirun here)."""
+    exe = shutil.which("mpirun")
+    if exe is None:
+        return None
+    root = " --allow-run-as-root" if os.geteuid() == 0 else ""
+    return f"""#!/bin/bash
+export TMPDIR="$1"  # mpirun's session folder: the job's own
+{exe} -n 3{root} --oversubscribe {PY} {rank} "$1"
+"""
+
+
 def timeline_job_script(probe: Path) -> str:
     clock = Path(PY).parent / "slurmclock"
     return f"""#!/bin/bash
@@ -304,6 +328,10 @@ def jobs(cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Jo
         "requeue": (REQUEUE_PROBE, ["--time=5", "--requeue"]),
         "norequeue": (REQUEUE_PROBE, ["--time=5", "--no-requeue"]),
     }
+    mpi_rank = root / "mpi_rank.py"
+    mpi_rank.write_text(MPI_RANK)
+    if (mpi := mpirun_job_script(mpi_rank)) is not None:
+        specs["mpirun"] = (mpi, ["--time=5"])
     made = {name: Job(cluster, root, name, script, args) for name, (script, args) in specs.items()}
     for name, (script, args, env) in extra.items():
         made[name] = Job(cluster, root, name, script, args, env)
@@ -542,3 +570,20 @@ def from_a_login_shell(cluster: Any, job: Job) -> None:
     assert slurm.hostnames(view.nodes) == [cluster.node_name]
     nodes = slurm.nodes(view.partition)
     assert [(n.name, n.usable) for n in nodes] == [(cluster.node_name, True)], nodes
+
+
+def test_one_rank_leads_under_mpirun_in_a_batch_job(jobs: dict[str, Job]) -> None:
+    """mpirun inside sbatch: every rank inherits the batch shell's SLURM_PROCID=0. Exactly one
+    writes the job's timeline and watches the clock (before: all three)."""
+    if "mpirun" not in jobs:
+        if os.environ.get("PYRECOVER_REQUIRE_MPI") == "1":
+            pytest.fail("PYRECOVER_REQUIRE_MPI=1 but mpirun is not installed")
+        pytest.skip("mpirun not installed (apt-get install openmpi-bin)")
+    job = jobs["mpirun"]
+    info = job.cluster.wait_for(job.id, {"COMPLETED", "FAILED"}, timeout=200)
+    assert info["JobState"] == "COMPLETED", job.diagnostics()
+    said = [json.loads(p.read_text()) for p in job.dir.glob("said-*.json")]
+    assert len(said) == 3 and {s["procid"] for s in said} == {"0"}, job.diagnostics()
+    assert sorted((s["leads"], s["wrote"]) for s in said) == [(False, False)] * 2 + [(True, True)]
+    (timeline,) = job.dir.glob(f"*-{job.id}.jsonl")
+    assert [json.loads(line)["event"] for line in timeline.read_text().splitlines()] == ["start"]
