@@ -119,7 +119,8 @@ class QueueWait:
         if want is None:
             raise ValueError(f"queue wait {self.name!r}: unknown kind {self.kind!r}: {QUEUE_HELP}")
         if (want >= 0 and len(self.values) != want) or not self.values:
-            raise ValueError(f"queue wait {self.name!r}: {self.kind} takes {want} value(s)")
+            count = "at least one" if want < 0 else str(want)
+            raise ValueError(f"queue wait {self.name!r}: {self.kind} takes {count} value(s)")
         if not all(math.isfinite(v) and v >= 0 for v in self.values):
             raise ValueError(f"queue wait {self.name!r}: values must be finite and >= 0")
         if self.kind == "uniform" and self.values[0] > self.values[1]:
@@ -173,20 +174,28 @@ def parse_queue(text: str) -> QueueWait:
     kind, sep, rest = text.partition(":")
     if not sep or kind not in QUEUE_KINDS:
         raise ValueError(f"--queue {text!r}: use {QUEUE_HELP}")
-    if kind == "empirical" and Path(rest).is_file():
-        items = Path(rest).read_text().replace(",", " ").split()
-    elif kind == "empirical" and "/" in rest:
-        raise ValueError(f"--queue {text!r}: no such file {rest!r}")
-    else:
-        items = rest.split(",")
+    is_file = kind == "empirical" and Path(rest).is_file()
+    items = (
+        Path(rest).read_text().replace(",", " ") if is_file else rest.replace(",", " ")
+    ).split()
     try:
         if kind == "lognormal" and len(items) == 2:
-            values = (parse_human_duration(items[0]), float(items[1]))
+            values = (parse_human_duration(items[0]), _sigma(items[1]))
         else:
             values = tuple(parse_human_duration(x) for x in items)
     except ValueError as e:
-        raise ValueError(f"--queue {text!r}: {e}") from None
+        why = str(e)
+        if kind == "empirical" and not is_file:
+            why = f"{rest!r} is neither a file nor waits like 30s,5m,2h"
+        raise ValueError(f"--queue {text!r}: {why}") from None
     return QueueWait(name=text, kind=kind, values=values, about=f"{kind} (set by --queue)")
+
+
+def _sigma(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise ValueError(f"sigma {text!r} must be a number (log-seconds: 1.0)") from None
 
 
 # -- failures ----------------------------------------------------------------------------------
@@ -998,7 +1007,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     print_goodput(rows, args.nodes, 1)
     print_costs(rows)
     head = headline(rows)
-    print_table("headline", ["figure", "value"], [[k, f"{v:.4f}"] for k, v in head.items()])
+    if head:  # only for the preset queues and failures
+        print_table("headline", ["figure", "value"], [[k, f"{v:.4f}"] for k, v in head.items()])
     print(f"simulated in {t1 - t0:.1f} s (table) + {t2 - t1:.1f} s (MTBF sweep)")
     write_results(
         "simulate_cluster",
