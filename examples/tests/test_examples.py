@@ -164,3 +164,17 @@ def own_loop_pids(cwd: Path) -> list[int]:
         if len(argv) > 1 and argv[1].endswith(b"own_loop.py") and Path(here) == cwd:
             found.append(int(proc.name))
     return found
+
+
+def test_what_the_examples_and_the_sbatch_scripts_write_is_ignored_by_git() -> None:
+    """`example-runs/` (the examples' checkpoints) and `pyrecover-JOB.out` (the sbatch scripts'
+    log, written where they are submitted) showed as untracked files (issue 30)."""
+    root = EXAMPLES.parent
+    inside = subprocess.run(["git", "rev-parse"], cwd=root, capture_output=True, timeout=60)
+    if inside.returncode != 0:
+        pytest.skip("not a git checkout")
+    paths = ["example-runs/hf/checkpoint-3/trainer_state.json", "pyrecover-4242.out"]
+    out = subprocess.run(
+        ["git", "check-ignore", *paths], cwd=root, capture_output=True, text=True, timeout=60
+    )
+    assert out.stdout.split() == paths, out.stdout + out.stderr
