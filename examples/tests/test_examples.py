@@ -66,6 +66,11 @@ def test_example_stops_in_time_and_resumes_exactly(name: str, tmp_path: Path) ->
     rc, out = finish(run(name, stopped_dir, deadline=time.time() + DEADLINE_S))
     assert rc == 75, out[-3000:]
     assert re.search(r"^stopped at step \d+/\d+", out, re.MULTILINE), out[-3000:]
+    # Start-up counts against the deadline: said, so "-12.5 s left" on a loaded machine does
+    # not read as broken (issue 30). The deadline was DEADLINE_S after the test's clock read.
+    used = re.search(r"; start-up used (\d+\.\d) s of (-?\d+\.\d) s$", out, re.MULTILINE)
+    assert used, out[-3000:]
+    assert float(used.group(1)) > 0 and 0 < float(used.group(2)) <= DEADLINE_S + 0.1, used[0]
     assert_committed(name, stopped_dir)
 
     rc_straight, out_straight = finish(straight)
