@@ -127,7 +127,7 @@ def main() -> int:
             if given is not None and given.end is not None:
                 used += f" of {given.end - process_start_time():.1f} s"
             dist.print(f"stopped at step {state['step']}/{STEPS} ({loop.reason}); {used}")
-            return loop.exit_code  # 75: requeue and resume
+            return loop.exit_code  # 75: steps left, resume from the checkpoint
         dist.print(f"finished step {state['step']}/{STEPS}")
         dist.print(f"weights {weights_digest(model)}")
         return 0

@@ -738,6 +738,25 @@ def test_a_closed_terminal_saves_and_stops(corpus: Path, cache_dir: Path, tmp_pa
     assert "SIGHUP" in (ckpt / "default-exp" / "train.log").read_text()
 
 
+def test_a_sigterm_stop_ends_with_a_line_true_whatever_the_job_script_does(
+    corpus: Path, cache_dir: Path, tmp_path: Path
+) -> None:
+    """A SIGTERM to the step comes from `slurmclock stop`, scancel (no requeue follows) or a
+    preemption with GraceTime (a requeue follows); the trainer cannot tell them apart. Its last
+    line said "exit 75 = requeue and resume" and the job script then "not requeueing" (issue
+    30): it says what is true in every case."""
+    ckpt = tmp_path / "ckpt"
+    args = [*flags(corpus, cache_dir, ckpt), "--training-steps", "100000"]
+    stop, _ = _stopped_by(
+        signal.SIGTERM, ckpt, args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    log = (ckpt / "default-exp" / "train.log").read_text()
+    (last,) = [line for line in log.splitlines() if "stopped at step" in line]
+    assert "requeue and resume" not in last, last
+    left = 100000 - stop["step"]
+    assert f"exit 75 = saved, {left} steps left: a requeued job or --resume-from" in last, last
+
+
 def _stopped_by(
     sig: signal.Signals,
     ckpt: Path,

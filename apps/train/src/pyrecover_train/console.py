@@ -233,12 +233,16 @@ class Console:
         elif done:
             log.info("finished: step %d/%d (%s)%s", step, cfg.training_steps, reason, losses_text)
         else:
+            # Not "requeue": after scancel or `slurmclock stop` (a SIGTERM, as a preemption's)
+            # the job script does not requeue, and this process cannot tell which it was.
             log.info(
-                "stopped at step %d/%d (%s); exit %d = requeue and resume",
+                "stopped at step %d/%d (%s); exit %d = saved, %d steps left: a requeued job or "
+                "--resume-from-checkpoint latest goes on from here",
                 step,
                 cfg.training_steps,
                 reason,
                 exit_code,
+                cfg.training_steps - step,
             )
         log.info("  checkpoints: %s", cfg.experiment_url)
         log.info("  resume:      pyrecover-train --resume-from-checkpoint latest [same flags]")
