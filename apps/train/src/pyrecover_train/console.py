@@ -9,6 +9,7 @@ import io
 import logging
 import os
 import signal
+import socket
 import time
 import zlib
 from collections.abc import Iterable
@@ -78,6 +79,7 @@ class Console:
             "deadline_source": None if d is None else d.source,
             "process_start": slurmclock.process_start_time(),
             "pid": os.getpid(),
+            "host": socket.gethostname(),  # with pid: report tells a live run from a killed one
         }
         self.metrics.log(
             "start",
