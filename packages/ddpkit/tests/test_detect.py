@@ -442,6 +442,13 @@ def test_torchrun_variables_that_agree_with_the_launcher_or_come_from_torchrun_a
     assert (info.launcher, info.rank, info.world_size) == ("torchrun", 4, 7)
     # torchrun under mpirun or srun: its own numbers, whatever the outer launcher says.
     assert detect({**OMPI, **TORCHRUN}).launcher == "torchrun"
+    # A launcher of one's own in each of 2 srun tasks, 4 processes each: task 1's third.
+    own = {"RANK": "6", "WORLD_SIZE": "8", "LOCAL_RANK": "2", "LOCAL_WORLD_SIZE": "4"}
+    two = srun_env(SLURM_PROCID="1", SLURM_NODEID="1", SLURM_STEP_NUM_TASKS="2")
+    two.update(SLURM_STEP_TASKS_PER_NODE="1(x2)", SLURM_STEP_NUM_NODES="2")
+    assert detect({**two, **own}).rank == 6
+    with pytest.raises(DistConfigError, match="SLURM_PROCID=1 SLURM_STEP_NUM_TASKS=2"):
+        detect({**two, **own, "RANK": "2"})  # task 0's block: the same export in every task
     # An outer launcher of one process: torchrun's variables describe what it started.
     one = {**OMPI, "OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "1"}
     info = detect({**one, **TORCHRUN, "TORCHELASTIC_RUN_ID": ""})

@@ -6,8 +6,9 @@ Precedence (first match wins):
    ``LOCAL_WORLD_SIZE``, ``GROUP_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``, ``TORCHELASTIC_RUN_ID``).
    They win over SLURM's and MPI's, so ``srun torchrun ...`` (one torchrun per node) is torchrun.
    Without torchrun's ``TORCHELASTIC_RUN_ID`` they must agree with an srun step's or an MPI
-   launcher's rank and size: ``RANK=0 WORLD_SIZE=1`` left exported in a shell that then runs
-   ``srun -n 2`` (srun forwards the environment) is an error, not two silent worlds of one.
+   launcher's rank and size (equal, or each task's own launcher numbering its processes in the
+   task's block): ``RANK=0 WORLD_SIZE=1`` left exported in a shell that then runs ``srun -n 2``
+   (srun forwards the environment) is an error, not two silent worlds of one.
 2. **MPI launchers** -- Open MPI's ``mpirun`` (``OMPI_COMM_WORLD_*``), MVAPICH2's ``mpirun_rsh``
    (``MV2_COMM_WORLD_*``), and PMI launchers such as MPICH/Intel MPI's Hydra and Cray PALS
    (``PMI_RANK``/``PMI_SIZE``): see :mod:`ddpkit.mpi`. They win over SLURM's variables, which an
@@ -235,7 +236,11 @@ def _check_not_stale(env: Mapping[str, str], info: DistInfo, srun: bool) -> None
     if other is None:
         return
     name, (rank_var, rank), (size_var, size) = other
-    if size <= 1 or (rank, size) == (info.rank, info.world_size):
+    # Equal, or a launcher of one's own in each task (each spawns WORLD_SIZE / size processes
+    # and numbers them in its task's block): stale exports are the same in every task, which
+    # cannot fit every task's block.
+    per_task, rest = divmod(info.world_size, size)
+    if size <= 1 or (rest == 0 and info.rank // per_task == rank):
         return
     raise DistConfigError(
         f"RANK={info.rank} WORLD_SIZE={info.world_size} (torchrun's variables, not set by "
