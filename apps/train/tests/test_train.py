@@ -754,7 +754,7 @@ def test_a_sigterm_stop_ends_with_a_line_true_whatever_the_job_script_does(
     (last,) = [line for line in log.splitlines() if "stopped at step" in line]
     assert "requeue and resume" not in last, last
     left = 100000 - stop["step"]
-    assert f"exit 75 = saved, {left} steps left: a requeued job or --resume-from" in last, last
+    assert f"exit 75 = saved, {left} steps left: the next run with --resume-from" in last, last
 
 
 def _stopped_by(

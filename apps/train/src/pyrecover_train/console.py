@@ -239,7 +239,7 @@ class Console:
             # Not "requeue": after scancel or `slurmclock stop` (a SIGTERM, as a preemption's)
             # the job script does not requeue, and this process cannot tell which it was.
             log.info(
-                "stopped at step %d/%d (%s); exit %d = saved, %d steps left: a requeued job or "
+                "stopped at step %d/%d (%s); exit %d = saved, %d steps left: the next run with "
                 "--resume-from-checkpoint latest goes on from here",
                 step,
                 cfg.training_steps,
