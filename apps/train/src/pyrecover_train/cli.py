@@ -57,9 +57,9 @@ def main(argv: list[str] | None = None) -> int:
     startup = Startup.at_process_start() if entry else Startup.now()
     try:
         code = _main(sys.argv[1:] if argv is None else list(argv), signals, startup)
-        sys.stdout.flush()  # a closed pipe shows here, not as a message at interpreter exit
+        _flush_stdout()  # a closed pipe shows here, not as a message at interpreter exit
     except BrokenPipeError:  # `report ... | head -1`: the reader left early; quiet, as SIGPIPE
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing left to flush
+        _stdout_to_devnull()  # nothing left to flush
         code = 141
     except KeyboardInterrupt:  # Ctrl-C while torch is imported, before the run took it over
         print(f"{PROG}: {INTERRUPTED}", file=sys.stderr)
@@ -134,6 +134,21 @@ def _run(
         logging.getLogger("pyrecover_train").addHandler(logging.StreamHandler(sys.stderr))
         log.exception("%s: error: %s: %s", PROG, type(e).__name__, e)
         return 1
+
+
+def _flush_stdout() -> None:
+    """Raises BrokenPipeError when the reader left; stdout written to a full disk loses its
+    tail, but not the exit status of what ran (a saved run's 75 must stay 75)."""
+    try:
+        sys.stdout.flush()
+    except BrokenPipeError:
+        raise
+    except OSError:
+        _stdout_to_devnull()
+
+
+def _stdout_to_devnull() -> None:
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
 def _arm_stop_signals() -> slurmclock.StopSignals:
