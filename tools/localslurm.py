@@ -276,7 +276,7 @@ def parse_scontrol(text: str) -> dict[str, str]:
     return fields
 
 
-def _client_env(conf: Path, base: Mapping[str, str] | None = None) -> dict[str, str]:
+def client_env(conf: Path, base: Mapping[str, str] | None = None) -> dict[str, str]:
     """``base`` (this process's environment) for SLURM commands against the cluster ``conf``."""
     env = {
         key: value
@@ -331,7 +331,7 @@ class LocalCluster:
         self.nodes = [self.node_name]
         self.daemons = list(DAEMONS)  # keys of _procs and of run/pids, in start order
         self.conf_path = self.workdir / "slurm.conf"
-        self.env: dict[str, str] = _client_env(self.conf_path)
+        self.env: dict[str, str] = client_env(self.conf_path)
         self._procs: dict[str, subprocess.Popen[bytes]] = {}
         self.ports: dict[str, int] = {}
         self._want_reaper = reaper
@@ -1097,7 +1097,7 @@ def down(
     pids = _read_pids(workdir) or dict(pids or {})
     tag = tag or _tag_of(conf)
     net = _Net(tag) if tag is not None and _Net(tag).exists() else None
-    env = dict(env) if env is not None else _client_env(conf)
+    env = dict(env) if env is not None else client_env(conf)
     client = net.enter(net.controller) if net is not None else []
     dead = net.revive() if net is not None else []
     if _alive(pids.get("slurmctld", -1), "slurmctld"):
@@ -1285,7 +1285,7 @@ def _status(workdir: Path) -> int:
     if conf.exists() and "slurmctld" in alive:
         out = subprocess.run(
             [*_client_of(conf), "sinfo", "-N"],
-            env=_client_env(conf),
+            env=client_env(conf),
             capture_output=True,
             text=True,
             timeout=15,
@@ -1318,7 +1318,7 @@ def _run_command(
         print(f"localslurm: no node {on!r} here; nodes: {' '.join(net.hosts())}", file=sys.stderr)
         return 1
     prefix = net.enter(on) if on is not None else _client_of(conf)
-    return subprocess.run([*prefix, *command], env=_client_env(conf)).returncode
+    return subprocess.run([*prefix, *command], env=client_env(conf)).returncode
 
 
 if __name__ == "__main__":
