@@ -95,11 +95,7 @@ class Trainer:
         self.start_step = self.state.step
         self.async_saves = build.async_saves(cfg, self.device)
         self.schedule = SaveSchedule(
-            cfg,
-            self.budget,
-            saved_step=self.state.step if self.resumed_from else None,
-            background=self.async_saves,
-            clock=clock,
+            cfg, saved_step=self.state.step if self.resumed_from else None, clock=clock
         )
         self.loop = slurmclock.TimeLoop(  # rank 0 decides; one agreement per step
             self.budget,
