@@ -334,12 +334,14 @@ def fits(size: str, out: str, bytes_per_param: int = 16) -> int:
 def _state(size: str, device: str) -> tuple[Any, Any, int]:
     import torch
 
+    from pyrecover_train.build import decay_params
     from pyrecover_train.model import build_model, preset_config
 
     cfg = preset_config(size, vocab_size=50304, max_seq_len=2048)
     model = build_model(cfg, seed=0, device=device)
     fused = device.startswith("cuda")
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=fused)
+    groups = [{"params": decay_params(model, d)} for d in (True, False)]  # the trainer's order
+    opt = torch.optim.AdamW(groups, lr=1e-4, fused=fused)
     for p in model.parameters():
         p.grad = torch.full_like(p, 1e-3)
     opt.step()  # creates the moments
@@ -473,6 +475,99 @@ def ckpt(out: str, size: str, repeats: int, scratch_parent: str | None, device: 
     return 0
 
 
+# -- a resume's model: initialised then overwritten, or materialised from the checkpoint ------
+
+
+def build_resume(out: str, size: str, device: str, repeats: int, scratch_parent: str | None) -> int:
+    """What building the model costs on a resume, side by side, interleaved: as before (the
+    model made on the device with torch's default init, then pyrecover-train's seeded init, then
+    the checkpoint loaded over it) vs now (made on the meta device, given memory, filled by the
+    checkpoint's load alone). Both then load the same checkpoint (model + AdamW, in place, the
+    page cache warm for both); the model built, the optimizer, the load, and their sum."""
+    import torch
+
+    from ckptstore import CheckpointStore
+    from pyrecover_train.model import GPT, empty_model, materialise, preset_config
+
+    cfg = preset_config(size, vocab_size=50304, max_seq_len=2048)
+    model, opt, nbytes = _state(size, device)
+    scratch = tempfile.mkdtemp(prefix="gpu-build-", dir=scratch_parent)
+    samples: dict[str, list[float]] = {}
+    try:
+        with CheckpointStore(os.path.join(scratch, "store")) as store:
+            store.save(1, {"model": model, "optim": opt})
+            del model, opt
+            gc.collect()
+
+            def initialised() -> Any:
+                with torch.device(device):
+                    m = GPT(cfg)
+                m.init_weights(0)
+                return m
+
+            def from_meta() -> Any:
+                m = empty_model(cfg)
+                materialise(m, device, seed=None)
+                return m
+
+            for _ in range(repeats + 1):  # the first round warms up (page cache, allocator)
+                for name, build in (
+                    ("initialised, then loaded", initialised),
+                    ("meta, materialised by the load", from_meta),
+                ):
+                    timed = _resume_once(build, store, device)
+                    for part, seconds in timed.items():
+                        samples.setdefault(f"{name}: {part}", []).append(seconds)
+                    gc.collect()
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    med = {k: statistics.median(v[1:] or v) for k, v in samples.items()}
+    old, new = med["initialised, then loaded: total"], med["meta, materialised by the load: total"]
+    rows = [[k, f"{v:.2f}"] for k, v in med.items()]
+    print_table(
+        f"a resume's model build + load, {size} ({nbytes / 1e9:.1f} GB with AdamW) on {device}, "
+        f"median of {repeats}",
+        ["candidate: part", "seconds"],
+        rows,
+    )
+    print(
+        f"meta-device build + load: {old / new:.2f}x as fast as init + load ({old:.2f} s -> "
+        f"{new:.2f} s)"
+    )
+    data = {
+        "model_size": size,
+        "device": device,
+        "state_gb": nbytes / 1e9,
+        "repeats": repeats,
+        "median_s": med,
+        "speedup_meta_vs_init": old / new,
+        "samples_s": samples,
+    }
+    Path(out).write_text(json.dumps(data, indent=2))
+    return 0
+
+
+def _resume_once(build: Any, store: Any, device: str) -> dict[str, float]:
+    """One resume's model part: build, optimizer, load (in place, as pyrecover-train does)."""
+    import torch
+
+    from pyrecover_train.build import decay_params
+
+    _sync(device)
+    t0 = time.perf_counter()
+    model = build()
+    _sync(device)
+    t1 = time.perf_counter()
+    groups = [{"params": decay_params(model, d)} for d in (True, False)]
+    opt = torch.optim.AdamW(groups, lr=1e-4, fused=device.startswith("cuda"))
+    t2 = time.perf_counter()
+    store.load({"model": model, "optim": opt}, 1)
+    _sync(device)
+    t3 = time.perf_counter()
+    del model, opt
+    return {"build": t1 - t0, "optimizer": t2 - t1, "load": t3 - t2, "total": t3 - t0}
+
+
 # -- summary -----------------------------------------------------------------------------------
 
 
@@ -594,6 +689,12 @@ def main(argv: list[str] | None = None) -> int:
     k.add_argument("--repeats", type=int, default=2)
     k.add_argument("--dir", default=None, help="scratch directory on the disk to measure")
     k.add_argument("--device", default="cuda")
+    b = sub.add_parser("build", help="a resume's model: init + load vs meta + load")
+    b.add_argument("out")
+    b.add_argument("--model-size", default="350m")
+    b.add_argument("--device", default="cpu")
+    b.add_argument("--repeats", type=int, default=3)
+    b.add_argument("--dir", default=None, help="scratch directory on the disk to measure")
     s = sub.add_parser("summary")
     s.add_argument("folder")
     argv = sys.argv[1:] if argv is None else list(argv)
@@ -617,6 +718,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.repeats < 1:
             ap.error("--repeats must be >= 1")
         return ckpt(args.out, args.model_size, args.repeats, args.dir, args.device)
+    if args.cmd == "build":
+        return build_resume(args.out, args.model_size, args.device, args.repeats, args.dir)
     return summary(args.folder)
 
 
