@@ -212,7 +212,10 @@ class Saver:
         snap = Snapshot(enc.tensors if enc is not None else {})
         staged = None
         if error is None and snap.cuda:
-            staged, error = snap.on_side_stream(lambda: self._stage(enc, save.ctx, None))
+            try:
+                staged, error = snap.on_side_stream(lambda: self._stage(enc, save.ctx, None))
+            except Exception as e:  # e.g. no stream to be had: this save fails, as any
+                error = e
         step = save.ctx.step
         handle = SaveHandle(step, self._clock() - save.t0, self._delivered, snap)
         self._snapshot = snap
