@@ -269,7 +269,8 @@ def run(args: argparse.Namespace, scratch: str) -> None:
             p = os.path.join(scratch, name)
             if name in STORE_DIRS:
                 for sub in os.listdir(p):
-                    if sub != "writer.lock":
+                    # the lock and its renewal's temp file (renamed over it any moment)
+                    if not sub.startswith("writer.lock"):
                         q = os.path.join(p, sub)
                         shutil.rmtree(q) if os.path.isdir(q) else os.unlink(q)
             else:
