@@ -11,7 +11,12 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from ddpkit import CUBLAS_DETERMINISTIC, attention_kernel, set_determinism
+from ddpkit import (
+    CUBLAS_DETERMINISTIC,
+    attention_kernel,
+    attention_nondeterminism,
+    set_determinism,
+)
 
 CUDA = torch.backends.cuda
 
@@ -108,6 +113,30 @@ def test_warn_only_says_that_fast_attention_is_not_deterministic_then() -> None:
     algorithms are on without warn_only: the line says so."""
     got = set_determinism("cuda", True, warn_only=True)
     assert "attention flash or memory-efficient (backward NOT deterministic)" in got.describe()
+
+
+def test_the_attention_check_runs_backward_twice_and_compares_the_bits(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """None where two backward passes agree bitwise (CPU); else why not: the kernel's own
+    refusal, or the difference (a kernel whose sums come out in another order each time)."""
+    q = torch.empty(1, 4, 64, 16)
+    assert attention_nondeterminism(q) is None
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    calls = [0]
+
+    def wobbly(*args: object, **kwargs: object) -> torch.Tensor:
+        calls[0] += 1
+        return sdpa(*args, **kwargs) * (1 + calls[0] * 1e-3)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", wobbly)
+    assert attention_nondeterminism(q) == "two backward passes of the same inputs differed"
+
+    def refusing(*args: object, **kwargs: object) -> torch.Tensor:
+        raise RuntimeError("flash_bwd does not have a deterministic implementation\ndetails")
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", refusing)
+    assert attention_nondeterminism(q) == "flash_bwd does not have a deterministic implementation"
 
 
 def test_attention_kernel_names_what_torch_runs() -> None:

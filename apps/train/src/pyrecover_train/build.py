@@ -185,9 +185,17 @@ def _attention(
     cfg: TrainConfig, model_cfg: ModelConfig, device: torch.device, dtype: torch.dtype
 ) -> str:
     """The attention kernel torch runs for this model's shapes, e.g. "flash (deterministic
-    backward)": what --deterministic costs or saves is mostly here."""
-    shape = (1, model_cfg.n_heads, cfg.sequence_length, model_cfg.head_dim)
-    return ddpkit.attention_kernel(torch.empty(shape, dtype=dtype, device=device))
+    backward)": what --deterministic costs or saves is mostly here. With --deterministic on a
+    GPU the fast kernels' backward is checked first (twice the same bits, on these shapes);
+    where this torch build cannot, the math kernel takes over, and the log says why."""
+    q = torch.empty((1, model_cfg.n_heads, cfg.sequence_length, model_cfg.head_dim), dtype=dtype)
+    q = q.to(device)
+    if cfg.deterministic and device.type == "cuda":
+        why = ddpkit.attention_nondeterminism(q)
+        if why is not None:
+            ddpkit.set_determinism(device, True, attention="math")
+            log.warning("--deterministic: fast attention is not deterministic here (%s)", why)
+    return ddpkit.attention_kernel(q)
 
 
 def _init_device(device: torch.device) -> None:

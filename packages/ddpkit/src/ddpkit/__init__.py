@@ -23,6 +23,7 @@ from ddpkit.determinism import (  # noqa: E402
     CUBLAS_DETERMINISTIC,
     Determinism,
     attention_kernel,
+    attention_nondeterminism,
     set_determinism,
 )
 from ddpkit.dist import (  # noqa: E402
@@ -96,6 +97,7 @@ __all__ = [
     "ShardOptions",
     "WatchdogOptions",
     "attention_kernel",
+    "attention_nondeterminism",
     "capture_rng",
     "checkpoint_activations",
     "clean_state_dict",

@@ -144,6 +144,29 @@ def attention_kernel(q: torch.Tensor, *, causal: bool = True) -> str:
     return f"{name} ({'deterministic' if exact else 'NOT deterministic'} backward)"
 
 
+def attention_nondeterminism(q: torch.Tensor) -> str | None:
+    """Does attention's backward on inputs like ``q`` give the same bits twice under the
+    switches now set? None when it does; else why not: the kernel refused deterministic mode
+    (an error), or two backward passes of the same inputs differed. A check worth its few
+    milliseconds on a GPU before a run that promises bitwise resumes: the fast kernels'
+    deterministic backward depends on the torch build."""
+    import torch.nn.functional as F
+
+    gen = torch.Generator(device=q.device).manual_seed(0)
+    x = torch.randn(q.shape, dtype=q.dtype, device=q.device, generator=gen)
+    grads = []
+    try:
+        for _ in range(2):
+            leaf = x.clone().requires_grad_()
+            F.scaled_dot_product_attention(leaf, leaf, leaf, is_causal=True).sum().backward()
+            grads.append(leaf.grad)
+    except RuntimeError as e:
+        return str(e).splitlines()[0]
+    if not torch.equal(grads[0], grads[1]):
+        return "two backward passes of the same inputs differed"
+    return None
+
+
 def _deterministic_algorithms(on: bool, *, warn_only: bool) -> None:
     """``torch.use_deterministic_algorithms`` without its start-up cost.
 
