@@ -154,11 +154,12 @@ def attention_nondeterminism(q: torch.Tensor) -> str | None:
 
     gen = torch.Generator(device=q.device).manual_seed(0)
     x = torch.randn(q.shape, dtype=q.dtype, device=q.device, generator=gen)
-    grads = []
+    grads: list[torch.Tensor] = []
     try:
         for _ in range(2):
             leaf = x.clone().requires_grad_()
             F.scaled_dot_product_attention(leaf, leaf, leaf, is_causal=True).sum().backward()
+            assert leaf.grad is not None  # the backward just ran
             grads.append(leaf.grad)
     except RuntimeError as e:
         return str(e).splitlines()[0]
