@@ -85,7 +85,9 @@ class Trainer:
         parts = build.parts(cfg, dist, phase=self.startup.mark)
         self.precision, self.data, self.model_cfg = parts.precision, parts.data, parts.model_cfg
         self.state, self.store = parts.state, parts.store
-        self.stepper = Stepper(cfg, self.state, parts.train_model, self.precision)
+        self.stepper = Stepper(
+            cfg, self.state, parts.train_model, self.precision, before_update=self.store.staged
+        )
         try:  # may raise UsageError: nothing has been written yet
             self._resume(parts)
         except BaseException:
@@ -95,11 +97,7 @@ class Trainer:
         self.start_step = self.state.step
         self.async_saves = build.async_saves(cfg, self.device)
         self.schedule = SaveSchedule(
-            cfg,
-            self.budget,
-            saved_step=self.state.step if self.resumed_from else None,
-            background=self.async_saves,
-            clock=clock,
+            cfg, saved_step=self.state.step if self.resumed_from else None, clock=clock
         )
         self.loop = slurmclock.TimeLoop(  # rank 0 decides; one agreement per step
             self.budget,
@@ -120,11 +118,9 @@ class Trainer:
     def _resume(self, parts: build.Parts) -> None:
         """The checkpoint to resume from (if any) loaded, and the time budget with the figures
         the earlier allocations measured."""
-        cfg, tokenizer = self.cfg, self.data.tokenizer.fingerprint()
-        resume = Resume(
-            cfg, self.store, self.state, self.dist, model_cfg=self.model_cfg, tokenizer=tokenizer
-        )
-        self.resumed_from = resume.run(parts.foreign)
+        cfg = self.cfg
+        resume = Resume(cfg, self.store, self.state, self.dist)
+        self.resumed_from = resume.run(parts.start)
         self.budget = build.budget(cfg, self.state.model, self.stop_flag, resumed=resume.metadata)
 
     # -- the loop ---------------------------------------------------------------------------
@@ -182,7 +178,9 @@ class Trainer:
         self._check_finite()
         t0 = time.perf_counter()
         payload, metadata = self._checkpoint()
-        self.store.save(self.state.step, payload, metadata=metadata, blocking=blocking)
+        self.store.save(
+            self.state.step, payload, metadata=metadata, blocking=blocking, overlap=True
+        )  # async: the snapshot is taken beside the next forward and backward
         blocking_s = time.perf_counter() - t0
         self.schedule.saved(self.state.step, blocking_s)
         extra: dict[str, Any] = {}

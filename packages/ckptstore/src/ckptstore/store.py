@@ -247,12 +247,25 @@ class CheckpointStore:
         *,
         metadata: Mapping[str, Any] | None = None,
         blocking: bool = True,
+        overlap: bool = False,
     ) -> SaveHandle:
         """Save ``state`` as ``step``. Blocking: returns once committed. Non-blocking: returns
         after a CPU snapshot; the write runs in the background (one at a time: a second save
-        first waits for the previous one) and ``latest`` moves only once it is durable."""
+        first waits for the previous one) and ``latest`` moves only once it is durable.
+
+        ``overlap`` (non-blocking only): return before the snapshot too. It is taken while the
+        caller goes on with work that reads the state but does not change it (the next
+        forward and backward; on CUDA the copies run on a side stream beside them); call
+        :meth:`staged` before changing it (the optimizer step). A change made while the
+        snapshot is taken fails the save (nothing is written; the error surfaces as any)."""
         self._check_open()
-        return self._saver.save(step, state, metadata, blocking)
+        return self._saver.save(step, state, metadata, blocking, overlap)
+
+    def staged(self) -> None:
+        """Return once the state of the save in flight may change: its snapshot is taken (for
+        an ``overlap`` save on CUDA the current stream waits for the copies, the host does
+        not). At once when no overlapped save is in flight."""
+        self._saver.staged()
 
     def reserve(self, state: Mapping[str, Any]) -> None:
         """Prepare for async saves of ``state`` (call once, e.g. before training starts):
