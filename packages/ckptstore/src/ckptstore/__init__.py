@@ -37,7 +37,7 @@ from .manifest import (
     SaveTimings,
     VerifyReport,
 )
-from .retention import RetentionPolicy
+from .retention import Pruning, RetentionPolicy
 from .storage import (
     IOOptions,
     Storage,
@@ -71,6 +71,7 @@ __all__ = [
     "MirrorError",
     "NoCheckpointError",
     "OptimizerState",
+    "Pruning",
     "RetentionPolicy",
     "SaveContext",
     "SaveHandle",

@@ -87,6 +87,12 @@ def _parser() -> argparse.ArgumentParser:
     sp.add_argument("--format", choices=("torch", "dcp"), default="torch")
     sp.add_argument("--overwrite", action="store_true", help="replace that step if it exists")
     sp.add_argument(
+        "--rewind",
+        action="store_true",
+        help="import below the experiment's latest step (it becomes the latest: a resume goes "
+        "back to it)",
+    )
+    sp.add_argument(
         "--storage-options", type=_json_dict, default=None, help="fsspec options of URL"
     )
     sp.add_argument(
@@ -348,12 +354,13 @@ def cmd_prune(args: argparse.Namespace) -> int:
     with store:
         if not store.scan().checkpoints:
             raise _nothing(store)
-        gone = store.prune(dry_run=args.dry_run)
-        kept = "(dry run)" if args.dry_run else ", ".join(map(str, store.steps()))
-    verb = "would delete" if args.dry_run else "deleted"
-    listed = f": steps {', '.join(map(str, gone))}" if gone else ""
-    print(f"{verb} {len(gone)} checkpoint(s){listed}")
-    print(f"kept: steps {kept}")
+        done = store.pruning(dry_run=args.dry_run)
+    verb, keep = ("would delete", "would keep") if args.dry_run else ("deleted", "kept")
+    listed = f": steps {', '.join(map(str, done.deleted))}" if done.deleted else ""
+    print(f"{verb} {len(done.deleted)} checkpoint(s){listed}")
+    print(f"{keep} {len(done.kept)}:")
+    for step, why in done.kept.items():
+        print(f"  step {step}: {why}")
     return 0
 
 
@@ -399,11 +406,13 @@ def cmd_import(args: argparse.Namespace) -> int:
         storage_options=args.storage_options,
         source_storage_options=args.source_storage_options,
         overwrite=args.overwrite,
+        rewind=args.rewind,
     )
     if args.json:
         f = report.foreign
         row = {"source": f.source, "kind": f.kind, "step": report.manifest.step, "url": report.url}
-        row |= {"took": f.took, "left": f.left, "bytes": report.manifest.bytes}
+        row |= {"took": f.took, "left": f.left, "missing": f.missing}
+        row |= {"bytes": report.manifest.bytes}
         sys.stdout.write(orjson.dumps(row).decode() + "\n")
     else:
         print(report.summary())

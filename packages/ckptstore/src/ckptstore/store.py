@@ -59,7 +59,7 @@ from .reading import (
     no_checkpoint,
     read_torch_save,
 )
-from .retention import InUse, RetentionPolicy
+from .retention import InUse, Pruning, RetentionPolicy
 from .saving import SaveHandle, SaveHooks, Saver
 from .storage import IOEngine, IOOptions, Storage, open_storage
 
@@ -608,28 +608,34 @@ class CheckpointStore:
         return []). Never deletes the newest verified checkpoint (verifying from the newest down
         until one passes), one being written or loaded, or anything that is not a checkpoint
         (foreign files and directories stay). Takes the writer lock unless ``dry_run``."""
+        return self.pruning(dry_run=dry_run).deleted
+
+    def pruning(self, *, dry_run: bool = False) -> Pruning:
+        """As :meth:`prune`, and each checkpoint kept with why (``dry_run``: what it would
+        delete and keep)."""
         self._raise_pending()
         if self.rank != 0:
-            return []
+            return Pruning()
         if not dry_run and (err := self._writer_error()) is not None:
             raise err
         return self._prune_location(self.primary, dry_run=dry_run)
 
-    def _prune_location(self, loc: Location, *, dry_run: bool = False) -> builtins.list[int]:
-        if not self.retention.active:
-            return []
+    def _prune_location(self, loc: Location, *, dry_run: bool = False) -> Pruning:
         scan = self._scan(loc)
         good, head = scan.checkpoints, scan.head
-        if not good:
-            return []
-        protected = self._protected_now() | {self._newest_verified(loc, good, head)}
-        doomed = self.retention.select(
+        if not good or not self.retention.active:
+            return Pruning(kept=self.retention.kept(dict.fromkeys(good, {}), head=head))
+        protected = dict.fromkeys(self._protected_now(), "being written, read or mirrored")
+        newest = self._newest_verified(loc, good, head)
+        protected[newest] = "the newest that verifies"
+        kept = self.retention.kept(
             {s: m.metadata for s, m in good.items()}, head=head, protected=protected
         )
+        doomed = [s for s in sorted(good) if s not in kept]
         if not dry_run:
             for s in doomed:
                 loc.remove_checkpoint(loc.step_dir(s))
-        return doomed
+        return Pruning(doomed, kept)
 
     def _newest_verified(
         self, loc: Location, good: Mapping[int, Manifest], head: int | None
