@@ -65,7 +65,12 @@ def _parser() -> argparse.ArgumentParser:
     sp.add_argument("--dry-run", action="store_true", help="say what would go; delete nothing")
     sp = _command(sub, "export", "the whole state (or --key entries) as torch.save or safetensors")
     sp.add_argument("--step", default=None, help="N or latest (default)")
-    sp.add_argument("--out", required=True, help="output file (written atomically)")
+    sp.add_argument(
+        "--out",
+        required=True,
+        help="output file (written atomically; through a link, the file it names), or a FIFO, a "
+        "character device or - (standard output), written into",
+    )
     sp.add_argument(
         "--key", action="append", default=None, help="an entry to export (repeat; default: all)"
     )
@@ -365,10 +370,14 @@ def cmd_prune(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from .exporting import check_out, export_checkpoint
+    from .exporting import check_out, export_checkpoint, export_format
 
     try:
-        check_out(args.out)
+        export_format(args.out, args.format)
+    except ValueError as e:
+        raise _UsageError(str(e)) from None
+    try:
+        target = check_out(args.out)
     except ValueError as e:
         raise _UsageError(f"--out {e}") from None
     store, url_step = _open(args)
@@ -390,7 +399,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         experiment=args.experiment,
         storage_options=args.storage_options,
     )
-    print(report.summary())
+    print(report.summary(), file=sys.stderr if target.stdout else sys.stdout)
     return 0
 
 
