@@ -14,7 +14,9 @@ second copy) and ``reading`` (candidates tried on every rank).
 from __future__ import annotations
 
 import builtins
+import contextlib
 import functools
+import os
 import threading
 import time
 import uuid
@@ -123,6 +125,7 @@ class CheckpointStore:
         self._clock, self._wall = clock, wall_clock
         self.rank, self.world_size, self._group = dist_info(distributed)
         self._init_state(io)
+        self._made = self._folders_to_make() if self.rank == 0 else []
         self._writers = self._make_locks(lock, lease_s)
         self._release_locks = weakref.finalize(self, _release, list(self._writers))
         self._mirror = self._make_mirror()
@@ -176,6 +179,23 @@ class CheckpointStore:
             return []
         locs = [self.primary] + ([self.mirror] if self.mirror else [])
         return [WriterLock(loc.storage, loc.root, lease_s=lease_s, wall=self._wall) for loc in locs]
+
+    def _folders_to_make(self) -> builtins.list[str]:
+        """The local folders of the experiment (and its mirror) that do not exist yet, deepest
+        first: the writer lock creates them, and a store that committed nothing removes them
+        again at ``close()`` (a refused save leaves no empty folder to resume from)."""
+        out: builtins.list[str] = []
+        for loc in self._locations().values():
+            folder = loc.where.local_path
+            while folder and not os.path.exists(folder) and folder != os.path.dirname(folder):
+                out.append(folder)
+                folder = os.path.dirname(folder)
+        return out
+
+    def _remove_made_folders(self) -> None:
+        for folder in self._made:  # only while empty: a checkpoint, or anyone's file, stays
+            with contextlib.suppress(OSError):
+                os.rmdir(folder)
 
     def _make_mirror(self) -> Mirror | None:
         if self.mirror is None or self.rank != 0:
@@ -677,6 +697,7 @@ class CheckpointStore:
         finally:
             self._closed = True
             self._release_locks()
+            self._remove_made_folders()
             self._io.close()
             self._arena.release()
 
