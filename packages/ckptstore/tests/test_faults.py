@@ -55,7 +55,10 @@ def test_a_dying_endpoint_gives_one_line(moto: Any) -> None:
         timeout=300,
     )
     assert r.returncode == 1, r.stdout + r.stderr
-    assert r.stdout.startswith("error: I/O error writing s3://outage/run/step-00000002/")
+    want = (
+        "error: StoreUnreachableError: the store did not answer at s3://outage/run/step-00000002/"
+    )
+    assert r.stdout.startswith(want), r.stdout
     assert len(r.stdout.splitlines()) == 1, r.stdout
     assert "Traceback" not in r.stderr and "never retrieved" not in r.stderr, r.stderr
 

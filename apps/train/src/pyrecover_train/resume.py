@@ -91,6 +91,8 @@ class Resume:
             if newer_ok:
                 return None
             raise UsageError(first_line(e)) from None
+        except ckptstore.StoreUnreachableError:
+            raise  # not a usage error: exit 74, the start is retried once the store is back
         except ckptstore.CheckpointError as e:
             raise UsageError(
                 f"cannot read the checkpoint location {self.cfg.experiment_url}: {first_line(e)}"
@@ -121,6 +123,8 @@ class Resume:
             # Restores model, optimizer, scheduler, scaler and loader in place; "rng" and
             # "step" come back as values.
             manifest = self.store.load(template, which)
+        except ckptstore.StoreUnreachableError:
+            raise
         except ckptstore.CheckpointError as e:
             raise UsageError(f"--resume-from-checkpoint: {first_line(e)}") from None
         self.state.step = int(template["step"])
@@ -135,6 +139,8 @@ class Resume:
         """The checkpoint's metadata, read before anything is loaded."""
         try:
             return dict(self.store.manifest(which).metadata)
+        except ckptstore.StoreUnreachableError:
+            raise
         except ckptstore.CheckpointError as e:
             raise UsageError(f"--resume-from-checkpoint: {first_line(e)}") from None
         except FileNotFoundError:

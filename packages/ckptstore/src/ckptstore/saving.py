@@ -23,7 +23,7 @@ import torch
 from ._dist import all_gather
 from ._version import __version__
 from .buffers import Arena, align_up
-from .errors import CheckpointError
+from .errors import CheckpointError, StoreUnreachableError, unreachable
 from .formats import CheckpointFormat, SaveContext
 from .layout import Location, check_step
 from .manifest import MANIFEST_NAME, FileEntry, Manifest, SaveStats
@@ -156,14 +156,15 @@ class Saver:
         self._seq += 1  # before validation, so every rank derives the same file token
         token = f"{self._session}{self._seq:05x}"
         step, meta = check_step(step), check_metadata(metadata)
-        self.wait()
+        self._join()
         save = _Save(t0=self._clock())
         save.ctx = self._context(step, token, blocking, functools.partial(self._commit, save, meta))
         self.hooks.in_use.add(step)
         staged, error = self._stage(state, save.ctx)
-        # Every rank learns whether every rank staged: otherwise a rank that failed here would
-        # leave the others waiting forever in the collectives of the write.
-        self._agree_ok(step, "preparing", error)
+        # Every rank learns whether every rank staged, and whether the previous (background)
+        # save failed on any: otherwise a rank that failed would leave the others waiting
+        # forever in the collectives of the write.
+        self._agree_ok(step, "preparing", self._take_pending() or error)
         handle = SaveHandle(step, self._clock() - save.t0, self._delivered)
         if blocking:
             self._persist(staged, save, handle)
@@ -211,6 +212,8 @@ class Saver:
             if self.fmt.writes_on(self.rank, self.world_size):
                 enc = encode_state(state, allow_dtensor=self.format_name != "torch")
             return self.fmt.stage(enc, ctx), None
+        except CheckpointError as e:  # StoreUnreachableError is an OSError too: kept as it is
+            return None, e
         except OSError as e:
             return None, CheckpointError(f"cannot save step {ctx.step} under {self.loc.url}: {e}")
         except Exception as e:
@@ -271,14 +274,16 @@ class Saver:
                 self.hooks.in_use.discard(step)
                 raise error
             return
-        outcomes = all_gather(self.group, None if error is None else str(error))
+        said = None if error is None else (str(error), unreachable(error))
+        outcomes = all_gather(self.group, said)
         failed = [(r, o) for r, o in enumerate(outcomes) if o is not None]
         if failed:
             self.hooks.in_use.discard(step)
             if error is not None and failed[0][0] == self.rank:
                 raise error
-            r, msg = failed[0]
-            raise CheckpointError(f"{what} step {step} failed on rank {r}: {msg}")
+            r, (msg, down) = failed[0]  # every rank raises the same kind of error
+            kind = StoreUnreachableError if down else CheckpointError
+            raise kind(f"{what} step {step} failed on rank {r}: {msg}")
 
     def _commit(
         self,
@@ -323,17 +328,24 @@ class Saver:
 
     def wait(self) -> None:
         """Block until the save in flight is durable; re-raise a background failure."""
+        self._join()
+        self.raise_pending()
+
+    def _join(self) -> None:
         t = self._thread
         if t is not None:
             t.join()
             self._thread = None
-        self.raise_pending()
 
     def raise_pending(self) -> None:
-        with self._mutex:
-            err, self._pending = self._pending, None
+        err = self._take_pending()
         if err is not None:
             raise err
+
+    def _take_pending(self) -> BaseException | None:
+        with self._mutex:
+            err, self._pending = self._pending, None
+        return err
 
 
 def _local_nbytes(t: Any) -> int:

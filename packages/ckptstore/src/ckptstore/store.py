@@ -32,7 +32,11 @@ from .errors import (
     CorruptCheckpointError,
     IncompatibleCheckpointError,
     LockedError,
+    MirrorError,
     NoCheckpointError,
+    StoreUnreachableError,
+    unreachable,
+    unreachable_error,
     warn,
 )
 from .foreign import foreign_kind
@@ -49,7 +53,7 @@ from .manifest import (
     SaveTimings,
     VerifyReport,
 )
-from .mirror import Mirror, MirrorCopy
+from .mirror import Mirror, MirrorCopy, check_locations
 from .reading import (
     Candidate,
     Loaded,
@@ -72,6 +76,12 @@ def _newest(heads: Sequence[tuple[float, int, Location]]) -> tuple[Location, int
     """The location and step of the newest commit (by commit time, then step)."""
     _, step, loc = max(heads, key=lambda h: (h[0], h[1]))
     return loc, step
+
+
+def _checkpoint_error(e: BaseException, url: str) -> CheckpointError:
+    if unreachable(e):
+        return unreachable_error(e, url)
+    return e if isinstance(e, CheckpointError) else CheckpointError(str(e))
 
 
 def _release(locks: Sequence[WriterLock]) -> None:
@@ -118,6 +128,8 @@ class CheckpointStore:
         )
         self.primary = Location.open(url, experiment, storage_options)
         self.mirror = Location.open(mirror, experiment, mirror_storage_options) if mirror else None
+        if self.mirror is not None:
+            check_locations(self.primary, self.mirror)
         self.experiment, self.url = experiment, self.primary.url
         self.format_name = format
         self._format: CheckpointFormat = get_format(format)()
@@ -235,16 +247,19 @@ class CheckpointStore:
         ``save()`` and ``prune()`` do this themselves; call it at start-up to refuse before
         any work is done. LockedError (on every rank) names the run that holds it."""
         self._check_open()
-        err = self._writer_error() if self.rank == 0 else None
+        err = self._writer_error(starting=True) if self.rank == 0 else None
         got = broadcast(self._group, None if err is None else (type(err).__name__, str(err)))
         if err is not None:
             raise err
         if got is not None:
-            raise (LockedError if got[0] == "LockedError" else CheckpointError)(got[1])
+            kinds = {t.__name__: t for t in (LockedError, StoreUnreachableError, MirrorError)}
+            raise kinds.get(got[0], CheckpointError)(got[1])
         return self.writer
 
-    def _writer_error(self) -> CheckpointError | None:
-        """Rank 0: None while this process holds the lock (taking it when needed)."""
+    def _writer_error(self, *, starting: bool = False) -> CheckpointError | None:
+        """Rank 0: None while this process holds the lock (taking it when needed). A mirror
+        that cannot be locked is written anyway; ``starting``: unless it refused (a missing
+        bucket, no permission), which a run is told before it starts."""
         for i, lk in enumerate(list(self._writers)):
             if lk.lost is not None:
                 return lk.lost
@@ -254,7 +269,11 @@ class CheckpointStore:
                 return e
             except (OSError, CheckpointError) as e:
                 if i == 0:
-                    return e if isinstance(e, CheckpointError) else CheckpointError(str(e))
+                    return _checkpoint_error(e, lk.url)
+                if starting and not unreachable(e):
+                    return MirrorError(
+                        f"the mirror {lk.url} cannot be written ({e}): fix it, or drop the mirror"
+                    )
                 warn(f"ckptstore: mirror {lk.url} cannot be locked, writing it anyway: {e}")
                 self._writers.remove(lk)
         return None
