@@ -121,6 +121,13 @@ def test_what_counts_as_the_store_not_answering() -> None:
     assert isinstance(err, StoreUnreachableError) and isinstance(err, OSError)
     assert str(err).startswith("the store did not answer at s3://b/x/step-00000003/f (")
     assert "no space left" in str(disk_error(OSError(errno.ENOSPC, "full"), "f"))
+    # Raised again `from` itself, an error would be its own cause: a loop for whoever walks
+    # the chain (the trainer's outage line hung on it).
+    again = disk_error(err, "s3://b/x")
+    assert again is not err and again.__cause__ is err and str(again) == str(err)
+    looped = StoreUnreachableError("x")
+    looped.__cause__ = looped
+    assert Outage().failed(1, looped) is not None
 
 
 # -- a real S3 endpoint that goes away and comes back ---------------------------------------------
@@ -166,3 +173,23 @@ def test_an_unreachable_store_at_start_is_told_apart(cut_s3: Any) -> None:
     with pytest.raises(StoreUnreachableError, match="writer.lock"):
         store.acquire()
     store.close()
+
+
+@pytest.mark.s3
+def test_retries_against_a_dead_endpoint_leave_the_callers_random_stream_alone(
+    cut_s3: Any,
+) -> None:
+    """botocore draws its retry jitter from Python's global random: a run that went on
+    through an outage had another random state in its checkpoints than a straight run."""
+    import random
+
+    opts = {**cut_s3.storage_options(), "config_kwargs": {"retries": {"max_attempts": 3}}}
+    with CheckpointStore("s3://ckpt/jitter", storage_options=opts) as store:
+        store.save(1, {"w": torch.ones(4)})
+        cut_s3.disconnect()
+        random.seed(7)
+        before = random.getstate()
+        with pytest.raises(StoreUnreachableError):
+            store.save(2, {"w": torch.ones(4)})  # retried twice by botocore, with jitter
+        assert random.getstate() == before
+        cut_s3.reconnect()

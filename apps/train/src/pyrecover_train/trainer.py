@@ -125,7 +125,7 @@ class Trainer:
             launch=self.startup.launch,  # measured after the first step (one squeue)
         )
         self.profiler = StepProfiler(cfg, self.device, dist.rank)
-        self.outage = ckptstore.Outage()  # rank 0's decides when a save is tried again
+        self.outage = ckptstore.Outage()  # the store not answering: each rank alike
         self.last_loss: float | None = None
         self.last_val: float | None = None
         self.evaluated_at: int | None = None
@@ -159,7 +159,8 @@ class Trainer:
             evaluated = self._evaluate_if_due()
             self._record_finished_saves()
             due, last = self.schedule.due(s.step, evaluated), s.step >= cfg.training_steps
-            due = due or (self.dist.rank == 0 and self.outage.due())  # the store is back?
+            if self.outage.active:  # the store did not answer: tried again after a pause
+                due = self.outage.due()
             act = self.loop.after_step(s.step, seconds=seconds, save_due=due, last=last)
             if act.save:
                 self._save_as_asked(act)
@@ -202,7 +203,10 @@ class Trainer:
         self._check_finite()
         t0 = time.perf_counter()
         payload, metadata = self._checkpoint()
+        blocking = blocking or self.outage.active  # a try in an outage: known at once
         self.store.save(self.state.step, payload, metadata=metadata, blocking=blocking)
+        if (line := self.outage.saved(self.state.step)) and self.dist.rank == 0:
+            log.warning("%s", line)
         blocking_s = time.perf_counter() - t0
         self.schedule.saved(self.state.step, blocking_s)
         extra: dict[str, Any] = {}
@@ -353,8 +357,6 @@ class Trainer:
             self.console.event("saved", **stats.to_dict())
             if stats.target == "primary":
                 self.loop.saved(stats.step, stats.total_s, background=stats.background)
-                if line := self.outage.saved(stats.step):
-                    log.warning("%s", line)
 
     # -- start, end -------------------------------------------------------------------------
 

@@ -104,16 +104,15 @@ def unreachable(e: BaseException | None) -> bool:
 
 
 def unreachable_error(e: BaseException, what: str) -> StoreUnreachableError:
-    """``e`` (for which :func:`unreachable` holds) as one line about ``what``."""
+    """``e`` (for which :func:`unreachable` holds) as one line about ``what``; a new error
+    each time (``raise unreachable_error(e, ...) from e`` must not make ``e`` its own cause)."""
     if isinstance(e, StoreUnreachableError):
-        return e
-    inner = e
-    while inner.__cause__ is not None and not str(inner):
-        inner = inner.__cause__
-    err = StoreUnreachableError(
-        f"the store did not answer at {what} ({type(inner).__name__}: {inner}); nothing was "
-        "committed, what is committed is intact"
-    )
+        err = StoreUnreachableError(str(e))
+    else:
+        err = StoreUnreachableError(
+            f"the store did not answer at {what} ({type(e).__name__}: {e}); nothing was "
+            "committed, what is committed is intact"
+        )
     err.__cause__ = e
     return err
 

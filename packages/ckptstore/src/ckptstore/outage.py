@@ -120,9 +120,12 @@ class Outage:
 
 def _cause(error: BaseException) -> str:
     """What the storage client said, shortly: the first error below ckptstore's own."""
-    e: BaseException = error
+    e, seen = error, {id(error)}
     while type(e).__module__.startswith("ckptstore") and e.__cause__ is not None:
         e = e.__cause__
+        if id(e) in seen:
+            break
+        seen.add(id(e))
     text = (str(e).strip().splitlines() or [""])[0]
     text = text if len(text) <= 100 else text[:97] + "..."
     return f"{type(e).__name__}: {text}" if text else type(e).__name__

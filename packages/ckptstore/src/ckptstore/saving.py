@@ -23,7 +23,7 @@ import torch
 from ._dist import all_gather
 from ._version import __version__
 from .buffers import Arena, align_up
-from .errors import CheckpointError, StoreUnreachableError, unreachable
+from .errors import CheckpointError, StoreUnreachableError, unreachable, unreachable_error
 from .formats import CheckpointFormat, SaveContext
 from .layout import Location, check_step
 from .manifest import MANIFEST_NAME, FileEntry, Manifest, SaveStats
@@ -236,7 +236,9 @@ class Saver:
             handle.finish(self._outcome(save, handle), None)
         except BaseException as e:
             err = e
-            if not isinstance(e, CheckpointError):
+            if unreachable(e) and not isinstance(e, CheckpointError):
+                err = unreachable_error(e, f"the save of step {save.ctx.step} to {self.loc.url}")
+            elif not isinstance(e, CheckpointError):
                 err = CheckpointError(
                     f"save of step {save.ctx.step} to {self.loc.url} failed: {e!r}"
                 )

@@ -13,7 +13,13 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..buffers import memview
-from ..errors import CorruptCheckpointError, disk_error, unreachable, unreachable_error
+from ..errors import (
+    CorruptCheckpointError,
+    StoreUnreachableError,
+    disk_error,
+    unreachable,
+    unreachable_error,
+)
 from ..manifest import CRC_CHUNK, Checksum, FileEntry
 from .engine import IOEngine
 from .payload import (
@@ -56,6 +62,8 @@ def _translated(fn: F) -> F:
     def wrapper(self: FsspecStorage, path: str, *args: Any, **kw: Any) -> Any:
         try:
             return fn(self, path, *args, **kw)
+        except StoreUnreachableError:
+            raise  # said already, by a call inside this one
         except _storage_errors() as e:
             if unreachable(e):
                 raise unreachable_error(e, self.url(path)) from e
