@@ -112,7 +112,7 @@ def _run(
     from .config import UsageError
     from .corpus import CorpusMissingError
     from .session import import_checkpoint, train
-    from .trainer import EXIT_STORE_UNREACHABLE, OutOfMemory, TrainingDiverged
+    from .trainer import EXIT_STORE_UNAVAILABLE, OutOfMemory, TrainingDiverged
 
     startup.mark("imports")
     try:
@@ -122,7 +122,7 @@ def _run(
         return _usage(e)
     except StoreUnreachableError as e:  # not the run's fault: the same start works later
         print(f"{PROG}: error: {e} ({STORE_NOTE})", file=sys.stderr)
-        return EXIT_STORE_UNREACHABLE
+        return EXIT_STORE_UNAVAILABLE
     except (TrainingDiverged, CheckpointError, OutOfMemory) as e:
         # Their messages say what happened and what to do; the traceback is in train.log.
         print(f"{PROG}: error: {e}", file=sys.stderr)

@@ -46,7 +46,7 @@ from .step import OutOfMemory, Stepper, memory_guard
 
 __all__ = [
     "EXIT_ERROR",
-    "EXIT_STORE_UNREACHABLE",
+    "EXIT_STORE_UNAVAILABLE",
     "OutOfMemory",
     "RunResult",
     "Trainer",
@@ -57,7 +57,7 @@ log = logging.getLogger("pyrecover_train")
 
 
 EXIT_ERROR = 1  # and 2: a usage error; 0 and 75: slurmclock.EXIT_FINISHED, EXIT_STOPPED
-EXIT_STORE_UNREACHABLE = 74  # the store did not answer at the start or the final save (EX_IOERR)
+EXIT_STORE_UNAVAILABLE = 74  # the store did not answer at the start or the final save (EX_IOERR)
 
 
 @dataclass(slots=True)
@@ -453,7 +453,7 @@ class Trainer:
                 step=self.state.step,
                 reason=f"{type(e).__name__}: {first_line(e)}",
                 cause="error",
-                exit_code=EXIT_STORE_UNREACHABLE
+                exit_code=EXIT_STORE_UNAVAILABLE
                 if isinstance(e, ckptstore.StoreUnreachableError)
                 else EXIT_ERROR,
             )

@@ -80,6 +80,13 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         help="torch.save or safetensors (default: from the --out suffix, else torch)",
     )
+    _import_command(sub)
+    sp = _command(sub, "lock", "who writes this experiment (the one-writer lock)")
+    sp.add_argument("--break", dest="break_", action="store_true", help="remove the lock")
+    return p
+
+
+def _import_command(sub: Any) -> None:
     sp = sub.add_parser(
         "import",
         help="a torch.save, DCP, safetensors, Lightning or Hugging Face Trainer checkpoint as a "
@@ -104,9 +111,6 @@ def _parser() -> argparse.ArgumentParser:
         "--source-storage-options", type=_json_dict, default=None, help="fsspec options of SOURCE"
     )
     sp.add_argument("--json", action="store_true", help="the report as one JSON object")
-    sp = _command(sub, "lock", "who writes this experiment (the one-writer lock)")
-    sp.add_argument("--break", dest="break_", action="store_true", help="remove the lock")
-    return p
 
 
 def _command(sub: Any, name: str, help: str) -> argparse.ArgumentParser:
