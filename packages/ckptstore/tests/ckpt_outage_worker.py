@@ -1,6 +1,6 @@
 """One rank of the two-rank outage test (gloo on 127.0.0.1). Writes result-<rank>.json.
 
-python ckpt_outage_worker.py ROOT   (with RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT set)
+python ckpt_outage_worker.py ROOT FORMAT   (with RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT set)
 
 The store writes through a storage wrapper (its public seam) that refuses every write as a dead
 endpoint would (ConnectionRefusedError) while ROOT/down exists; the classification of a real
@@ -35,10 +35,10 @@ class Flaky:
         return self._inner.write_payload(path, payload, io, background=background)
 
 
-def scenario(root: Path, rank: int) -> dict[str, object]:
+def scenario(root: Path, rank: int, fmt: str) -> dict[str, object]:
     out: dict[str, object] = {}
     storage = Flaky(open_storage(str(root / "exp")), root / "down")
-    with CheckpointStore(storage) as store:
+    with CheckpointStore(storage, format=fmt) as store:
         store.save(1, {"w": torch.ones(4)})
         dist.barrier()
         if rank == 0:
@@ -63,7 +63,7 @@ def main() -> None:
     rank = int(os.environ["RANK"])
     dist.init_process_group("gloo", rank=rank, world_size=int(os.environ["WORLD_SIZE"]))
     try:
-        result: dict[str, object] = {"ok": True, **scenario(root, rank)}
+        result: dict[str, object] = {"ok": True, **scenario(root, rank, sys.argv[2])}
     except BaseException as e:
         result = {"ok": False, "error": f"{type(e).__name__}: {e}\n{traceback.format_exc()}"}
     (root / f"result-{rank}.json").write_text(json.dumps(result))
