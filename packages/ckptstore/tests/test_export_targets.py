@@ -86,15 +86,19 @@ def test_a_fifo_is_written_into(
 
 
 @pytest.mark.parametrize("out", ["-", "/dev/stdout"])
-def test_standard_output_gets_the_export_and_stderr_the_summary(exp: Path, out: str) -> None:
+def test_standard_output_gets_the_export_and_stderr_the_summary(
+    exp: Path, tmp_path: Path, out: str
+) -> None:
     r = subprocess.run(
         [sys.executable, "-m", "ckptstore", "export", str(exp), "--out", out],
         capture_output=True,
         timeout=120,
+        cwd=tmp_path,  # where a file named "-" went before
     )
     assert r.returncode == 0, r.stderr
     exported(r.stdout)
     assert r.stderr.decode().startswith("exported step, w of step 3 to /dev/stdout")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["exp"]
 
 
 def test_a_link_to_a_file_is_followed_and_stays_a_link(
