@@ -77,7 +77,7 @@ def test_a_fifo_is_written_into(
     fifo = tmp_path / "pipe"
     os.mkfifo(fifo)
     got: list[bytes] = []
-    reader = threading.Thread(target=lambda: got.append(fifo.read_bytes()))
+    reader = threading.Thread(target=lambda: got.append(fifo.read_bytes()), daemon=True)
     reader.start()
     code, _, _ = run_cli(capsys, "export", str(exp), "--out", str(fifo))
     reader.join(60)
