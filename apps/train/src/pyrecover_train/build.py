@@ -424,7 +424,9 @@ def open_store(cfg: TrainConfig) -> ckptstore.CheckpointStore:
         store.acquire()
     except Exception as e:
         store.close()
-        if isinstance(e, ckptstore.LockedError):
+        if isinstance(e, ckptstore.StoreUnreachableError):
+            raise  # not a usage error: exit 74, the start is retried once the store is back
+        if isinstance(e, (ckptstore.LockedError, ckptstore.MirrorError)):
             raise UsageError(f"{first_line(e)}") from None
         raise UsageError(
             f"cannot write the checkpoint location {cfg.experiment_url}: {first_line(e)}"

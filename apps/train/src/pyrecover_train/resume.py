@@ -106,6 +106,8 @@ def _latest_step(
         if newer_ok:
             return None
         raise UsageError(first_line(e)) from None
+    except ckptstore.StoreUnreachableError:
+        raise  # not a usage error: exit 74, the start is retried once the store is back
     except ckptstore.CheckpointError as e:
         raise UsageError(
             f"cannot read the checkpoint location {cfg.experiment_url}: {first_line(e)}"
@@ -129,6 +131,8 @@ def _peek(store: ckptstore.CheckpointStore, which: int | str) -> dict[str, Any]:
     """The checkpoint's metadata, read before anything is built or loaded."""
     try:
         return dict(store.manifest(which).metadata)
+    except ckptstore.StoreUnreachableError:
+        raise  # not a usage error: exit 74, the start is retried once the store is back
     except ckptstore.CheckpointError as e:
         raise UsageError(f"--resume-from-checkpoint: {first_line(e)}") from None
     except FileNotFoundError:
@@ -197,6 +201,8 @@ class Resume:
             # Restores model, optimizer, scheduler, scaler and loader in place; "rng" and
             # "step" come back as values.
             manifest = self.store.load(template, which)
+        except ckptstore.StoreUnreachableError:
+            raise  # not a usage error: exit 74, the start is retried once the store is back
         except ckptstore.CheckpointError as e:
             raise UsageError(f"--resume-from-checkpoint: {first_line(e)}") from None
         self.state.step = int(template["step"])

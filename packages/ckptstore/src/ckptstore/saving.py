@@ -30,7 +30,7 @@ import torch
 from ._dist import all_gather
 from ._version import __version__
 from .buffers import Arena, align_up
-from .errors import CheckpointError
+from .errors import CheckpointError, StoreUnreachableError, unreachable, unreachable_error
 from .formats import CheckpointFormat, SaveContext
 from .layout import Location, check_step
 from .manifest import MANIFEST_NAME, FileEntry, Manifest, SaveStats
@@ -177,16 +177,18 @@ class Saver:
         self._seq += 1  # before validation, so every rank derives the same file token
         token = f"{self._session}{self._seq:05x}"
         step, meta = check_step(step), check_metadata(metadata)
-        self.wait()
+        self._join()
         save = _Save(t0=self._clock())
         save.ctx = self._context(step, token, blocking, functools.partial(self._commit, save, meta))
         self.hooks.in_use.add(step)
+        pending = self._take_pending()  # a background save that failed: every rank hears
         if overlap and not blocking:
-            return self._overlapped(state, save)
+            return self._overlapped(state, save, pending)
         enc, error = self._encode(state, save.ctx)
-        staged, error = self._stage(enc, save.ctx, error)
-        # Every rank learns whether every rank staged: otherwise a rank that failed here would
-        # leave the others waiting forever in the collectives of the write.
+        staged, error = self._stage(enc, save.ctx, pending or error)
+        # Every rank learns whether every rank staged, and whether the previous (background)
+        # save failed on any: otherwise a rank that failed would leave the others waiting
+        # forever in the collectives of the write.
         self._agree_ok(step, "preparing", error)
         handle = SaveHandle(step, self._clock() - save.t0, self._delivered)
         if blocking:
@@ -205,10 +207,14 @@ class Saver:
         )
         self._thread.start()
 
-    def _overlapped(self, state: Mapping[str, Any], save: _Save) -> SaveHandle:
+    def _overlapped(
+        self, state: Mapping[str, Any], save: _Save, pending: BaseException | None
+    ) -> SaveHandle:
         """Encode now (``state_dict()`` calls, no copies), snapshot in the background: CUDA
-        copies are queued on a side stream at once, CPU copies run in the save's thread."""
+        copies are queued on a side stream at once, CPU copies run in the save's thread.
+        ``pending``: a failed background save, which fails this one on every rank."""
         enc, error = self._encode(state, save.ctx)
+        error = pending or error
         snap = Snapshot(enc.tensors if enc is not None else {})
         staged = None
         if error is None and snap.cuda:
@@ -295,6 +301,8 @@ class Saver:
             return None, error
         try:
             return self.fmt.stage(enc, ctx), None
+        except CheckpointError as e:  # StoreUnreachableError is an OSError too: kept as it is
+            return None, e
         except OSError as e:
             return None, CheckpointError(f"cannot save step {ctx.step} under {self.loc.url}: {e}")
         except Exception as e:
@@ -324,7 +332,9 @@ class Saver:
         """A save that will not commit: its error to the handle (a background one's also to
         the saver, which re-raises it at the next call)."""
         err = e
-        if not isinstance(e, CheckpointError):
+        if unreachable(e) and not isinstance(e, CheckpointError):
+            err = unreachable_error(e, f"the save of step {save.ctx.step} to {self.loc.url}")
+        elif not isinstance(e, CheckpointError):
             err = CheckpointError(f"save of step {save.ctx.step} to {self.loc.url} failed: {e!r}")
             err.__cause__ = e
         if save.ctx.background:
@@ -358,14 +368,16 @@ class Saver:
                 self.hooks.in_use.discard(step)
                 raise error
             return
-        outcomes = all_gather(self.group, None if error is None else str(error))
+        said = None if error is None else (str(error), unreachable(error))
+        outcomes = all_gather(self.group, said)
         failed = [(r, o) for r, o in enumerate(outcomes) if o is not None]
         if failed:
             self.hooks.in_use.discard(step)
             if error is not None and failed[0][0] == self.rank:
                 raise error
-            r, msg = failed[0]
-            raise CheckpointError(f"{what} step {step} failed on rank {r}: {msg}")
+            r, (msg, down) = failed[0]  # every rank raises the same kind of error
+            kind = StoreUnreachableError if down else CheckpointError
+            raise kind(f"{what} step {step} failed on rank {r}: {msg}")
 
     def _commit(
         self,
@@ -410,17 +422,24 @@ class Saver:
 
     def wait(self) -> None:
         """Block until the save in flight is durable; re-raise a background failure."""
+        self._join()
+        self.raise_pending()
+
+    def _join(self) -> None:
         t = self._thread
         if t is not None:
             t.join()
             self._thread = self._snapshot = None
-        self.raise_pending()
 
     def raise_pending(self) -> None:
-        with self._mutex:
-            err, self._pending = self._pending, None
+        err = self._take_pending()
         if err is not None:
             raise err
+
+    def _take_pending(self) -> BaseException | None:
+        with self._mutex:
+            err, self._pending = self._pending, None
+        return err
 
 
 class Snapshot:
