@@ -5,8 +5,9 @@ both, or under that launcher every rank leads (DESIGN.md, "Seams": a new launche
 
 from __future__ import annotations
 
-import ddpkit
 import pytest
+
+import ddpkit
 import slurmclock
 from ddpkit.mpi import FAMILIES, Family
 
@@ -32,12 +33,15 @@ def launches() -> list[tuple[str, dict[str, str], dict[str, str]]]:
     return out
 
 
+LAUNCHES = launches()
+
+
 def test_every_launcher_ddpkit_detects_is_tested_here() -> None:
-    named = {name for name, _, _ in launches()} | {"single"}
+    named = {name for name, _, _ in LAUNCHES} | {"single"}
     assert named == set(ddpkit.env.LAUNCHERS)
 
 
-@pytest.mark.parametrize(("launcher", "rank3", "rank0"), launches(), ids=[n for n, *_ in launches()])
+@pytest.mark.parametrize(("launcher", "rank3", "rank0"), LAUNCHES, ids=[n for n, *_ in LAUNCHES])
 def test_ddpkit_and_slurmclock_read_the_same_rank(
     launcher: str, rank3: dict[str, str], rank0: dict[str, str]
 ) -> None:

@@ -260,10 +260,9 @@ PALS = {  # rank 5 of 8 on 2 nodes (HPE Cray PALS mpiexec)
 }
 
 
-def family_env(fam: Family, rank: int = 3, size: int = 4, local: int = 1, per_node: int = 2) -> dict:
-    """What ``fam``'s launcher exports to one process, from the table alone."""
-    env = {fam.rank: str(rank), fam.size: str(size)}
-    env |= {fam.local_rank[0]: str(local), fam.local_size[0]: str(per_node)}
+def family_env(fam: Family) -> dict[str, str]:
+    """What ``fam``'s launcher exports to rank 3 of 4, the second of two on its node."""
+    env = {fam.rank: "3", fam.size: "4", fam.local_rank[0]: "1", fam.local_size[0]: "2"}
     return env | {fam.job_ids[0]: "4242", "SLURM_JOB_NODELIST": "n[1-2]"}
 
 

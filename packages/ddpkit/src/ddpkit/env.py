@@ -43,6 +43,7 @@ import re
 import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+
 from ddpkit import mpi
 from ddpkit.errors import DistConfigError
 from ddpkit.hostlist import first_host, parse_tasks_per_node
