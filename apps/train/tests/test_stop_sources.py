@@ -22,7 +22,7 @@ class Notice:
     received = "NOTICE"
     arrivals = [("NOTICE", 0.0)]
 
-session.stop_flag = lambda signals: slurmclock.AnyFlag(signals, Notice())
+session.stop_flag = lambda signals, cfg: slurmclock.AnyFlag(signals, Notice())
 sys.exit(main(sys.argv[1:]))
 """
 

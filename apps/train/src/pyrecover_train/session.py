@@ -55,7 +55,7 @@ def _session(
     # Armed first: SLURM's warning signal may come while the corpus is still being prepared.
     own = signals is None
     flag = slurmclock.StopSignals(slurmclock.STOP_SIGNALS).install() if signals is None else signals
-    stop = stop_flag(flag)
+    stop = stop_flag(flag, cfg)
     startup = Startup.now() if startup is None else startup
     try:
         info = build.check_launcher(cfg)
@@ -85,10 +85,10 @@ def _session(
             flag.restore()
 
 
-def stop_flag(signals: slurmclock.StopSignals) -> slurmclock.StopFlag:
+def stop_flag(signals: slurmclock.StopSignals, cfg: TrainConfig) -> slurmclock.StopFlag:
     """Every source of "stop" as one flag, which the wait at the rendezvous and the trainer's
     loop both read. A new source (a file to watch, a cloud's preemption notice: any
-    :class:`slurmclock.StopFlag`) is one more argument here."""
+    :class:`slurmclock.StopFlag`, set up from ``cfg``) is one more argument here."""
     return slurmclock.AnyFlag(signals)
 
 
