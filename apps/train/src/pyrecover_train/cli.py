@@ -2,9 +2,11 @@
 ``pyrecover-train import-checkpoint SOURCE [FLAGS]``.
 
 Exit status of ``train``: 0 finished all --training-steps; 75 (EX_TEMPFAIL) stopped early for
-time or by a signal, a checkpoint was saved and a requeue is wanted; 1 error; 2 usage error
-(nothing written); every command: 141 quietly when the reader of stdout left early (``| head
--1``), as SIGPIPE gives. ``python -m pyrecover_train`` is the same command.
+time or by a signal, a checkpoint was saved and a requeue is wanted; 74 (EX_IOERR) the checkpoint
+store did not answer, at the start or at the final save (nothing durable was lost: start again
+once it is back); 1 error; 2 usage error (nothing written); every command: 141 quietly when the
+reader of stdout left early (``| head -1``), as SIGPIPE gives. ``python -m pyrecover_train`` is
+the same command.
 
 Only the standard library and slurmclock (stdlib only) are imported before :func:`main` runs:
 the stop signals' flag-only handlers are armed first thing, then torch is imported (seconds). A
@@ -43,6 +45,7 @@ PEER_NOTE = (
     "the checkpoints are untouched; the traceback is in train.log: resume with "
     "--resume-from-checkpoint latest (slurmclock supervise requeues the job by itself)"
 )
+STORE_NOTE = "exit 74: nothing durable was lost; run it again once the store answers"
 DATA_ERROR_NOTE = (
     "no batch of it was trained on and the checkpoints are untouched: fix it, then resume with "
     "--resume-from-checkpoint latest"
@@ -103,13 +106,13 @@ def _run(
     cfg: TrainConfig, command: str, signals: slurmclock.StopSignals | None, startup: Startup
 ) -> int:
     import ddpkit
-    from ckptstore import CheckpointError
+    from ckptstore import CheckpointError, StoreUnreachableError
     from parquetlm import ParquetLMError
 
     from .config import UsageError
     from .corpus import CorpusMissingError
     from .session import import_checkpoint, train
-    from .trainer import OutOfMemory, TrainingDiverged
+    from .trainer import EXIT_STORE_UNAVAILABLE, OutOfMemory, TrainingDiverged
 
     startup.mark("imports")
     try:
@@ -117,6 +120,9 @@ def _run(
         return run(cfg, signals=signals, startup=startup).exit_code
     except (UsageError, CorpusMissingError) as e:  # no default corpus: its install line
         return _usage(e)
+    except StoreUnreachableError as e:  # not the run's fault: the same start works later
+        print(f"{PROG}: error: {e} ({STORE_NOTE})", file=sys.stderr)
+        return EXIT_STORE_UNAVAILABLE
     except (TrainingDiverged, CheckpointError, OutOfMemory) as e:
         # Their messages say what happened and what to do; the traceback is in train.log.
         print(f"{PROG}: error: {e}", file=sys.stderr)
