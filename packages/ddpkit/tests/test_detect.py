@@ -7,6 +7,8 @@ import dataclasses
 import pytest
 
 from ddpkit import DistConfigError, DistInfo, detect, fallback_ports, master_port_for_job
+from ddpkit.env import LAUNCHERS
+from ddpkit.mpi import FAMILIES, Family
 
 TORCHRUN = {
     "RANK": "5",
@@ -256,6 +258,25 @@ PALS = {  # rank 5 of 8 on 2 nodes (HPE Cray PALS mpiexec)
     "PALS_APID": "6c4a1b0e-0e6f-4bd4-9c7e-2c6e7a3b7e11",
     "MASTER_ADDR": "x1000c0s0b0n0",
 }
+
+
+def family_env(fam: Family) -> dict[str, str]:
+    """What ``fam``'s launcher exports to rank 3 of 4, the second of two on its node."""
+    env = {fam.rank: "3", fam.size: "4", fam.local_rank[0]: "1", fam.local_size[0]: "2"}
+    return env | {fam.job_ids[0]: "4242", "SLURM_JOB_NODELIST": "n[1-2]"}
+
+
+@pytest.mark.parametrize("fam", FAMILIES, ids=lambda f: f.launcher)
+def test_every_launcher_of_the_table_is_detected_from_its_variables(fam: Family) -> None:
+    """A launcher is one entry of ddpkit.mpi.FAMILIES: detection follows from its variables,
+    also under a batch job's leftover SLURM_PROCID=0 (mpirun inside sbatch)."""
+    for env in (family_env(fam), {**family_env(fam), "SLURM_PROCID": "0", "SLURM_NTASKS": "1"}):
+        info = detect(env)
+        assert (info.launcher, info.rank, info.world_size) == (fam.launcher, 3, 4)
+        assert (info.local_rank, info.local_world_size, info.node_rank) == (1, 2, 1)
+        assert (info.master_addr, info.master_port) == ("n1", master_port_for_job("4242"))
+    assert fam.launcher in LAUNCHERS
+    assert [f.launcher for f in FAMILIES].count(fam.launcher) == 1
 
 
 def test_open_mpi_on_one_node() -> None:

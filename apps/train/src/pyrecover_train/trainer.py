@@ -85,7 +85,7 @@ class Trainer:
         self,
         cfg: TrainConfig,
         dist: ddpkit.Dist,
-        signals: slurmclock.StopSignals,
+        signals: slurmclock.StopFlag,
         *,
         clock: Callable[[], float] = time.time,
         startup: Startup | None = None,
