@@ -62,6 +62,7 @@ nox.options.sessions = [
     "types",
     *PACKAGES,
     "train",
+    "contracts",
     "integrations",
     "e2e",
     "bench_smoke",
@@ -187,7 +188,7 @@ def _install_with_torch(session: nox.Session, *specs: str) -> None:
 def repo(session: nox.Session) -> None:
     """House rules: package layout, no package importing a sibling, no import circles."""
     _install(session, "pytest>=8", "pytest-timeout>=2.2")
-    _pytest(session, "tests")
+    _pytest(session, "tests", "--ignore=tests/contracts")  # those need the packages: contracts
 
 
 @nox.session
@@ -241,6 +242,14 @@ def train(session: nox.Session) -> None:
         "safetensors>=0.4",
     )
     _pytest(session, "apps/train/tests")
+
+
+@nox.session
+def contracts(session: nox.Session) -> None:
+    """What crosses a package boundary as data (DESIGN.md, "Contracts"), written with one
+    package and read with another: the four packages and the app in one venv."""
+    _install_with_torch(session, *ALL_LOCAL, "./apps/train", *TEST_TOOLS)
+    _pytest(session, "tests/contracts")
 
 
 @nox.session

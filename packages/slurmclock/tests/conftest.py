@@ -10,13 +10,14 @@ import importlib.util
 import os
 import time
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import replace
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import pytest
 
-from slurmclock import CommandError
+from slurmclock import CommandError, EndTime, JobView, Node
 
 ROOT = Path(__file__).resolve().parents[3]
 LOCALSLURM = ROOT / "tools" / "localslurm.py"
@@ -61,6 +62,67 @@ class FakeRunner:
         return sum(1 for call in self.calls if call[0] == name)
 
 
+class FakeScheduler:
+    """A :class:`slurmclock.Scheduler` in memory, for unit tests of the logic that asks one:
+    ``jobs`` (id -> JobView), ``ends`` (id -> EndTime), ``starts`` (id -> epoch seconds),
+    ``partitions`` (name -> Nodes), ``cluster``. What it was asked is in ``calls``; a job it
+    does not know is a CommandError, as SLURM's "Invalid job id specified"."""
+
+    name = "fake"
+
+    def __init__(self, jobs: dict[str, JobView] | None = None, *, cluster: str = "fake") -> None:
+        self.cluster = cluster
+        self.jobs = dict(jobs or {})
+        self.ends: dict[str, EndTime] = {}
+        self.starts: dict[str, float] = {}
+        self.partitions: dict[str, list[Node]] = {}
+        self.calls: list[tuple[str, ...]] = []
+
+    def _known(self, what: str, job: str) -> str:
+        self.calls.append((what, job))
+        if job not in self.jobs and job not in self.ends:
+            message = f"{what} {job}: Invalid job id specified"
+            raise CommandError([self.name, what, job], "failed", message, returncode=1)
+        return job
+
+    def end_time(self, job: str, *, thorough: bool = False, timeout: float = 10.0) -> EndTime:
+        return self.ends[self._known("end_time", job)]
+
+    def start_time(self, job: str, *, timeout: float = 10.0) -> float:
+        return self.starts[self._known("start_time", job)]
+
+    def show_job(self, job: str, *, timeout: float = 10.0) -> JobView:
+        return self.jobs[self._known("show_job", job)]
+
+    def requeue(self, job: str, *, timeout: float = 10.0) -> None:
+        view = self.jobs[self._known("requeue", job)]
+        self.jobs[job] = replace(view, restarts=(view.restarts or 0) + 1)
+
+    def update_job(self, job: str, *, timeout: float = 10.0, **fields: str) -> None:
+        self._known("update_job", job)
+        self.calls[-1] += tuple(f"{k}={v}" for k, v in fields.items())
+        if "ExcNodeList" in fields:
+            self.jobs[job] = replace(self.jobs[job], exc_nodes=fields["ExcNodeList"])
+
+    def signal(
+        self, job: str, sig: str = "TERM", *, batch: bool = False, timeout: float = 10.0
+    ) -> None:
+        self._known("signal", job)
+        self.calls[-1] += (sig, "batch" if batch else "steps")
+
+    def hostnames(self, nodelist: str, *, timeout: float = 10.0) -> list[str]:
+        self.calls.append(("hostnames", nodelist))
+        return [name for name in nodelist.split(",") if name]
+
+    def nodes(self, partition: str, *, timeout: float = 10.0) -> list[Node]:
+        self.calls.append(("nodes", partition))
+        return list(self.partitions.get(partition, []))
+
+    def cluster_name(self, *, timeout: float = 10.0) -> str:
+        self.calls.append(("cluster_name",))
+        return self.cluster
+
+
 def local_iso(epoch: float) -> str:
     """What squeue/scontrol print: local time, no offset."""
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(epoch))
@@ -96,6 +158,7 @@ def fakes() -> Any:
     class Fakes:
         Clock = FakeClock
         Runner = FakeRunner
+        Scheduler = FakeScheduler
         iso = staticmethod(local_iso)
 
     return Fakes

@@ -265,7 +265,7 @@ def test_mark_and_timeline(capsys: pytest.CaptureFixture[str], tmp_path: Path, f
     [
         (["mark", "done"], None, "invalid choice: 'done'"),
         (["mark", "saved", "rc"], 2, "'rc' is not KEY=VALUE (e.g. rc=75)"),
-        (["mark", "saved", "time=3"], 2, "'time=3' is not KEY=VALUE"),
+        (["mark", "saved", "time=3"], 2, "'time' is reserved: every timeline line has event"),
     ],
 )
 def test_mark_usage_errors(

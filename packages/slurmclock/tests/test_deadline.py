@@ -21,7 +21,7 @@ from slurmclock import (
     parse_time,
     process_start_time,
 )
-from slurmclock.deadline import _parse_limit
+from slurmclock.slurm import parse_limit as _parse_limit
 
 JOB = {"SLURM_JOB_ID": "42"}
 

@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from slurmclock import CommandError, DeadlineWatcher, watches_the_clock
-from slurmclock.deadline import CLOCK_RANK_POLL, MAX_BACKOFF, OTHER_RANK_POLL
+from slurmclock import CommandError, DeadlineWatcher
+from slurmclock.deadline import MAX_BACKOFF
 
 JOB = {"SLURM_JOB_ID": "42"}
 
@@ -25,29 +25,7 @@ def squeue_line(fakes: Any, end: float) -> str:
     return f"{fakes.iso(end)} 10:00"
 
 
-# -- who polls how often -------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    ("env", "clock_rank"),
-    [
-        ({}, True),
-        ({"RANK": "0"}, True),
-        ({"RANK": "3"}, False),
-        ({"SLURM_PROCID": "0"}, True),
-        ({"SLURM_PROCID": "1"}, False),
-        ({"RANK": "0", "SLURM_PROCID": "5"}, True),  # torchrun's global rank first
-        ({"OMPI_COMM_WORLD_RANK": "2"}, False),
-        ({"PMI_RANK": "0"}, True),
-        ({"RANK": "zero"}, False),  # not "0": not the clock's rank
-    ],
-)
-def test_the_clock_rank_polls_every_5_s_the_others_every_minute(
-    env: dict[str, str], clock_rank: bool
-) -> None:
-    assert watches_the_clock(env) is clock_rank
-    w = DeadlineWatcher(env={**JOB, **env}, runner=lambda argv, timeout: "", clock=lambda: 0.0)
-    assert w.poll_interval == (CLOCK_RANK_POLL if clock_rank else OTHER_RANK_POLL)
+# -- how often (who polls how often: test_job.py, with who leads) -------------------------------
 
 
 def test_a_shortened_limit_is_seen_within_5_s(clock: Any, fakes: Any) -> None:

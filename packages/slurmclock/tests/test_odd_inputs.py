@@ -140,12 +140,15 @@ def test_a_bad_job_id_option_is_an_error_not_no_job(
 def test_a_good_job_id_option_beats_a_garbage_environment(
     capsys: pytest.CaptureFixture[str], fakes: Any
 ) -> None:
-    runner = fakes.Runner(squeue="NONE UNLIMITED")
+    runner = fakes.Runner(squeue="NONE UNLIMITED", scontrol="JobId=77 JobState=RUNNING Restarts=0")
     code, out, err = cli(
         capsys, "status", "--json", "--job-id", "0077", env={"SLURM_JOB_ID": "x"}, runner=runner
     )
     assert code == 0 and json.loads(out)["job_id"] == "77" and err == ""
-    assert runner.calls == [("squeue", "-h", "-o", "%e %l", "-j", "77")]
+    assert runner.calls == [
+        ("scontrol", "show", "job", "-o", "77"),  # another job's facts: from SLURM
+        ("squeue", "-h", "-o", "%e %l", "-j", "77"),
+    ]
 
 
 @pytest.mark.parametrize("bad", ["", "_1_", "12;rm", "\u0661\u0662\u0663", "99999999999", "-1"])
@@ -425,7 +428,10 @@ def test_mark_into_an_unusable_folder_is_one_line_and_exit_1(
         ("rc", "'rc' is not KEY=VALUE"),
         ("=1", "'=1' is not KEY=VALUE"),
         ("a b=1", "'a b=1' is not KEY=VALUE"),
-        ("time=5", "'time=5' is not KEY=VALUE"),
+        ("time=5", "'time' is reserved: every timeline line has event, time, restart"),
+        ("host=x", "'host' is reserved"),
+        ("why=a\nb", "why=... holds a line break or another control character"),
+        ("why=\x1b[2J", "why=... holds a line break"),
         ("x=" + "a" * 2000, "x=... is 2002 characters; a timeline detail takes at most 1000"),
     ],
 )

@@ -7,7 +7,9 @@ waits for what its job wrote. Skipped where slurm-wlm is absent, unless PYRECOVE
 from __future__ import annotations
 
 import json
+import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -18,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from slurmclock import CommandError, Deadline, SubprocessRunner, find_deadline
+from slurmclock import CommandError, Deadline, Slurm, SubprocessRunner, find_deadline
 
 pytestmark = pytest.mark.slurm
 
@@ -183,6 +185,28 @@ write("second.json", {
 )
 
 
+MPI_RANK = """
+import json, os, sys
+import slurmclock
+said = {"leads": slurmclock.watches_the_clock(), "wrote": slurmclock.JobTimeline().mark("start"),
+        "procid": os.environ.get("SLURM_PROCID")}
+with open(os.path.join(sys.argv[1], f"said-{os.getpid()}.json"), "w") as f:
+    json.dump(said, f)  # a file each: mpirun interleaves its ranks' standard output
+"""
+
+
+def mpirun_job_script(rank: Path) -> str | None:
+    """Open MPI's mpirun in the batch script, three ranks (None without mpirun here)."""
+    exe = shutil.which("mpirun")
+    if exe is None:
+        return None
+    root = " --allow-run-as-root" if os.geteuid() == 0 else ""
+    return f"""#!/bin/bash
+export TMPDIR="$1"  # mpirun's session folder: the job's own
+{exe} -n 3{root} --oversubscribe {PY} {rank} "$1"
+"""
+
+
 def timeline_job_script(probe: Path) -> str:
     clock = Path(PY).parent / "slurmclock"
     return f"""#!/bin/bash
@@ -304,6 +328,10 @@ def jobs(cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Jo
         "requeue": (REQUEUE_PROBE, ["--time=5", "--requeue"]),
         "norequeue": (REQUEUE_PROBE, ["--time=5", "--no-requeue"]),
     }
+    mpi_rank = root / "mpi_rank.py"
+    mpi_rank.write_text(MPI_RANK)
+    if (mpi := mpirun_job_script(mpi_rank)) is not None:
+        specs["mpirun"] = (mpi, ["--time=5"])
     made = {name: Job(cluster, root, name, script, args) for name, (script, args) in specs.items()}
     for name, (script, args, env) in extra.items():
         made[name] = Job(cluster, root, name, script, args, env)
@@ -520,3 +548,42 @@ def test_the_end_of_a_run_is_measured_across_a_real_requeue(
     assert second["state"] == [{"job": job.id, "restart": 0, "seconds": seconds}]
     info = cluster.wait_for(job.id, {"COMPLETED"}, timeout=60)
     assert info["RestartCnt"] == "1", job.diagnostics()
+    from_a_login_shell(cluster, job)
+
+
+def from_a_login_shell(cluster: Any, job: Job) -> None:
+    """After the job, from a shell with none of its variables (no SLURM_CLUSTER_NAME): its
+    facts come from SLURM (restart 1, not this shell's 0), its timeline is found by the id."""
+    env = {"SLURMCLOCK_DIR": str(job.dir), "SLURM_RESTART_COUNT": "0"}
+    clock = [PY, "-m", "slurmclock"]
+    status = cluster.run([*clock, "status", "--json", job.id], env=env)
+    assert json.loads(status.stdout)["restart_count"] == 1, status.stdout + status.stderr
+    shown = cluster.run([*clock, "timeline", job.id], env=env)
+    path = job.dir / f"{cluster.cluster_name}-{job.id}.jsonl"
+    assert shown.stdout.startswith(f"timeline of job {job.id}: {path}\n"), shown.stdout
+    assert " requeued " in shown.stdout and "(no events yet)" not in shown.stdout
+    # The scheduler interface against the real SLURM, as the supervisor uses it.
+    slurm = Slurm(SubprocessRunner(env=cluster.env))
+    view = slurm.show_job(job.id)
+    assert (view.state, view.restarts, view.num_nodes) == ("COMPLETED", 1, 1), view
+    assert slurm.cluster_name() == cluster.cluster_name
+    assert slurm.hostnames(view.nodes) == [cluster.node_name]
+    nodes = slurm.nodes(view.partition)
+    assert [(n.name, n.usable) for n in nodes] == [(cluster.node_name, True)], nodes
+
+
+def test_one_rank_leads_under_mpirun_in_a_batch_job(jobs: dict[str, Job]) -> None:
+    """mpirun inside sbatch: every rank inherits the batch shell's SLURM_PROCID=0. Exactly one
+    writes the job's timeline and watches the clock (before: all three)."""
+    if "mpirun" not in jobs:
+        if os.environ.get("PYRECOVER_REQUIRE_MPI") == "1":
+            pytest.fail("PYRECOVER_REQUIRE_MPI=1 but mpirun is not installed")
+        pytest.skip("mpirun not installed (apt-get install openmpi-bin)")
+    job = jobs["mpirun"]
+    info = job.cluster.wait_for(job.id, {"COMPLETED", "FAILED"}, timeout=200)
+    assert info["JobState"] == "COMPLETED", job.diagnostics()
+    said = [json.loads(p.read_text()) for p in job.dir.glob("said-*.json")]
+    assert len(said) == 3 and {s["procid"] for s in said} == {"0"}, job.diagnostics()
+    assert sorted((s["leads"], s["wrote"]) for s in said) == [(False, False)] * 2 + [(True, True)]
+    (timeline,) = job.dir.glob(f"*-{job.id}.jsonl")
+    assert [json.loads(line)["event"] for line in timeline.read_text().splitlines()] == ["start"]

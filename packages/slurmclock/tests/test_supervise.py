@@ -16,9 +16,9 @@ import pytest
 
 from slurmclock import CommandError, JobTimeline
 from slurmclock.cli import main
+from slurmclock.slurm import parse_job_record
 from slurmclock.supervise import (
     Fault,
-    JobView,
     Streak,
     SuperviseConfig,
     Supervisor,
@@ -59,7 +59,7 @@ SHOW = {
     ],
 )
 def test_what_a_sigterm_meant(case: str, kind: str) -> None:
-    assert classify_term(JobView.parse(SHOW[case]), 0, None) == kind
+    assert classify_term(parse_job_record(SHOW[case]), 0, None) == kind
 
 
 def test_without_scontrol_only_a_passed_deadline_reads_as_the_limit() -> None:
@@ -69,13 +69,13 @@ def test_without_scontrol_only_a_passed_deadline_reads_as_the_limit() -> None:
 
 
 def test_job_view_fields() -> None:
-    view = JobView.parse(SHOW["limit"] + " ExcNodeList=n[2-3] NumNodes=4-4")
+    view = parse_job_record(SHOW["limit"] + " ExcNodeList=n[2-3] NumNodes=4-4")
     assert view.state == "COMPLETING" and view.reason == "TimeLimit" and view.restarts == 0
     assert view.partition == "debug" and view.nodes == "n1" and view.exc_nodes == "n[2-3]"
     assert view.num_nodes == 1  # the first NumNodes= wins
-    assert JobView.parse(SHOW["scancel"]).preempt_time is None
-    assert JobView.parse("JobState=RUNNING NumNodes=2-4").num_nodes == 2
-    assert JobView.parse("garbage").restarts is None
+    assert parse_job_record(SHOW["scancel"]).preempt_time is None
+    assert parse_job_record("JobState=RUNNING NumNodes=2-4").num_nodes == 2
+    assert parse_job_record("garbage").restarts is None
 
 
 def ev(event: str, restart: int = 0, **info: Any) -> Event:
@@ -133,6 +133,25 @@ def test_read_faults_keeps_this_runs_readable_lines(tmp_path: Path) -> None:
     assert fault == Fault(20.0, 1, "n7", "frozen", 0)
     assert fault.describe() == "rank 1 on node n7 was frozen (reported by rank 0)"
     assert read_faults(tmp_path / "missing", 0.0) == [] and read_faults(None, 0.0) == []
+
+
+def test_read_faults_takes_epoch_seconds_and_iso_text(tmp_path: Path) -> None:
+    """ddpkit wrote ISO-8601 text and every line was dropped (float("2026-...")): epoch seconds
+    now, and the older form still read."""
+    path = tmp_path / "f.jsonl"
+    record = {"rank": 1, "host": "n2", "what": "dead", "reporter": 0, "silent_s": 1.2}
+    path.write_text(
+        json.dumps({"time": "2026-11-25T18:47:47.387+00:00", **record, "job_id": "7"})
+        + "\n"
+        + json.dumps({"time": 1795632468.5, **record, "job_id": None})
+        + "\n"
+        + json.dumps({"time": None, **record})
+        + "\n"
+    )
+    old, new = read_faults(path, since=1795632000.0)
+    assert old == Fault(1795632467.387, 1, "n2", "dead", 0, 1.2, "7")
+    assert new == Fault(1795632468.5, 1, "n2", "dead", 0, 1.2, None)
+    assert read_faults(path, since=1795632468.0) == [new]
 
 
 def test_describe_status() -> None:

@@ -35,7 +35,7 @@ from ddpkit.env import DistInfo, detect
 from ddpkit.errors import DistConfigError, PeerError, first_line
 from ddpkit.health import Heartbeat, diagnose, heartbeat_interval
 from ddpkit.rendezvous import DEFAULT_STOP_SIGNALS, Joined, StopWatch, rendezvous
-from ddpkit.watchdog import Settings, Watchdog, WatchdogOptions
+from ddpkit.watchdog import Settings, Watchdog, WatchdogOptions, env_frozen_after, env_switch
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
@@ -224,6 +224,8 @@ def init(
         return Dist(info, dev, backend=str(tdist.get_backend()), timeout_s=timeout_s, owned=False)
     want = info.is_distributed if opts.distributed is None else opts.distributed
     if not want:
+        if opts.watchdog is None and env_switch(environ):  # unused by one process, but a
+            env_frozen_after(environ)  # typo is said here too, not first on a big launch
         return Dist(info, dev, backend=None, timeout_s=timeout_s, owned=False)
     chosen = pick_backend(opts.backend, dev)
     _check_resolvable(info)

@@ -1,12 +1,13 @@
 """What a failed rank looks like to the others: one record, one line on stderr, one JSON line in
 ``DDPKIT_FAULT_FILE``.
 
-The file is the contract with the job script: when the watchdog ends a step because a rank died
-or froze, the rank that saw it appends ``{"time", "rank", "host", "what", "reporter"}`` (plus
-``silent_s`` and ``job_id``) so the script can leave that node out of the next allocation
-(``sbatch --exclude``). ``what`` is ``"dead"`` (the process or its node is gone) or ``"frozen"``
-(the process is there but silent: stopped, or holding the GIL). A rank that ended with a Python
-exception is not a node fault: the others stop for it too, but nothing is written.
+The file is the contract with the job script and slurmclock's supervisor (DESIGN.md,
+"Contracts"): when the watchdog ends a step because a rank died or froze, the rank that saw it
+appends ``{"time", "rank", "host", "what", "reporter", "silent_s", "job_id"}`` so the node can be
+named and left out of the next allocation. ``time`` is epoch seconds (as the job's timeline has
+it), ``what`` is ``"dead"`` (the process or its node is gone) or ``"frozen"`` (the process is
+there but silent: stopped, or holding the GIL). A rank that ended with a Python exception is not a
+node fault: the others stop for it too, but nothing is written.
 """
 
 from __future__ import annotations
@@ -14,13 +15,15 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import time
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from typing import Any, Literal
 
 from ddpkit.errors import DistConfigError
 
 FAULT_FILE_ENV = "DDPKIT_FAULT_FILE"
+# The keys of one line of the fault file, in this order (the contract in DESIGN.md).
+FAULT_RECORD_KEYS = ("time", "rank", "host", "what", "reporter", "silent_s", "job_id")
 # The exit status of every rank the watchdog ends (sysexits' EX_UNAVAILABLE: a peer the job needs
 # is gone). Not 1 (this rank's own error), not 75 (stopped with a checkpoint: resume), not 128+N
 # (killed by a signal): a job script can tell "a peer failed, retry elsewhere" from all three.
@@ -40,9 +43,7 @@ class Fault:
     silent_s: float = 0.0
     job_id: str | None = None
     detail: str = ""  # how it was seen (connection closed, store hung) or the error's first line
-    time: str = dataclasses.field(
-        default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="milliseconds")
-    )
+    time: float = dataclasses.field(default_factory=time.time)  # epoch seconds
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), sort_keys=True)
@@ -66,11 +67,11 @@ class Fault:
         return f"{self.who()} is {self.what} ({how}no heartbeat for {self.silent_s:.1f} s)"
 
     def file_line(self) -> str:
-        """The contract's line: time, rank, host, what, reporter (+ silent_s, job_id)."""
-        keys = ("time", "rank", "host", "what", "reporter", "silent_s", "job_id")
+        """The contract's line: time, rank, host, what, reporter, silent_s, job_id."""
         data = dataclasses.asdict(self)
+        data["time"] = round(self.time, 3)
         data["silent_s"] = round(self.silent_s, 1)
-        return json.dumps({k: data[k] for k in keys}) + "\n"
+        return json.dumps({k: data[k] for k in FAULT_RECORD_KEYS}) + "\n"
 
 
 def check_fault_file(path: str) -> str:

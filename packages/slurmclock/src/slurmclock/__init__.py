@@ -6,6 +6,8 @@ says when to stop so the final checkpoint is durable and the job requeued before
 exit codes), :class:`StopSignals` turns SLURM's signals into a flag, :class:`JobTimeline`
 remembers what the end of each allocation took, :func:`requeue` puts the job back in the queue,
 :class:`WandbLogger` logs to W&B from rank 0 across requeues (``wandb`` imported lazily).
+:mod:`slurmclock.job` is the job: its facts (:func:`this_job`), who leads (:func:`is_leader`),
+the exit codes and timeline events, and the :class:`Scheduler` interface (:class:`Slurm`).
 See README.md.
 """
 
@@ -38,15 +40,32 @@ from slurmclock.durations import (
     parse_time_limit,
     young_daly_interval,
 )
-from slurmclock.job import array_task, check_job_id, in_slurm, job_id, restart_count
-from slurmclock.loop import (
+from slurmclock.job import (
+    EVENTS,
+    EXIT_CODES,
+    EXIT_ERROR,
     EXIT_FINISHED,
+    EXIT_PEER_LOST,
     EXIT_STOPPED,
-    Action,
-    TimeLoop,
-    end_process,
-    measured_launch,
+    EXIT_STORE_UNAVAILABLE,
+    EXIT_USAGE,
+    RANK_VARIABLES,
+    EndTime,
+    JobFacts,
+    JobView,
+    Node,
+    Scheduler,
+    array_task,
+    check_job_id,
+    global_rank,
+    in_slurm,
+    is_leader,
+    job_facts,
+    job_id,
+    restart_count,
+    this_job,
 )
+from slurmclock.loop import Action, TimeLoop, end_process, measured_launch
 from slurmclock.requeue import RequeueResult, requeue
 from slurmclock.signals import (
     STOP_SIGNALS,
@@ -57,15 +76,22 @@ from slurmclock.signals import (
     signal_lead_from_env,
     signal_number,
 )
-from slurmclock.timeline import EVENTS, Event, ExitSample, JobTimeline, timeline_dir
+from slurmclock.slurm import Slurm
+from slurmclock.timeline import Event, ExitSample, JobTimeline, find_timeline, timeline_dir
 from slurmclock.wandb_logger import MetricsLogger, WandbLogger
 
 __version__ = "0.1.0"
 
 __all__ = [
     "EVENTS",
+    "EXIT_CODES",
+    "EXIT_ERROR",
     "EXIT_FINISHED",
+    "EXIT_PEER_LOST",
     "EXIT_STOPPED",
+    "EXIT_STORE_UNAVAILABLE",
+    "EXIT_USAGE",
+    "RANK_VARIABLES",
     "SAVE_PRIOR_SPREAD",
     "SOURCES",
     "STOP_SIGNALS",
@@ -77,16 +103,22 @@ __all__ = [
     "Deadline",
     "DeadlineWatcher",
     "Decision",
-    "ExtraSave",
+    "EndTime",
     "Event",
     "ExitSample",
+    "ExtraSave",
+    "JobFacts",
     "JobTimeline",
+    "JobView",
     "MetricsLogger",
+    "Node",
     "RequeueResult",
     "RobustEstimate",
     "Runner",
     "SaveTail",
+    "Scheduler",
     "SignalMeaning",
+    "Slurm",
     "StopFlag",
     "StopSignals",
     "SubprocessRunner",
@@ -102,7 +134,11 @@ __all__ = [
     "default_runner",
     "end_process",
     "find_deadline",
+    "find_timeline",
+    "global_rank",
     "in_slurm",
+    "is_leader",
+    "job_facts",
     "job_id",
     "measured_launch",
     "parse_duration",
@@ -115,6 +151,7 @@ __all__ = [
     "restart_count",
     "signal_lead_from_env",
     "signal_number",
+    "this_job",
     "timeline_dir",
     "watches_the_clock",
     "young_daly_interval",

@@ -8,13 +8,18 @@
                                     marks `requeued` in the job's timeline
     slurmclock mark EVENT [K=V ...] append EVENT (start, signal, saved, exited, requeued) with
                                     the time to the job's timeline; exit 1 when not written
-    slurmclock timeline [--json]    the job's timeline and what each run needed after its
+    slurmclock timeline [--json]    the job's timeline (a run of checkpoints as its first and
+                                    last; --all: each) and what each run needed after its
                                     final save (exit, requeue)
     slurmclock stop JOBID           ask a running job to save and stop now (SIGTERM to its
                                     batch shell, which forwards it; the trainer saves and exits)
     slurmclock supervise -- CMD...  run the job's step (the end of a batch script: exec it);
                                     requeue after a stop, the time limit, preemption and
                                     failures (a budget of them); see slurmclock.supervise
+
+The job is this process's ($SLURM_JOB_ID), or the one given as JOBID or --job-id (status,
+seconds-left, end-time, requeue, timeline): from a login shell, its facts (restarts, array task)
+come from `scontrol show job` and its timeline is found by the job id alone.
 
 Exit codes: 0 success, 1 the answer is "no" (no deadline, not requeued, not written), 2 usage
 error (bad arguments or a malformed PYRECOVER_END_TIME / SLURM_JOB_END_TIME), 141 quietly when
@@ -37,13 +42,25 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, NoReturn
 
 from slurmclock import __version__
-from slurmclock.commands import CommandError, Runner, default_runner
-from slurmclock.deadline import DeadlineWatcher, parse_time
-from slurmclock.durations import check_seconds, parse_time_limit
-from slurmclock.job import array_task, check_job_id, job_id, job_id_problem, restart_count
+from slurmclock.commands import CommandError, Runner
+from slurmclock.deadline import DeadlineWatcher
+from slurmclock.durations import check_seconds, parse_time, parse_time_limit
+from slurmclock.job import (
+    EVENTS,
+    RESERVED_KEYS,
+    JobFacts,
+    Scheduler,
+    check_job_id,
+    cluster_name,
+    job_facts,
+    job_id,
+    job_id_problem,
+    this_job,
+)
 from slurmclock.requeue import requeue
+from slurmclock.slurm import Slurm
 from slurmclock.supervise import SuperviseConfig, Supervisor
-from slurmclock.timeline import EVENTS, JobTimeline
+from slurmclock.timeline import Event, ExitSample, JobTimeline, find_timeline
 
 __all__ = ["main", "status"]
 
@@ -56,28 +73,42 @@ def status(
     env: Mapping[str, str] | None = None,
     runner: Runner | None = None,
     timeout: float = 10.0,
+    job: str | None = None,
+    scheduler: Scheduler | None = None,
 ) -> dict[str, Any]:
-    """What ``slurmclock status --json`` prints, as a dict."""
+    """What ``slurmclock status --json`` prints, as a dict. ``job``: a job this process does not
+    run in: its facts come from the scheduler (``restart_count`` None when it does not say), and
+    none of this process's job variables (``SLURM_JOB_END_TIME``, ...) is taken for its own."""
+    e = os.environ if env is None else env
+    asked = Slurm(runner) if scheduler is None else scheduler
+    facts = this_job(e) if job is None else job_facts(job, asked, env=e, timeout=timeout)
+    if facts.source != "environment":
+        e = _outside_the_job(e, str(facts.job_id))
     watcher = DeadlineWatcher(
         end_time=end_time,
         time_limit=time_limit,
         started_at=started_at,
-        env=env,
-        runner=runner,
+        env=e,
+        scheduler=asked,
         command_timeout=timeout,
         background=False,  # one look: no thread
     )
     deadline = watcher.get()
     left = deadline.seconds_left(watcher.clock())
     return {
-        "job_id": job_id(env),
-        "array_task": array_task(env),
-        "restart_count": restart_count(env),
+        "job_id": facts.job_id,
+        "array_task": facts.array_task,
+        "restart_count": facts.restart,
         "deadline": deadline.iso(),
         "end_time": deadline.end,
         "seconds_left": None if left is None else round(left, 3),
         "source": deadline.source,
     }
+
+
+def _outside_the_job(env: Mapping[str, str], job: str) -> dict[str, str]:
+    """``env`` as a process that is not in a job sees it, asking about ``job``."""
+    return {**{k: v for k, v in env.items() if not k.startswith("SLURM_")}, "SLURM_JOB_ID": job}
 
 
 class _Parser(argparse.ArgumentParser):
@@ -86,18 +117,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _parser() -> argparse.ArgumentParser:
-    common = _Parser(add_help=False)
-    common.add_argument("--job-id", help="job to ask SLURM about (default: $SLURM_JOB_ID)")
-    common.add_argument(
-        "--timeout", type=float, default=10.0, help="seconds to wait for squeue/scontrol"
-    )
-    deadline = _Parser(add_help=False)
-    deadline.add_argument("--end-time", help="override: the deadline as epoch seconds or ISO-8601")
-    deadline.add_argument(
-        "--time-limit",
-        help="override: a limit counted from now, as sbatch --time reads it (90 = 90 min, "
-        "1:30:00, 2-12:00; 0 or UNLIMITED: none) or with a unit (30s, 1h30m)",
-    )
+    common, which, deadline = _shared_options()
     parser = _Parser(
         prog="slurmclock",
         description="How much time this SLURM job has left, and self-requeue.",
@@ -107,35 +127,65 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(
         dest="command", required=True, metavar="COMMAND", parser_class=_Parser
     )
-    p = sub.add_parser("status", parents=[common, deadline], help="job, deadline, time left")
+    asked = [which, common, deadline]
+    p = sub.add_parser("status", parents=asked, help="job, deadline, time left")
     p.add_argument("--json", action="store_true", help="one JSON object (for jq)")
     sub.add_parser(
         "seconds-left",
-        parents=[common, deadline],
+        parents=asked,
         help="whole seconds left (rounded down); exit 1 without a deadline",
     )
-    p = sub.add_parser(
-        "end-time", parents=[common, deadline], help="the deadline; exit 1 without one"
-    )
+    p = sub.add_parser("end-time", parents=asked, help="the deadline; exit 1 without one")
     p.add_argument("--epoch", action="store_true", help="epoch seconds instead of ISO-8601")
-    sub.add_parser("requeue", parents=[common], help="scontrol requeue the job; 0 when requeued")
+    _job_parsers(sub, common, which)
+    _supervise_parser(sub, common)
+    return parser
+
+
+def _shared_options() -> tuple[_Parser, _Parser, _Parser]:
+    """The options several commands share: the job and SLURM's timeout, the job as a word,
+    the deadline's overrides."""
+    common = _Parser(add_help=False)
+    common.add_argument("--job-id", help="job to ask SLURM about (default: $SLURM_JOB_ID)")
+    common.add_argument(
+        "--timeout", type=float, default=10.0, help="seconds to wait for squeue/scontrol"
+    )
+    which = _Parser(add_help=False)
+    which.add_argument(
+        "job", nargs="?", metavar="JOBID", help="the job (as --job-id; default: $SLURM_JOB_ID)"
+    )
+    deadline = _Parser(add_help=False)
+    deadline.add_argument("--end-time", help="override: the deadline as epoch seconds or ISO-8601")
+    deadline.add_argument(
+        "--time-limit",
+        help="override: a limit counted from now, as sbatch --time reads it (90 = 90 min, "
+        "1:30:00, 2-12:00; 0 or UNLIMITED: none) or with a unit (30s, 1h30m)",
+    )
+    return common, which, deadline
+
+
+def _job_parsers(sub: Any, common: argparse.ArgumentParser, which: argparse.ArgumentParser) -> None:
+    sub.add_parser(
+        "requeue", parents=[which, common], help="scontrol requeue the job; 0 when requeued"
+    )
     p = sub.add_parser(
         "mark", parents=[common], help="append an event with the time to the job's timeline"
     )
     p.add_argument("event", choices=EVENTS)
     p.add_argument("info", nargs="*", metavar="KEY=VALUE", help="details to record (rc=75)")
     p = sub.add_parser(
-        "timeline", parents=[common], help="the job's timeline and its measured exit times"
+        "timeline", parents=[which, common], help="the job's timeline and its measured exit times"
     )
     p.add_argument("--json", action="store_true", help="one JSON object (for jq)")
+    p.add_argument(
+        "--all", action="store_true", help="every checkpoint, not a run's first and last"
+    )
     p = sub.add_parser(
         "stop",
         parents=[common],
         help="ask a running job to save and stop now (scancel --batch --signal=TERM JOBID)",
     )
     p.add_argument("stop_job", metavar="JOBID", help="the job to stop")
-    _supervise_parser(sub, common)
-    return parser
 
 
 def _supervise_parser(sub: Any, common: argparse.ArgumentParser) -> None:
@@ -254,9 +304,9 @@ def _run(args: argparse.Namespace, env: Mapping[str, str] | None, runner: Runner
     if problem:
         print(f"slurmclock: error: {problem}", file=sys.stderr)
         return 2
-    if args.job_id is not None:
-        job = check_job_id(args.job_id, "--job-id")
-        env = {**(os.environ if env is None else env), "SLURM_JOB_ID": job}
+    args.target = _target(args, os.environ if env is None else env)
+    if args.command == "supervise" and args.target is not None:
+        env = {**(os.environ if env is None else env), "SLURM_JOB_ID": args.target}
     command = _COMMANDS.get(args.command)
     if command is not None:
         return command(args, env, runner)
@@ -268,6 +318,7 @@ def _run(args: argparse.Namespace, env: Mapping[str, str] | None, runner: Runner
             env=env,
             runner=runner,
             timeout=args.timeout,
+            job=args.target,
         )
     except ValueError as e:
         print(f"slurmclock: error: {e}", file=sys.stderr)
@@ -288,15 +339,18 @@ def _run(args: argparse.Namespace, env: Mapping[str, str] | None, runner: Runner
 
 def _bad_input(args: argparse.Namespace, env: Mapping[str, str]) -> str | None:
     """One line naming what is wrong and how to fix it, or None."""
+    given = getattr(args, "job", None)
     try:
         check_seconds("--timeout", args.timeout, positive=True)
-        if args.job_id is not None:
-            check_job_id(args.job_id, "--job-id")
+        flag = None if args.job_id is None else check_job_id(args.job_id, "--job-id")
+        word = None if given is None else check_job_id(given, "JOBID")
     except ValueError as e:
         return str(e)
+    if flag is not None and word is not None and flag != word:
+        return f"JOBID {given!r} and --job-id {args.job_id!r} name two jobs; give one of them"
     if args.timeout > MAX_TIMEOUT:
         return f"--timeout {args.timeout:g} is more than {MAX_TIMEOUT:.0f} s; give fewer seconds"
-    if args.job_id is None and args.command != "stop":
+    if flag is None and word is None and args.command != "stop":
         problem = job_id_problem(env)
         if problem:
             return f"{problem}; unset it, or pass --job-id"
@@ -327,13 +381,44 @@ def _bad_input(args: argparse.Namespace, env: Mapping[str, str]) -> str | None:
     return None
 
 
+def _target(args: argparse.Namespace, env: Mapping[str, str]) -> str | None:
+    """The job asked about when it is not this process's own (checked by _bad_input)."""
+    given = args.job_id if args.job_id is not None else getattr(args, "job", None)
+    if given is None:
+        return None
+    job = check_job_id(given)
+    return None if job_id_problem(env) is None and job == job_id(env) else job
+
+
+def _timeline_of(
+    args: argparse.Namespace, env: Mapping[str, str] | None, runner: Runner | None, *, facts: bool
+) -> JobTimeline:
+    """The timeline of the job asked about; ``facts``: ask SLURM for its restart count (to
+    write in it). ValueError when the job's file cannot be told apart from another's."""
+    e = os.environ if env is None else env
+    if args.target is None:
+        return JobTimeline(env=e)
+    scheduler = Slurm(runner)
+    if facts:
+        job = job_facts(args.target, scheduler, env=e, timeout=args.timeout)
+    else:
+        job = JobFacts(job_id=args.target, restart=None, cluster=cluster_name(e), source="none")
+    return find_timeline(job, env=e, scheduler=scheduler)
+
+
 def _requeue(args: argparse.Namespace, env: Mapping[str, str] | None, runner: Runner | None) -> int:
     # An accepted requeue makes SLURM send SIGTERM to every process of this run at once:
     # ignored here (and so in scontrol, which inherits it), the answer is still printed and
     # the exit status is still 0 -- SIGKILL comes only KillWait seconds later.
     with _sigterm_ignored():
-        timeline = JobTimeline(env=env)
-        result = requeue(env=env, runner=runner, timeout=args.timeout, timeline=timeline)
+        try:
+            timeline = _timeline_of(args, env, runner, facts=True)
+        except ValueError as e:
+            print(f"slurmclock: error: {e}", file=sys.stderr)
+            return 2
+        result = requeue(
+            args.target, env=env, runner=runner, timeout=args.timeout, timeline=timeline
+        )
         print(result.message, file=sys.stdout if result.ok else sys.stderr, flush=True)
     return 0 if result.ok else 1
 
@@ -341,31 +426,51 @@ def _requeue(args: argparse.Namespace, env: Mapping[str, str] | None, runner: Ru
 def _mark(args: argparse.Namespace, env: Mapping[str, str] | None, runner: Runner | None) -> int:
     info: dict[str, Any] = {}
     for item in args.info:
-        key, sep, value = item.partition("=")
-        if not sep or not key.isidentifier() or key in ("event", "time", "restart"):
-            print(
-                f"slurmclock: error: {item[:60]!r} is not KEY=VALUE (e.g. rc=75)", file=sys.stderr
-            )
+        problem = _bad_detail(item)
+        if problem:
+            print(f"slurmclock: error: {problem}", file=sys.stderr)
             return 2
-        if len(item) > MAX_INFO:  # the next allocation reads every line back
-            print(
-                f"slurmclock: error: {key}=... is {len(item)} characters; a timeline detail "
-                f"takes at most {MAX_INFO}",
-                file=sys.stderr,
-            )
-            return 2
+        key, _, value = item.partition("=")
         info[key] = int(value) if re.fullmatch(r"-?[0-9]{1,18}", value) else value
-    timeline = JobTimeline(env=env)
+    try:
+        timeline = _timeline_of(args, env, runner, facts=True)
+    except ValueError as e:
+        print(f"slurmclock: error: {e}", file=sys.stderr)
+        return 2
     if timeline.path is None:
         print("slurmclock: not marked: not in a SLURM job (SLURM_JOB_ID is unset)", file=sys.stderr)
         return 1
     return 0 if timeline.mark(args.event, **info) else 1
 
 
+def _bad_detail(item: str) -> str | None:
+    """Why ``KEY=VALUE`` cannot be a detail of a timeline line (one line), or None."""
+    key, sep, value = item.partition("=")
+    if not sep or not key.isidentifier():
+        return f"{item[:60]!r} is not KEY=VALUE (e.g. rc=75)"
+    if key in RESERVED_KEYS:
+        return (
+            f"{key!r} is reserved: every timeline line has {', '.join(RESERVED_KEYS)}; name the "
+            "detail otherwise (e.g. why=...)"
+        )
+    if len(item) > MAX_INFO:  # the next allocation reads every line back
+        return f"{key}=... is {len(item)} characters; a timeline detail takes at most {MAX_INFO}"
+    if _CONTROL.search(value):
+        return (
+            f"{key}=... holds a line break or another control character: a timeline detail is "
+            "one line of text"
+        )
+    return None
+
+
 def _timeline(
     args: argparse.Namespace, env: Mapping[str, str] | None, runner: Runner | None
 ) -> int:
-    timeline = JobTimeline(env=env)
+    try:
+        timeline = _timeline_of(args, env, runner, facts=False)
+    except ValueError as e:
+        print(f"slurmclock: error: {e}", file=sys.stderr)
+        return 2
     if timeline.path is None:
         print("slurmclock: no timeline: not in a SLURM job; pass --job-id", file=sys.stderr)
         return 1
@@ -391,15 +496,20 @@ def _timeline(
             )
         )
         return 0
+    _print_timeline(timeline, events, exits, show_all=args.all)
+    return 0
+
+
+def _print_timeline(
+    timeline: JobTimeline, events: list[Event], exits: list[ExitSample], *, show_all: bool
+) -> None:
     print(f"timeline of job {timeline.job_id}: {timeline.path}")
     if timeline.read_error is not None:
         print(f"  (cannot read it: {timeline.read_error})")
     elif not events and not timeline.unreadable:
         print("  (no events yet)")
-    for e in events:
-        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(e.time))
-        extra = " ".join(f"{k}={v}" for k, v in e.info.items() if k not in ("host", "pid"))
-        print(f"  {when}  run {e.restart}  {e.name:<9} {extra}".rstrip())
+    for line in _event_lines(events, show_all):
+        print(line)
     for x in exits:
         part = "" if x.exit_s is None else f" (exit {x.exit_s:.2f} s)"
         print(f"  run {x.restart}: {x.seconds:.2f} s from the final save to the end{part}")
@@ -407,7 +517,46 @@ def _timeline(
         n, shown = len(timeline.unreadable), ", ".join(map(str, timeline.unreadable[:10]))
         more = ", ..." if n > 10 else ""
         print(f"  ({n} unreadable line{'s' if n > 1 else ''} skipped: line {shown}{more})")
-    return 0
+
+
+def _event_lines(events: list[Event], show_all: bool) -> Iterator[str]:
+    """One line per event; a run of checkpoints (one a save, for hours) as its first and last
+    and one line between that counts them."""
+    i = 0
+    while i < len(events):
+        end = i
+        while end < len(events) and _same_run_of_checkpoints(events[i], events[end]):
+            end += 1
+        if show_all or end - i <= CHECKPOINTS_SHOWN:
+            yield _event_line(events[i])
+            i += 1
+            continue
+        inner = events[i + 1 : end - 1]
+        steps = [ev.info.get("step") for ev in inner]
+        span = f", steps {_text(steps[0])} to {_text(steps[-1])}" if steps else ""
+        yield _event_line(events[i])
+        yield f"  {'':19}  ... {len(inner)} more checkpoints{span} (--all shows each)"
+        yield _event_line(events[end - 1])
+        i = end
+
+
+def _same_run_of_checkpoints(first: Event, other: Event) -> bool:
+    return first.name == other.name == "checkpoint" and first.restart == other.restart
+
+
+def _event_line(e: Event) -> str:
+    when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(e.time))
+    extra = " ".join(
+        f"{_text(k)}={_text(v)}" for k, v in e.info.items() if k not in ("host", "pid")
+    )
+    return f"  {when}  run {e.restart}  {_text(e.name):<9} {extra}".rstrip()
+
+
+def _text(value: object) -> str:
+    """``value`` for a line of the listing: text with a line break or a control character (a
+    timeline written by hand, or by a program) quoted and escaped, so it cannot fake a line."""
+    text = str(value)
+    return json.dumps(text) if _CONTROL.search(text) else text
 
 
 def _stop(args: argparse.Namespace, env: Mapping[str, str] | None, runner: Runner | None) -> int:
@@ -416,9 +565,8 @@ def _stop(args: argparse.Namespace, env: Mapping[str, str] | None, runner: Runne
     except ValueError as e:
         print(f"slurmclock: error: {e}", file=sys.stderr)
         return 2
-    run = default_runner if runner is None else runner
     try:
-        run(["scancel", "--batch", "--signal=TERM", job], args.timeout)
+        Slurm(runner).signal(job, "TERM", batch=True, timeout=args.timeout)
     except CommandError as e:
         print(f"slurmclock: not stopped: {e}", file=sys.stderr)
         return 1
@@ -438,6 +586,10 @@ _COMMANDS = {
 }
 MAX_TIMEOUT = 3600.0  # seconds to wait for squeue/scontrol: beyond it, nobody is waiting
 MAX_INFO = 1000  # characters of one KEY=VALUE of `slurmclock mark`
+CHECKPOINTS_SHOWN = 3  # a longer run of checkpoint lines shows its first and last
+# C0 and C1 controls, DEL, and the Unicode line and paragraph separators: what breaks a line or
+# drives a terminal.
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 
 
 def _warn_if_past(info: Mapping[str, Any]) -> None:
@@ -464,6 +616,10 @@ def _sigterm_ignored() -> Iterator[None]:
         signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
 
 
+def _restarts(count: int | None) -> str:
+    return "unknown (SLURM does not say)" if count is None else str(count)
+
+
 def _human(info: Mapping[str, Any]) -> str:
     job = info["job_id"] or "none (not in a SLURM job)"
     if info["array_task"]:
@@ -471,7 +627,7 @@ def _human(info: Mapping[str, Any]) -> str:
     left = info["seconds_left"]
     rows = [
         ("job", job),
-        ("restarts", str(info["restart_count"])),
+        ("restarts", _restarts(info["restart_count"])),
         ("deadline", info["deadline"] or "none"),
         ("seconds left", "-" if left is None else str(math.floor(left))),
         ("source", info["source"]),

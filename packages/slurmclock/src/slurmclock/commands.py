@@ -27,7 +27,9 @@ class CommandError(Exception):
     """A command could not give its output.
 
     ``kind`` says why: ``"missing"`` (binary not on PATH), ``"failed"`` (non-zero exit, see
-    ``returncode`` and ``stderr``) or ``"timeout"``.
+    ``returncode`` and ``stderr``) or ``"timeout"``; from a :class:`slurmclock.job.Scheduler`
+    also ``"output"`` (the command answered something that cannot be read: the message says
+    what) and ``"error"`` (an injected runner raised something else: its bug, in the message).
     """
 
     def __init__(

@@ -25,7 +25,6 @@ from __future__ import annotations
 import logging
 import math
 import os
-import re
 import threading
 import time
 import weakref
@@ -33,14 +32,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
-from slurmclock.commands import CommandError, Runner, default_runner
-from slurmclock.durations import (
-    check_seconds,
-    parse_duration,
-    parse_slurm_time,
-    parse_time_limit,
-)
+from slurmclock.commands import CommandError, Runner
+from slurmclock.durations import check_seconds, parse_duration, parse_time, parse_time_limit
+from slurmclock.job import Scheduler, is_leader
 from slurmclock.job import job_id as _job_id
+from slurmclock.slurm import Slurm
 
 __all__ = [
     "SOURCES",
@@ -66,9 +62,6 @@ SOURCES = (
 )
 # What squeue/scontrol print instead of a time when there is none (yet).
 _NO_TIME = {"", "unknown", "none", "n/a", "unlimited", "infinite", "invalid", "(null)"}
-_UNLIMITED = {"unlimited", "infinite"}
-# What squeue's %l and scontrol's TimeLimit= print for a limit: [D-][H:]MM:SS.
-_PRINTED_LIMIT = re.compile(r"([0-9]{1,7}-)?[0-9]{1,4}(:[0-9]{2}){1,2}")
 # SLURM 22.05 gives a job without a limit TimeLimit=365-00:00:00 and EndTime one year out.
 NO_LIMIT_SECONDS = 365 * 86400
 # How often SLURM is asked: the rank that watches the clock every 5 s (a shortened time limit
@@ -79,8 +72,6 @@ OTHER_RANK_POLL = 60.0
 SLOW_FACTOR = 20.0
 MAX_BACKOFF = 300.0
 REFRESH_WAIT = 2.0  # seconds refresh() waits for the background thread's answer
-# 9999-12-31: beyond it datetime (and so ISO-8601) has no way to write a time.
-_LAST_TIME = 253402214400.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,52 +103,6 @@ class Deadline:
         if self.end is None:
             return f"no deadline [{self.source}]{job}"
         return f"{self.iso()} [{self.source}]{job}"
-
-
-def parse_time(value: str | float) -> float:
-    """Epoch seconds from epoch seconds (number or numeric string) or ISO-8601.
-
-    ISO-8601 without a UTC offset is local time -- what ``squeue``/``scontrol`` print.
-    """
-    if isinstance(value, bool):
-        raise ValueError(f"{value!r} is not a time")
-    if isinstance(value, (int, float)):
-        seconds = float(value)
-    else:
-        text = value.strip()
-        if re.fullmatch(r"[+-]?[0-9]+(\.[0-9]*)?", text):  # ASCII: float() takes any digits
-            seconds = float(text)
-        else:
-            if text[-1:] in {"Z", "z"}:  # fromisoformat takes "Z" only from Python 3.11
-                text = text[:-1] + "+00:00"
-            try:
-                seconds = datetime.fromisoformat(text).timestamp()
-            except (ValueError, OverflowError, OSError):
-                raise ValueError(
-                    f"{_shown(value)} is neither epoch seconds nor ISO-8601 "
-                    "(e.g. 1767225600 or 2026-01-01T00:00:00+01:00)"
-                ) from None
-    if not math.isfinite(seconds) or not 0 < seconds < _LAST_TIME:
-        raise ValueError(
-            f"{_shown(value)} is not a valid time: epoch seconds must be > 0 and before the year "
-            "10000"
-        )
-    return seconds
-
-
-def _shown(value: object, limit: int = 60) -> str:
-    """``repr(value)``, cut short: a command's garbage must not become a screenful."""
-    text = repr(value)
-    return text if len(text) <= limit else f"{text[: limit - 5]}...' ({len(str(value))} chars)"
-
-
-def _parse_limit(text: str) -> float | None:
-    """squeue's ``%l`` / scontrol's ``TimeLimit=`` in seconds; inf for no limit; None when
-    unknown or unreadable (``Partition_Limit``, ``INVALID``, garbage)."""
-    t = text.strip()
-    if t.lower() not in _UNLIMITED and not _PRINTED_LIMIT.fullmatch(t):
-        return None  # not what SLURM prints (a bare "0" or "-5" would read as no limit)
-    return parse_slurm_time(t)  # SLURM's own reading: [D-]HH:MM:SS, MM:SS, UNLIMITED
 
 
 _STARTED: dict[int, float] = {}  # pid -> start: computed once (a forked child has its own)
@@ -193,9 +138,9 @@ class DeadlineWatcher:
 
     ``get()`` is cheap enough to call every training step: it returns the last answer. A
     ``scontrol update TimeLimit=`` (shortened or extended) is seen within ``poll_interval``
-    seconds plus one ``squeue``: by default 5 s on the rank that watches the clock (global rank
-    0: ``RANK``, else ``SLURM_PROCID``, ``OMPI_COMM_WORLD_RANK``, ``PMI_RANK``; a process without
-    them) and 60 s on the other ranks, which the "any rank stops" agreement overrules anyway.
+    seconds plus one ``squeue``: by default 5 s on the rank that watches the clock (the job's
+    leader: ``rank`` 0 when given, else :func:`slurmclock.job.is_leader`) and 60 s on the other
+    ranks, which the "any rank stops" agreement overrules anyway.
 
     With the real clock (no ``clock=``) the polls run on a background thread (``background``),
     so a training step never waits for the controller, not even when it hangs. An injected
@@ -206,8 +151,9 @@ class DeadlineWatcher:
 
     ``end_time`` / ``time_limit`` override SLURM (see the module docstring for the order; a
     ``time_limit`` number is seconds, a string a SLURM time string or ``30s``-style duration:
-    :func:`slurmclock.parse_time_limit`); ``env`` replaces ``os.environ``; ``runner`` runs
-    squeue/scontrol (:mod:`slurmclock.commands`); ``clock`` returns epoch seconds.
+    :func:`slurmclock.parse_time_limit`); ``env`` replaces ``os.environ``; ``scheduler`` is
+    asked for the end time (default: :class:`slurmclock.slurm.Slurm` running squeue/scontrol
+    through ``runner``, :mod:`slurmclock.commands`); ``clock`` returns epoch seconds.
     ``command_timeout`` bounds each squeue/scontrol call; an end time more than
     ``skew_tolerance`` seconds in the past is treated as clock skew.
     """
@@ -225,10 +171,13 @@ class DeadlineWatcher:
         command_timeout: float = 10.0,
         skew_tolerance: float = 300.0,
         background: bool | None = None,
+        scheduler: Scheduler | None = None,
+        rank: int | None = None,
     ) -> None:
         self._env: Mapping[str, str] = os.environ if env is None else env
         if poll_interval is None:
-            poll_interval = CLOCK_RANK_POLL if watches_the_clock(self._env) else OTHER_RANK_POLL
+            leads = is_leader(rank, env=self._env)
+            poll_interval = CLOCK_RANK_POLL if leads else OTHER_RANK_POLL
         if not check_seconds("poll_interval", poll_interval) >= 1.0:
             raise ValueError(
                 f"poll_interval must be >= 1 s (the SLURM controller is shared; polling it every "
@@ -239,7 +188,9 @@ class DeadlineWatcher:
         self.skew_tolerance = check_seconds("skew_tolerance", skew_tolerance)
         if started_at is not None:
             check_seconds("started_at", started_at)
-        self._runner = default_runner if runner is None else runner
+        if scheduler is not None and runner is not None:
+            raise TypeError("give a scheduler or a runner for SLURM's commands, not both")
+        self._scheduler: Scheduler = Slurm(runner) if scheduler is None else scheduler
         self._clock = time.time if clock is None else clock
         self.background = clock is None if background is None else bool(background)
         self.job_id = _job_id(self._env)
@@ -416,10 +367,10 @@ class DeadlineWatcher:
         # SLURM_JOB_END_TIME answers the first poll without a subprocess; it never changes, so
         # later polls ask the controller (refresh() keeps the last answer when it is silent).
         self.polls += 1
-        live = (self._squeue, self._scontrol)
-        for source in (self._env_end, *live) if first else live:
-            found = source(job, now)
-            if found is not None:
+        if first and (found := self._env_end(job, now)) is not None:
+            return found
+        for thorough in (False, True):  # the quick query, then the job's full record
+            if (found := self._ask(job, now, thorough=thorough)) is not None:
                 return found
         return None
 
@@ -434,43 +385,18 @@ class DeadlineWatcher:
             return None
         return self._plausible(Deadline(end, "SLURM_JOB_END_TIME", job), now)
 
-    def _run(self, source: str, argv: list[str]) -> str | None:
+    def _ask(self, job: str, now: float, *, thorough: bool) -> Deadline | None:
         try:
-            return self._runner(argv, self.command_timeout)
+            said = self._scheduler.end_time(job, thorough=thorough, timeout=self.command_timeout)
         except CommandError as e:
-            hint = " (inside a container without SLURM's commands?)" if e.kind == "missing" else ""
-            self._warn(f"{source}:{e.kind}", f"{source} failed for job {argv[-1]}: {e}{hint}")
-        except Exception as e:  # a custom runner's bug must not crash a training run
-            self._warn(f"{source}:error", f"{source} runner raised {type(e).__name__}: {e}")
-        return None
-
-    def _squeue(self, job: str, now: float) -> Deadline | None:
-        out = self._run("squeue", ["squeue", "-h", "-o", "%e %l", "-j", job])
-        if out is None:
+            source = e.argv[0] if e.argv else self._scheduler.name
+            self._warn(f"{source}:{e.kind}", _failure(source, job, e))
             return None
-        line = next((ln for ln in out.splitlines() if ln.strip()), "")
-        if not line:
-            self._warn("squeue:empty", f"squeue printed nothing for job {job} (job over?)")
-            return None
-        end_text, _, limit_text = line.strip().partition(" ")
-        return self._interpret("squeue", job, end_text, limit_text, now)
-
-    def _scontrol(self, job: str, now: float) -> Deadline | None:
-        out = self._run("scontrol", ["scontrol", "show", "job", job])
-        if out is None:
-            return None
-        fields = _scontrol_fields(out)
-        if "EndTime" not in fields:
-            self._warn(
-                "scontrol:parse", f"scontrol show job {job} printed no EndTime=: {out[:200]!r}"
-            )
-            return None
-        return self._interpret("scontrol", job, fields["EndTime"], fields.get("TimeLimit", ""), now)
+        return self._interpret(said.source, job, said.end, said.limit, now)
 
     def _interpret(
-        self, source: str, job: str, end_text: str, limit_text: str, now: float
+        self, source: str, job: str, end_text: str, limit: float | None, now: float
     ) -> Deadline | None:
-        limit = _parse_limit(limit_text)
         if limit is not None and limit >= NO_LIMIT_SECONDS:
             return Deadline(None, source, job)  # SLURM says: no time limit
         if end_text.strip().lower() in _NO_TIME:
@@ -595,37 +521,18 @@ def _poll_loop(ref: weakref.ref[DeadlineWatcher]) -> None:
         del watcher
 
 
+def _failure(source: str, job: str, e: CommandError) -> str:
+    """One line for a scheduler that did not answer (an unreadable answer says it itself)."""
+    if e.kind in ("output", "error"):
+        return str(e)
+    hint = " (inside a container without SLURM's commands?)" if e.kind == "missing" else ""
+    return f"{source} failed for job {job}: {e}{hint}"
+
+
 def watches_the_clock(env: Mapping[str, str] | None = None) -> bool:
-    """Is this the process that watches the job's clock: global rank 0, or not one of several?
-
-    The rank comes from ``RANK`` (torchrun), else ``SLURM_PROCID`` (srun), else
-    ``OMPI_COMM_WORLD_RANK`` (Open MPI), else ``PMI_RANK`` (MPICH, Intel MPI).
-    """
-    e = os.environ if env is None else env
-    for name in ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK"):
-        value = e.get(name, "").strip()
-        if value:
-            return value == "0"
-    return True
-
-
-# Keys whose value runs to the end of its line and may hold spaces (JobName=my job.sh).
-_REST_OF_LINE = ("JobName", "Command", "WorkDir", "StdErr", "StdIn", "StdOut", "Comment")
-
-
-def _scontrol_fields(text: str) -> dict[str, str]:
-    fields: dict[str, str] = {}
-    for line in text.splitlines():
-        for key in _REST_OF_LINE:
-            m = re.search(rf"(?:^|\s){key}=(.*)$", line)
-            if m:
-                fields.setdefault(key, m.group(1).strip())
-                line = line[: m.start()]
-        for token in line.split():
-            key, sep, value = token.partition("=")
-            if sep:
-                fields.setdefault(key, value)  # first record wins (array job: several)
-    return fields
+    """Is this the process that watches the job's clock? The job's leader:
+    :func:`slurmclock.job.is_leader` (global rank 0, or not one of several)."""
+    return is_leader(env=env)
 
 
 def find_deadline(
@@ -638,6 +545,7 @@ def find_deadline(
     clock: Callable[[], float] | None = None,
     command_timeout: float = 10.0,
     skew_tolerance: float = 300.0,
+    scheduler: Scheduler | None = None,
 ) -> Deadline:
     """One look at the deadline (see :class:`DeadlineWatcher` for the arguments)."""
     return DeadlineWatcher(
@@ -649,4 +557,5 @@ def find_deadline(
         clock=clock,
         command_timeout=command_timeout,
         skew_tolerance=skew_tolerance,
+        scheduler=scheduler,
     ).get()

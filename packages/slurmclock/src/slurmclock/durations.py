@@ -15,6 +15,9 @@ A **human duration** (``--stop-margin 90s``, ``PYRECOVER_SIGNAL_LEAD=5m``) is re
 :func:`parse_time_limit` reads a time limit given by a user (``--time-limit``): a SLURM time string
 with SLURM's meaning, or a human duration *with a unit* (``30s``: what SLURM's minutes cannot say).
 
+:func:`parse_time` reads a point in time: epoch seconds, or ISO-8601 (local time without an offset,
+as ``squeue`` and ``scontrol`` print it).
+
 :func:`checkpoint_interval` is Young/Daly's rule for how often to save under random failures.
 """
 
@@ -24,6 +27,7 @@ import math
 import re
 import statistics
 from collections.abc import Sequence
+from datetime import datetime
 
 __all__ = [
     "check_seconds",
@@ -31,6 +35,7 @@ __all__ = [
     "parse_duration",
     "parse_human_duration",
     "parse_slurm_time",
+    "parse_time",
     "parse_time_limit",
     "young_daly_interval",
 ]
@@ -315,3 +320,44 @@ def checkpoint_interval(
     if isinstance(setting, str):
         raise ValueError(f"checkpoint interval {setting!r}: give seconds, 'auto' or None (off)")
     return check_seconds("checkpoint interval", setting, positive=True)
+
+
+# 9999-12-31: beyond it datetime (and so ISO-8601) has no way to write a time.
+_LAST_TIME = 253402214400.0
+
+
+def parse_time(value: str | float) -> float:
+    """Epoch seconds from epoch seconds (number or numeric string) or ISO-8601.
+
+    ISO-8601 without a UTC offset is local time -- what ``squeue``/``scontrol`` print.
+    """
+    if isinstance(value, bool):
+        raise ValueError(f"{value!r} is not a time")
+    if isinstance(value, (int, float)):
+        seconds = float(value)
+    else:
+        text = value.strip()
+        if re.fullmatch(r"[+-]?[0-9]+(\.[0-9]*)?", text):  # ASCII: float() takes any digits
+            seconds = float(text)
+        else:
+            if text[-1:] in {"Z", "z"}:  # fromisoformat takes "Z" only from Python 3.11
+                text = text[:-1] + "+00:00"
+            try:
+                seconds = datetime.fromisoformat(text).timestamp()
+            except (ValueError, OverflowError, OSError):
+                raise ValueError(
+                    f"{_shown(value)} is neither epoch seconds nor ISO-8601 "
+                    "(e.g. 1767225600 or 2026-01-01T00:00:00+01:00)"
+                ) from None
+    if not math.isfinite(seconds) or not 0 < seconds < _LAST_TIME:
+        raise ValueError(
+            f"{_shown(value)} is not a valid time: epoch seconds must be > 0 and before the year "
+            "10000"
+        )
+    return seconds
+
+
+def _shown(value: object, limit: int = 60) -> str:
+    """``repr(value)``, cut short: a command's garbage must not become a screenful."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[: limit - 5]}...' ({len(str(value))} chars)"

@@ -1,9 +1,27 @@
-"""What the environment says about the SLURM job this process runs in.
+"""The job: what this process knows about the batch job it runs in, and the job's contract.
 
-A job id is turned into file names (the job's timeline) and command arguments (squeue, scontrol,
-scancel), so every one goes through :func:`check_job_id` first: ``../../escape``, ``abc`` or
-``--all`` never reach a path or a command. A value from the environment that cannot be used is
-named in one warning (what, where from, what happens instead), once per process.
+Every other module of slurmclock asks this one (or the :class:`Scheduler` it defines) and
+never reads a scheduler's variable or runs a scheduler's command itself:
+
+* **facts** -- :func:`this_job` (:class:`JobFacts`: id, array task, restart count, cluster,
+  nodes, global rank) from the environment SLURM gives the job's processes; :func:`job_facts`
+  for another job, asked of the scheduler (a login shell has none of those variables);
+* **who leads** -- :func:`is_leader`: the rank a caller passes, else :func:`global_rank`, the one
+  reading of every launcher's variables (:data:`RANK_VARIABLES`, the MPI ones before SLURM's:
+  Open MPI's ``mpirun`` inside ``sbatch`` gives every child ``SLURM_PROCID=0``). The leader
+  writes the job's timeline and watches the clock;
+* **exit codes** of a training step (``EXIT_*``, :data:`EXIT_CODES`) and the **timeline events**
+  (:data:`EVENTS`, :data:`RESERVED_KEYS`): the contract with batch scripts, the supervisor and
+  the packages beside this one (DESIGN.md, "Contracts");
+* the **scheduler interface** -- :class:`Scheduler` (end time, job record, requeue, update,
+  signal, host names, nodes, cluster name) with the data it answers in (:class:`EndTime`,
+  :class:`JobView`, :class:`Node`). :class:`slurmclock.slurm.Slurm` is the real one (squeue,
+  scontrol, scancel, sinfo through an injectable runner); another scheduler is one more class.
+
+A job id is turned into file names (the job's timeline) and command arguments, so every one goes
+through :func:`check_job_id` first: ``../../escape``, ``abc`` or ``--all`` never reach a path or a
+command. A value from the environment that cannot be used is named in one warning (what, where
+from, what happens instead), once per process.
 """
 
 from __future__ import annotations
@@ -12,15 +30,77 @@ import logging
 import os
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Protocol
 
-__all__ = ["array_task", "check_job_id", "in_slurm", "job_id", "restart_count"]
+from slurmclock.commands import CommandError
+
+__all__ = [
+    "EVENTS",
+    "EXIT_CODES",
+    "EXIT_ERROR",
+    "EXIT_FINISHED",
+    "EXIT_PEER_LOST",
+    "EXIT_STOPPED",
+    "EXIT_STORE_UNAVAILABLE",
+    "EXIT_USAGE",
+    "RANK_VARIABLES",
+    "RESERVED_KEYS",
+    "COMMAND_TIMEOUT",
+    "EndTime",
+    "JobFacts",
+    "JobView",
+    "Node",
+    "Scheduler",
+    "array_task",
+    "check_job_id",
+    "cluster_name",
+    "global_rank",
+    "in_slurm",
+    "is_cluster_name",
+    "is_leader",
+    "job_facts",
+    "job_id",
+    "job_id_problem",
+    "num_nodes",
+    "restart_count",
+    "this_job",
+]
 
 log = logging.getLogger("slurmclock")
+
+# -- exit codes of a training step (what a batch script and the supervisor see) -------------------
+
+EXIT_FINISHED = 0  # training is done
+EXIT_ERROR = 1  # an error of this process (a crash): retried from the newest checkpoint
+EXIT_USAGE = 2  # a bad flag or input: never retried
+EXIT_PEER_LOST = 69  # EX_UNAVAILABLE: a peer rank died or froze (ddpkit's watchdog)
+EXIT_STORE_UNAVAILABLE = 74  # EX_IOERR: the checkpoint store could not be reached; nothing lost
+EXIT_STOPPED = 75  # EX_TEMPFAIL: stopped with a durable checkpoint, steps left: resume
+EXIT_CODES = {
+    EXIT_FINISHED: "finished",
+    EXIT_ERROR: "failed (an error of this process)",
+    EXIT_USAGE: "usage error (not retried)",
+    EXIT_PEER_LOST: "a peer rank died or froze",
+    EXIT_STORE_UNAVAILABLE: "the checkpoint store could not be reached",
+    EXIT_STOPPED: "stopped with a checkpoint, steps left",
+}
+"""Every exit code with a meaning of its own; 128+N is "killed by signal N", as a shell says."""
+
+# -- the job's timeline (slurmclock.timeline writes and reads it) ----------------------------------
+
+EVENTS = ("start", "signal", "saved", "exited", "requeued", "checkpoint", "failed", "gave_up")
+"""The timeline's event names: who writes each, and its fields, in slurmclock.timeline."""
+RESERVED_KEYS = ("event", "time", "restart", "host", "pid")
+"""The keys every timeline line has, set by the writer: an event's details use other names."""
+
+COMMAND_TIMEOUT = 10.0  # seconds a scheduler command may take, unless a caller says otherwise
 
 # SLURM job ids are uint32 (at most 10 digits); an array task is JOBID_TASK, a heterogeneous
 # job's component JOBID+OFFSET.
 _JOB_ID = re.compile(r"([0-9]{1,10})(?:(_|\+)([0-9]{1,10}))?")
 _NUMBER = re.compile(r"[0-9]{1,10}")
+_CLUSTER = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 JOB_ID_FORMS = "give digits (1234), 1234_7 for an array task or 1234+1 for a het job component"
 
 _warned: set[str] = set()
@@ -49,6 +129,9 @@ def check_job_id(value: object, what: str = "job id") -> str:
         raise ValueError(f"{what} {shown!r} is not a SLURM job id: {JOB_ID_FORMS}")
     first, sep, second = m.groups()
     return str(int(first)) + (f"{sep}{int(second)}" if sep else "")
+
+
+# -- what SLURM tells the job's processes ----------------------------------------------------------
 
 
 def job_id_problem(env: Mapping[str, str] | None = None) -> str | None:
@@ -114,3 +197,229 @@ def restart_count(env: Mapping[str, str] | None = None) -> int:
         )
         return 0
     return int(raw)
+
+
+def cluster_name(env: Mapping[str, str] | None = None) -> str | None:
+    """``SLURM_CLUSTER_NAME`` when it can be part of a file name (it is, from SLURM); None when
+    unset, or (with one warning) when it could escape a folder."""
+    cluster = _env(env).get("SLURM_CLUSTER_NAME", "").strip()
+    if not cluster:
+        return None
+    if not is_cluster_name(cluster):
+        _warn_once(
+            f"SLURM_CLUSTER_NAME={cluster[:40]!r} cannot be part of a file name (letters, digits, "
+            "'_', '.', '-'); naming the job's timeline job-JOBID.jsonl instead"
+        )
+        return None
+    return cluster
+
+
+def is_cluster_name(text: str) -> bool:
+    """Could ``text`` be a cluster's name in a file name (nothing that leaves a folder)?"""
+    return _CLUSTER.fullmatch(text) is not None
+
+
+def num_nodes(env: Mapping[str, str] | None = None) -> int:
+    """The nodes of this job (``SLURM_JOB_NUM_NODES``, else ``SLURM_NNODES``); 1 outside SLURM
+    or when neither is a whole number."""
+    e = _env(env)
+    raw = (e.get("SLURM_JOB_NUM_NODES") or e.get("SLURM_NNODES") or "1").strip()
+    return int(raw) if _NUMBER.fullmatch(raw) and int(raw) > 0 else 1
+
+
+# -- who leads -------------------------------------------------------------------------------------
+
+RANK_VARIABLES = ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID")
+"""Where a process's global rank is read, first set wins: torchrun's, then Open MPI's, MPICH's
+and Intel MPI's, PMIx's, then srun's. The MPI ones come before ``SLURM_PROCID``: ``mpirun``
+inside a batch job leaves the batch shell's ``SLURM_PROCID=0`` in every rank it starts."""
+
+
+def global_rank(env: Mapping[str, str] | None = None) -> int | None:
+    """This process's global rank from the first of :data:`RANK_VARIABLES` that is set; None in
+    a process no launcher started. A value that is not a whole number is named in one warning
+    and read as -1 (not the leader: two leaders would write the timeline twice)."""
+    e = _env(env)
+    for name in RANK_VARIABLES:
+        value = e.get(name, "").strip()
+        if not value:
+            continue
+        if _NUMBER.fullmatch(value):
+            return int(value)
+        _warn_once(f"{name}={value[:30]!r} is not a whole number: this process does not lead")
+        return -1
+    return None
+
+
+def is_leader(rank: int | None = None, *, env: Mapping[str, str] | None = None) -> bool:
+    """Does this process lead the job (write its timeline, watch its clock)? Global rank 0, or a
+    process that is not one of several. ``rank``: the rank the caller knows (a trainer's
+    process group); None reads the launcher's variables (:func:`global_rank`)."""
+    if rank is None:
+        rank = global_rank(env)
+    return rank is None or rank == 0
+
+
+# -- the facts at once ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class JobFacts:
+    """What is known about one job. ``restart`` is None when the scheduler was asked about
+    another job and did not say; ``nodes`` is the compressed node list (``n[1-4]``);
+    ``source``: ``"environment"`` (this process's job) or the scheduler's command that said so
+    (``"scontrol"``), ``"none"`` when it did not answer."""
+
+    job_id: str | None
+    array_task: str | None = None
+    restart: int | None = 0
+    cluster: str | None = None
+    nodes: str = ""
+    num_nodes: int = 1
+    rank: int | None = None
+    source: str = "environment"
+
+    @property
+    def leader(self) -> bool:
+        return is_leader(self.rank)
+
+
+def this_job(env: Mapping[str, str] | None = None, *, rank: int | None = None) -> JobFacts:
+    """The facts of the job this process runs in, from its environment (no command runs).
+    ``rank``: the caller's global rank, when it knows it better than the launcher's variables."""
+    e = _env(env)
+    return JobFacts(
+        job_id=job_id(e),
+        array_task=array_task(e),
+        restart=restart_count(e),
+        cluster=cluster_name(e),
+        nodes=e.get("SLURM_JOB_NODELIST", "").strip(),
+        num_nodes=num_nodes(e),
+        rank=global_rank(e) if rank is None else rank,
+    )
+
+
+def job_facts(
+    job: str,
+    scheduler: Scheduler,
+    *,
+    env: Mapping[str, str] | None = None,
+    timeout: float = COMMAND_TIMEOUT,
+) -> JobFacts:
+    """The facts of job ``job`` (checked by :func:`check_job_id`), from the scheduler's record:
+    a login shell, or another job's process, has none of its variables. Never raises for the
+    scheduler: what it does not answer stays unknown (``restart`` None, ``source`` ``"none"``,
+    one warning). When ``job`` is this process's own job, its environment answers. The cluster
+    is this shell's (``SLURM_CLUSTER_NAME``: a job id is a cluster's), else None."""
+    job = check_job_id(job)
+    e = _env(env)
+    if job_id_problem(e) is None and job_id(e) == job:
+        return this_job(e)
+    cluster = cluster_name(e)
+    try:
+        view = scheduler.show_job(job, timeout=timeout)
+    except CommandError as err:
+        _warn_once(f"{err}; the facts of job {job} stay unknown")
+        return JobFacts(job_id=job, restart=None, cluster=cluster, source="none")
+    return JobFacts(
+        job_id=job,
+        array_task=view.array_task,
+        restart=view.restarts,
+        cluster=cluster,
+        nodes=view.nodes,
+        num_nodes=view.num_nodes,
+        source=view.source,
+    )
+
+
+# -- the scheduler interface -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class EndTime:
+    """A job's end as a scheduler said it: ``end`` as printed (epoch seconds or ISO-8601;
+    without a UTC offset: local time, SLURM's way), ``limit`` the time limit in seconds (inf:
+    none; None: unknown), ``source`` the command that said so (a :attr:`Deadline.source`)."""
+
+    end: str
+    limit: float | None
+    source: str
+
+
+@dataclass(frozen=True, slots=True)
+class JobView:
+    """A job's record as the scheduler shows it (``scontrol show job -o``): ``state`` upper
+    case (``RUNNING``, ``COMPLETING``, ...), ``restarts`` None when not shown, ``preempt_time``
+    None when never preempted, ``nodes``/``exc_nodes`` compressed node lists."""
+
+    state: str = ""
+    reason: str = ""
+    restarts: int | None = None
+    preempt_time: str | None = None
+    partition: str = ""
+    nodes: str = ""
+    exc_nodes: str = ""
+    num_nodes: int = 1
+    array_task: str | None = None
+    source: str = "scontrol"
+
+
+@dataclass(frozen=True, slots=True)
+class Node:
+    """One node of a partition: ``state`` as the scheduler prints it (``idle``, ``down*``), and
+    whether a job can be given it now or soon (``usable``: not down, drained, failing, ...)."""
+
+    name: str
+    state: str
+    usable: bool
+
+
+class Scheduler(Protocol):
+    """What slurmclock asks of a batch scheduler. Each method raises
+    :class:`slurmclock.CommandError` when the scheduler cannot answer: ``kind`` ``missing``
+    (no such command here), ``failed``, ``timeout``, ``output`` (an answer that cannot be
+    read; the message says what it was) or ``error`` (an injected runner's bug). ``timeout``
+    bounds each command in seconds."""
+
+    name: str
+
+    def end_time(
+        self, job: str, *, thorough: bool = False, timeout: float = COMMAND_TIMEOUT
+    ) -> EndTime:
+        """The job's end time and limit; ``thorough``: from the full job record (slower; where
+        the quick query failed)."""
+        ...
+
+    def start_time(self, job: str, *, timeout: float = COMMAND_TIMEOUT) -> float:
+        """When the job's current allocation started (epoch seconds)."""
+        ...
+
+    def show_job(self, job: str, *, timeout: float = COMMAND_TIMEOUT) -> JobView:
+        """The job's record."""
+        ...
+
+    def requeue(self, job: str, *, timeout: float = COMMAND_TIMEOUT) -> None:
+        """Put the job back in the queue (it ends now and starts again, restart count + 1)."""
+        ...
+
+    def update_job(self, job: str, *, timeout: float = COMMAND_TIMEOUT, **fields: str) -> None:
+        """Change fields of the job's record (``ExcNodeList="n1,n2"``)."""
+        ...
+
+    def signal(
+        self, job: str, sig: str = "TERM", *, batch: bool = False, timeout: float = COMMAND_TIMEOUT
+    ) -> None:
+        """Send ``sig`` to the job's steps, or (``batch``) to its batch shell only."""
+        ...
+
+    def hostnames(self, nodelist: str, *, timeout: float = COMMAND_TIMEOUT) -> list[str]:
+        """A compressed node list (``n[1-3],m4``) as host names."""
+        ...
+
+    def nodes(self, partition: str, *, timeout: float = COMMAND_TIMEOUT) -> list[Node]:
+        """The nodes of ``partition`` with their states."""
+        ...
+
+    def cluster_name(self, *, timeout: float = COMMAND_TIMEOUT) -> str:
+        """The cluster's name (the first part of a job's timeline file name)."""
+        ...

@@ -56,7 +56,7 @@ from typing import Any, NoReturn
 from slurmclock.allocation import allocation_start
 from slurmclock.budget import Decision, ExtraSave, TimeBudget
 from slurmclock.deadline import Deadline, DeadlineWatcher, process_start_time
-from slurmclock.job import job_id
+from slurmclock.job import EXIT_FINISHED, EXIT_STOPPED, job_id, num_nodes
 from slurmclock.signals import STOP_SIGNALS, AnyFlag, StopFlag, StopSignals, signal_number
 from slurmclock.timeline import JobTimeline
 
@@ -71,9 +71,6 @@ __all__ = [
 ]
 
 log = logging.getLogger("slurmclock")
-
-EXIT_FINISHED = 0
-EXIT_STOPPED = 75  # EX_TEMPFAIL: stopped early with a durable checkpoint; requeue and resume
 
 # Codes of the per-step agreement (element-wise max over the ranks: the strongest wins).
 _GO, _TIME, _SIGNAL = 0, 1, 2
@@ -349,7 +346,7 @@ class TimeLoop:
         if self._launch_asked or self.budget.steps_measured <= self.budget.config.warmup_steps:
             return
         self._launch_asked = True
-        if _job_nodes() > 1:
+        if num_nodes() > 1:
             return
         given = self._launch
         launch = given() if callable(given) else measured_launch() if given is None else given
@@ -558,15 +555,6 @@ def measured_launch() -> float | None:
     if start.source == "process":
         return None
     return max(0.0, process_start_time() - start.at)
-
-
-def _job_nodes() -> int:
-    """The nodes of this SLURM job (1 outside SLURM or when SLURM does not say)."""
-    raw = os.environ.get("SLURM_JOB_NUM_NODES") or os.environ.get("SLURM_NNODES") or "1"
-    try:
-        return int(raw)
-    except ValueError:
-        return 1
 
 
 def flush_logs() -> None:

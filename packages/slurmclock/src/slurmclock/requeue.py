@@ -8,10 +8,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from slurmclock.commands import CommandError, Runner, default_runner, last_line
+from slurmclock.commands import CommandError, Runner, last_line
 from slurmclock.durations import check_seconds
-from slurmclock.job import check_job_id, restart_count
+from slurmclock.job import Scheduler, check_job_id, restart_count
 from slurmclock.job import job_id as _job_id
+from slurmclock.slurm import Slurm
 
 if TYPE_CHECKING:
     from slurmclock.timeline import JobTimeline
@@ -40,6 +41,7 @@ def requeue(
     runner: Runner | None = None,
     timeout: float = 30.0,
     timeline: JobTimeline | None = None,
+    scheduler: Scheduler | None = None,
 ) -> RequeueResult:
     """Run ``scontrol requeue JOB`` (JOB defaults to ``$SLURM_JOB_ID``); never raises (but for
     a ``timeout`` that is not a finite number of seconds > 0: ValueError).
@@ -51,7 +53,8 @@ def requeue(
     only raises the flag, then log the message and exit. (``slurmclock requeue`` ignores SIGTERM
     itself.) If scontrol is killed by that signal, the result says the requeue is unconfirmed.
     With a ``timeline``, an accepted (or unconfirmed) requeue is marked ``requeued`` there, so the
-    next allocation knows how long the end of this one took.
+    next allocation knows how long the end of this one took. ``scheduler`` requeues (default:
+    :class:`slurmclock.slurm.Slurm` through ``runner``).
     """
     timeout = check_seconds("timeout", timeout, positive=True)
     try:
@@ -62,15 +65,13 @@ def requeue(
         return RequeueResult(
             False, "not requeued: not in a SLURM job (SLURM_JOB_ID is unset); pass the job id"
         )
-    run = default_runner if runner is None else runner
+    asked = Slurm(runner) if scheduler is None else scheduler
     killed = False  # scontrol killed by a signal: most likely SLURM accepted and is ending us
     try:
-        run(["scontrol", "requeue", job], timeout)
+        asked.requeue(job, timeout=timeout)
     except CommandError as e:
         killed = e.kind == "failed" and e.returncode is not None and e.returncode < 0
         result = RequeueResult(False, _explain(job, e), job)
-    except Exception as e:  # a custom runner's bug must not crash the end of a run
-        result = RequeueResult(False, f"not requeued: job {job}: {type(e).__name__}: {e}", job)
     else:
         n = restart_count(env) if job_id is None else None
         then = f" (restart {n + 1})" if n is not None else ""
@@ -91,6 +92,8 @@ def _explain(job: str, e: CommandError) -> str:
             f"not requeued: job {job}: scontrol not found on PATH (inside a container?); requeue "
             f"from the batch script instead: scontrol requeue {job}"
         )
+    if e.kind == "error":  # an injected runner's bug: its own words
+        return f"not requeued: job {job}: {e}"
     if e.kind == "failed" and e.returncode is not None and e.returncode < 0:
         try:
             name = signal.Signals(-e.returncode).name

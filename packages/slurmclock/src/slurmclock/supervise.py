@@ -49,9 +49,11 @@ Everything is written to the job's timeline (:mod:`slurmclock.timeline`): ``star
 (with the ``kind`` above), ``exited``, ``requeued``, ``failed``, ``gave_up``; the trainer adds
 ``checkpoint step=N`` whenever a checkpoint is durable, which is how "the same step" is known.
 ``DDPKIT_FAULT_FILE`` is set for the step (``CLUSTER-JOB.faults.jsonl`` beside the timeline):
-ranks that see a dead or frozen peer append ``{"time", "rank", "host", "what", "reporter"}``
-there; the supervisor names the node in the log and, where the partition has enough other nodes
-for the job, excludes it from the next allocation (``scontrol update JobId= ExcNodeList=``).
+ranks that see a dead or frozen peer append ``{"time", "rank", "host", "what", "reporter",
+"silent_s", "job_id"}`` there (ddpkit's fault record, DESIGN.md "Contracts"); the supervisor names
+the node in the log and, where the partition has enough other nodes for the job, excludes it from
+the next allocation (``scontrol update JobId= ExcNodeList=``). Every SLURM command goes through
+the :class:`~slurmclock.job.Scheduler` it is given (:class:`~slurmclock.slurm.Slurm` by default).
 """
 
 from __future__ import annotations
@@ -67,14 +69,15 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, TextIO, TypeVar
 
 from slurmclock.budget import signal_lead_from_env
-from slurmclock.commands import CommandError, Runner, default_runner
+from slurmclock.commands import CommandError, Runner
 from slurmclock.deadline import DeadlineWatcher
-from slurmclock.job import job_id as _job_id
-from slurmclock.job import job_id_problem, restart_count
+from slurmclock.durations import parse_time
+from slurmclock.job import EXIT_STOPPED, JobView, Scheduler, job_id_problem, this_job
 from slurmclock.requeue import requeue
+from slurmclock.slurm import Slurm
 from slurmclock.timeline import Event, JobTimeline
 
 __all__ = [
@@ -97,14 +100,13 @@ __all__ = [
     "vanished_run",
 ]
 
-EXIT_STOPPED = 75
 # What a SIGTERM to the batch script meant (see the module docstring).
 STOP, LIMIT, PREEMPTED, REQUEUED, CANCELLED = "stop", "limit", "preempted", "requeued", "cancelled"
 TERM_KINDS = (STOP, LIMIT, PREEMPTED, REQUEUED, CANCELLED)
 # SLURM ended the allocation: the run's end is SLURM's doing, never a failure of the step.
 _BY_SLURM = (LIMIT, PREEMPTED, REQUEUED, CANCELLED)
-_NO_TIME = {"", "none", "unknown", "n/a", "(null)"}
 _POLL_S = 0.1  # how often the wait for the step looks at arrived signals
+_T = TypeVar("_T")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -147,43 +149,6 @@ class SuperviseConfig:
 
 
 # -- what SLURM says about the job ----------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class JobView:
-    """The fields of ``scontrol show job -o JOB`` the supervisor reads."""
-
-    state: str = ""
-    reason: str = ""
-    restarts: int | None = None
-    preempt_time: str | None = None
-    partition: str = ""
-    nodes: str = ""
-    exc_nodes: str = ""
-    num_nodes: int = 1
-
-    @classmethod
-    def parse(cls, text: str) -> JobView:
-        fields: dict[str, str] = {}
-        for token in text.split():
-            key, sep, value = token.partition("=")
-            if sep and key not in fields:
-                fields[key] = value
-        preempt = fields.get("PreemptTime", "")
-        nodes = fields.get("NumNodes", "1").split("-")[0]
-        restarts = fields.get("Restarts", fields.get("RestartCnt", ""))
-        return cls(
-            state=fields.get("JobState", "").upper(),
-            reason=fields.get("Reason", ""),
-            restarts=int(restarts) if restarts.isdigit() else None,
-            preempt_time=None if preempt.lower() in _NO_TIME else preempt,
-            partition=fields.get("Partition", ""),
-            nodes=fields.get("NodeList", ""),
-            exc_nodes=""
-            if fields.get("ExcNodeList", "").lower() in _NO_TIME
-            else fields["ExcNodeList"],
-            num_nodes=int(nodes) if nodes.isdigit() and int(nodes) > 0 else 1,
-        )
 
 
 def classify_term(view: JobView | None, restart: int, seconds_left: float | None) -> str:
@@ -263,13 +228,16 @@ def _int(value: object) -> int | None:
 
 @dataclass(frozen=True, slots=True)
 class Fault:
-    """One line of the ddpkit fault file: ``rank`` on ``host`` was ``what`` (dead / frozen)."""
+    """One line of the ddpkit fault file: ``rank`` on ``host`` was ``what`` (dead / frozen),
+    seen by rank ``reporter`` after ``silent_s`` seconds without a heartbeat."""
 
     time: float
     rank: int | None
     host: str
     what: str
     reporter: int | None
+    silent_s: float | None = None
+    job_id: str | None = None
 
     def describe(self) -> str:
         who = "a rank" if self.rank is None else f"rank {self.rank}"
@@ -278,32 +246,36 @@ class Fault:
 
 
 def read_faults(path: str | os.PathLike[str] | None, since: float) -> list[Fault]:
-    """The fault file's readable lines written at or after ``since`` (one line per report)."""
+    """The fault file's readable lines written at or after ``since`` (one line per report).
+    ``time`` is epoch seconds; ISO-8601 text (what ddpkit wrote before) is read too."""
     if path is None:
         return []
     try:
         text = Path(path).read_text(errors="replace")
     except OSError:
         return []
-    faults = []
-    for line in text.splitlines():
-        try:
-            rec = json.loads(line)
-            at = float(rec["time"])
-        except (ValueError, KeyError, TypeError):
-            continue
-        if not isinstance(rec, dict) or at < since:
-            continue
-        faults.append(
-            Fault(
-                at,
-                _int(rec.get("rank")),
-                str(rec.get("host", "")),
-                str(rec.get("what", "")),
-                _int(rec.get("reporter")),
-            )
-        )
-    return faults
+    faults = [fault for line in text.splitlines() if (fault := _fault(line)) is not None]
+    return [fault for fault in faults if fault.time >= since]
+
+
+def _fault(line: str) -> Fault | None:
+    try:
+        rec = json.loads(line)
+        at = parse_time(rec["time"])
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return None
+    silent, job = rec.get("silent_s"), rec.get("job_id")
+    return Fault(
+        at,
+        _int(rec.get("rank")),
+        str(rec.get("host") or ""),
+        str(rec.get("what") or ""),
+        _int(rec.get("reporter")),
+        float(silent)
+        if isinstance(silent, (int, float)) and not isinstance(silent, bool)
+        else None,
+        str(job) if isinstance(job, (str, int)) and not isinstance(job, bool) else None,
+    )
 
 
 # -- deciding -------------------------------------------------------------------------------------
@@ -432,9 +404,10 @@ def _term_words(term: str | None) -> str:
 
 class Supervisor:
     """Runs one step (``argv``) for this allocation and decides what comes next; see the module
-    docstring. ``env`` (default ``os.environ``), ``runner`` (scontrol, scancel, sinfo, squeue),
-    ``clock`` (epoch seconds) and ``out`` (the job log) are injectable; ``timeline`` defaults
-    to this job's."""
+    docstring. ``env`` (default ``os.environ``), ``scheduler`` (default
+    :class:`~slurmclock.slurm.Slurm` running scontrol, scancel, sinfo and squeue through
+    ``runner``), ``clock`` (epoch seconds) and ``out`` (the job log) are injectable; ``timeline``
+    defaults to this job's."""
 
     def __init__(
         self,
@@ -445,14 +418,18 @@ class Supervisor:
         clock: Callable[[], float] | None = None,
         out: TextIO | None = None,
         timeline: JobTimeline | None = None,
+        scheduler: Scheduler | None = None,
     ) -> None:
         self.config = SuperviseConfig() if config is None else config
         self.env = dict(os.environ if env is None else env)
-        self.runner = default_runner if runner is None else runner
+        if scheduler is not None and runner is not None:
+            raise TypeError("give a scheduler or a runner for SLURM's commands, not both")
+        self.scheduler: Scheduler = Slurm(runner) if scheduler is None else scheduler
         self.clock = time.time if clock is None else clock
         self.out = sys.stdout if out is None else out
-        self.job = _job_id(self.env)
-        self.restart = restart_count(self.env)
+        self.facts = this_job(self.env)
+        self.job = self.facts.job_id
+        self.restart = self.facts.restart or 0
         self.timeline = JobTimeline(env=self.env) if timeline is None else timeline
         self.term: str | None = None  # what the first SIGTERM meant
         self.requeued = False  # requeued when the SIGTERM came
@@ -587,7 +564,7 @@ class Supervisor:
         if rc is not None:
             info["rc"] = rc
         nodes = sorted({f.host for f in faults if f.host}) or [
-            self.env.get("SLURM_JOB_NODELIST", "") or socket.gethostname()
+            self.facts.nodes or socket.gethostname()
         ]
         info["nodes"] = ",".join(nodes)
         self.timeline.mark("failed", **info)
@@ -690,34 +667,46 @@ class Supervisor:
     def _forward_term(self, proc: subprocess.Popen[bytes] | None) -> None:
         # Not through srun: it answers its own SIGTERM by killing the step within a second.
         # `scancel --signal` without --batch signals the job's steps, not this script.
-        if self.job is not None and self._call(["scancel", "--signal=TERM", self.job]) is not None:
+        job, timeout = self.job, self.config.command_timeout
+        if job is not None and self._tell(lambda: self.scheduler.signal(job, timeout=timeout)):
             return
         if proc is not None:
             _kill(proc.pid, signal.SIGTERM)
 
     # -- SLURM -----------------------------------------------------------------------------
 
-    def _call(self, argv: Sequence[str]) -> str | None:
+    def _ask(self, question: Callable[[], _T]) -> _T | None:
+        """The scheduler's answer to ``question()``; None, and the reason in the log, without
+        one."""
         try:
-            return self.runner(argv, self.config.command_timeout)
+            return question()
         except CommandError as e:
-            self.log(f"{' '.join(argv)}: {e}")
+            self.log(f"{' '.join(e.argv)}: {e}")
             return None
+
+    def _tell(self, action: Callable[[], None]) -> bool:
+        """Did the scheduler do ``action()``? If not, the reason is in the log."""
+
+        def done() -> bool:
+            action()
+            return True
+
+        return self._ask(done) is not None
 
     def _job_view(self) -> JobView | None:
-        if self.job is None:
+        job, timeout = self.job, self.config.command_timeout
+        if job is None:
             return None
-        text = self._call(["scontrol", "show", "job", "-o", self.job])
-        return None if text is None else JobView.parse(text)
+        return self._ask(lambda: self.scheduler.show_job(job, timeout=timeout))
 
     def _seconds_left(self) -> float | None:
-        watcher = DeadlineWatcher(env=self.env, runner=self.runner, clock=self.clock)
+        watcher = DeadlineWatcher(env=self.env, scheduler=self.scheduler, clock=self.clock)
         return watcher.get().seconds_left(self.clock())
 
     def _requeue(self) -> bool:
         result = requeue(
             env=self.env,
-            runner=self.runner,
+            scheduler=self.scheduler,
             timeout=self.config.command_timeout,
             timeline=self.timeline,
         )
@@ -738,14 +727,16 @@ class Supervisor:
 
     def _exclude(self, hosts: set[str]) -> None:
         """Keep the reported nodes out of the next allocation where the job still fits."""
-        if not self.config.exclude_failed_nodes or not hosts:
+        if not self.config.exclude_failed_nodes or not hosts or self.job is None:
             return
         view = self._job_view()
         if view is None:
             return
-        usable = self._usable_nodes(view.partition)
-        if usable is None:
+        job, timeout, sched = self.job, self.config.command_timeout, self.scheduler
+        listed = self._ask(lambda: sched.nodes(view.partition, timeout=timeout))
+        if listed is None:
             return
+        usable = {node.name for node in listed if node.usable}
         short = {n.split(".")[0] for n in hosts}
         bad = {n for n in usable if n in hosts or n in short}
         unknown = sorted(short - {n.split(".")[0] for n in bad})
@@ -753,7 +744,8 @@ class Supervisor:
             self.log(
                 f"node(s) {', '.join(unknown)} not in partition {view.partition}: not excluded"
             )
-        excluded = set(self._hostnames(view.exc_nodes)) | bad
+        before = self._ask(lambda: sched.hostnames(view.exc_nodes, timeout=timeout)) or []
+        excluded = set(before) | bad
         if not bad:
             return
         left = usable - excluded
@@ -764,28 +756,8 @@ class Supervisor:
             )
             return
         nodes = ",".join(sorted(excluded))
-        if (
-            self._call(["scontrol", "update", f"JobId={self.job}", f"ExcNodeList={nodes}"])
-            is not None
-        ):
+        if self._tell(lambda: sched.update_job(job, timeout=timeout, ExcNodeList=nodes)):
             self.log(f"the next allocation avoids node(s) {', '.join(sorted(bad))} (ExcNodeList)")
-
-    def _usable_nodes(self, partition: str) -> set[str] | None:
-        text = self._call(["sinfo", "-h", "-N", "-p", partition, "-o", "%N %t"])
-        if text is None:
-            return None
-        bad_states = ("down", "drain", "fail", "maint", "futr", "inval")
-        return {
-            parts[0]
-            for line in text.splitlines()
-            if len(parts := line.split()) == 2 and not parts[1].startswith(bad_states)
-        }
-
-    def _hostnames(self, expr: str) -> list[str]:
-        if not expr:
-            return []
-        text = self._call(["scontrol", "show", "hostnames", expr])
-        return [] if text is None else text.split()
 
 
 def _kill(pid: int, sig: signal.Signals) -> None:

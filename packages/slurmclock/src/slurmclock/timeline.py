@@ -6,17 +6,27 @@ into its checkpoint. So both write a line to a small per-job file instead, and t
 allocation of the same job (``SLURM_JOB_ID`` stays the same across requeues) reads it:
 
 ==============  ===================================================================================
-event           written by
+event           written by, with which details
 ==============  ===================================================================================
-``start``       the batch script, first thing (``slurmclock mark start``)
-``signal``      the batch script when SLURM's signal arrives (``slurmclock mark signal``)
-``saved``       the trainer when its final save is durable (``TimeBudget.save(final=True)``)
-``exited``      the batch script when the training step has exited (``slurmclock mark exited``)
-``requeued``    ``slurmclock requeue`` / :func:`slurmclock.requeue` once SLURM accepted it
+``start``       the batch script or ``slurmclock supervise``, first thing
+``signal``      the batch script / supervisor when a signal arrives: ``name`` (TERM, USR2),
+                ``kind`` (what a TERM meant: stop, limit, preempted, requeued, cancelled),
+                ``forwarded`` (0: a USR2 that agreed with the known end time)
+``saved``       the trainer when its final save is durable (``TimeBudget.record_save(final=True)``):
+                ``seconds``; after an extra save also ``extra``, or ``abandoned`` (its step)
+``exited``      the batch script / supervisor when the training step has exited: ``rc``
+``requeued``    ``slurmclock requeue`` / :func:`slurmclock.requeue` once SLURM accepted it:
+                ``confirmed`` (false: scontrol was killed before it answered)
 ``checkpoint``  the trainer whenever a checkpoint is durable: ``step`` (``record_save(step=)``)
-``failed``      ``slurmclock supervise`` when the step failed: ``rc``, ``step`` (newest checkpoint)
+``failed``      ``slurmclock supervise`` when the step failed: ``rc``, ``step`` (newest checkpoint),
+                ``why``, ``nodes``
 ``gave_up``     ``slurmclock supervise`` when it stopped the chain: ``why`` (the line it logged)
 ==============  ===================================================================================
+
+Every line also has ``event``, ``time`` (epoch seconds), ``restart`` (the run:
+``SLURM_RESTART_COUNT``), ``host`` and ``pid`` (:data:`~slurmclock.job.RESERVED_KEYS`); the
+names are :data:`~slurmclock.job.EVENTS`. Only the job's leader writes
+(:func:`slurmclock.job.is_leader`).
 
 The file is ``$SLURMCLOCK_DIR/CLUSTER-JOBID.jsonl`` (default directory
 ``$XDG_CACHE_HOME/slurmclock`` or ``~/.cache/slurmclock``: it must be on a file system every node
@@ -33,23 +43,33 @@ import json
 import logging
 import math
 import os
-import re
 import socket
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from slurmclock.commands import CommandError
 from slurmclock.durations import check_seconds
-from slurmclock.job import _warn_once, check_job_id, restart_count
+from slurmclock.job import (
+    EVENTS,
+    RESERVED_KEYS,
+    JobFacts,
+    Scheduler,
+    _warn_once,
+    check_job_id,
+    cluster_name,
+    global_rank,
+    is_cluster_name,
+    is_leader,
+    restart_count,
+)
 from slurmclock.job import job_id as _job_id
 
-__all__ = ["EVENTS", "Event", "ExitSample", "JobTimeline", "timeline_dir"]
+__all__ = ["EVENTS", "Event", "ExitSample", "JobTimeline", "find_timeline", "timeline_dir"]
 
 log = logging.getLogger("slurmclock")
-
-EVENTS = ("start", "signal", "saved", "exited", "requeued", "checkpoint", "failed", "gave_up")
 
 
 def timeline_dir(env: Mapping[str, str] | None = None) -> Path:
@@ -86,29 +106,34 @@ class ExitSample:
 class JobTimeline:
     """The timeline file of one job (default: this one, ``$SLURM_JOB_ID``).
 
-    ``path`` is None outside a SLURM job: :meth:`mark` then does nothing and :meth:`events` is
-    empty. Only rank 0 writes (``RANK``, else ``SLURM_PROCID``; a batch script is rank 0), so
-    every rank may hold one. ``clock`` gives epoch seconds (injectable for tests).
+    ``job_id``: a job id (restart count, cluster and rank still from ``env``), or a job's
+    :class:`~slurmclock.job.JobFacts` (:func:`find_timeline` for a job this process is not
+    in). ``path`` is None outside a SLURM job: :meth:`mark` then does nothing and
+    :meth:`events` is empty. Only the job's leader writes (``rank`` 0 when given, else
+    :func:`slurmclock.job.is_leader`; a batch script leads), so every rank may hold one.
+    ``clock`` gives epoch seconds (injectable for tests).
     """
 
     def __init__(
         self,
-        job_id: str | None = None,
+        job_id: str | JobFacts | None = None,
         *,
         directory: str | os.PathLike[str] | None = None,
         env: Mapping[str, str] | None = None,
         clock: Callable[[], float] | None = None,
+        rank: int | None = None,
     ) -> None:
         e = os.environ if env is None else env
-        self.job_id = check_job_id(job_id, "job_id") if job_id is not None else _job_id(e)
-        self.restart = restart_count(e)
+        facts = job_id if isinstance(job_id, JobFacts) else _facts(job_id, e)
+        self.job_id = facts.job_id
+        self.restart = facts.restart or 0
         self.directory = Path(directory) if directory is not None else timeline_dir(e)
-        cluster = _cluster_name(e)
+        # Checked here too: a JobFacts built by hand must not lead the file out of its folder.
+        cluster = facts.cluster if facts.cluster and is_cluster_name(facts.cluster) else None
         self._name = f"{cluster}-{self.job_id}" if cluster else f"job-{self.job_id}"
         self.unreadable: list[int] = []  # line numbers the last events() could not read
         self.read_error: str | None = None  # why the last events() could not read the file
-        rank = (e.get("RANK") or e.get("SLURM_PROCID") or "0").strip()
-        self.writer = rank in ("", "0")
+        self.writer = is_leader(facts.rank if rank is None else rank)
         self._clock = time.time if clock is None else clock
         self._warned = False
 
@@ -123,6 +148,12 @@ class JobTimeline:
         """
         if event not in EVENTS:
             raise ValueError(f"unknown timeline event {event!r}: use one of {', '.join(EVENTS)}")
+        reserved = [key for key in RESERVED_KEYS if key in info]
+        if reserved:
+            raise ValueError(
+                f"{', '.join(reserved)}: reserved in a timeline line ({', '.join(RESERVED_KEYS)} "
+                "are set by the timeline itself); name the detail otherwise"
+            )
         if at is not None:
             check_seconds("at", at)
         path = self.path
@@ -227,18 +258,57 @@ def _lines(numbers: list[int]) -> str:
     return f"{len(numbers)} line{'s' if len(numbers) > 1 else ''} ({shown})"
 
 
-_CLUSTER = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+def _facts(job: str | None, env: Mapping[str, str]) -> JobFacts:
+    """The facts a timeline needs from this process's environment (a given id checked)."""
+    return JobFacts(
+        job_id=check_job_id(job, "job_id") if job is not None else _job_id(env),
+        restart=restart_count(env),
+        cluster=cluster_name(env),
+        rank=global_rank(env),
+    )
 
 
-def _cluster_name(env: Mapping[str, str]) -> str | None:
-    """``SLURM_CLUSTER_NAME`` when it can be part of a file name (it is, from SLURM)."""
-    cluster = env.get("SLURM_CLUSTER_NAME", "").strip()
-    if not cluster:
-        return None
-    if _CLUSTER.fullmatch(cluster) is None:
-        _warn_once(
-            f"SLURM_CLUSTER_NAME={cluster[:40]!r} cannot be part of a file name (letters, digits, "
-            "'_', '.', '-'); naming the job's timeline job-JOBID.jsonl instead"
+def find_timeline(
+    job: JobFacts,
+    *,
+    directory: str | os.PathLike[str] | None = None,
+    env: Mapping[str, str] | None = None,
+    clock: Callable[[], float] | None = None,
+    scheduler: Scheduler | None = None,
+) -> JobTimeline:
+    """The timeline of ``job`` (:func:`slurmclock.job.job_facts`), found from anywhere: a login
+    shell has no ``SLURM_CLUSTER_NAME``. Its file is ``CLUSTER-JOBID.jsonl``, the cluster
+    ``job.cluster``, else the one file of that job id in the folder, else (several) the
+    scheduler's cluster name; ``job-JOBID.jsonl`` is a job that ran without a cluster name.
+    Several files and no cluster to choose by: a ValueError naming them and the fix."""
+    e = os.environ if env is None else env
+    folder = Path(directory) if directory is not None else timeline_dir(e)
+    found = _files_of(folder, str(job.job_id))
+    cluster = job.cluster
+    if cluster is None and len(found) > 1 and scheduler is not None:
+        try:
+            named = scheduler.cluster_name()
+            cluster = named if is_cluster_name(named) else None
+        except CommandError as err:
+            log.debug("no cluster name from the scheduler: %s", err)
+    if cluster is not None and cluster not in found and None in found:
+        cluster = None  # written where SLURM_CLUSTER_NAME was not set
+    elif cluster is None and len(found) > 1:
+        names = ", ".join(sorted(f"{c or 'job'}-{job.job_id}.jsonl" for c in found))
+        raise ValueError(
+            f"job {job.job_id} has timelines of several clusters in {folder} ({names}): set "
+            "SLURM_CLUSTER_NAME to the cluster it ran on"
         )
-        return None
-    return cluster
+    elif cluster is None and found:
+        cluster = next(iter(found))
+    return JobTimeline(replace(job, cluster=cluster), directory=folder, env=e, clock=clock)
+
+
+def _files_of(folder: Path, job: str) -> set[str | None]:
+    """The clusters whose timeline of ``job`` is in ``folder`` (None: ``job-JOBID.jsonl``)."""
+    try:
+        names = [p.name for p in folder.glob(f"*-{job}.jsonl")]
+    except OSError:
+        return set()
+    prefixes = {name[: -len(f"-{job}.jsonl")] for name in names}
+    return {None if p == "job" else p for p in prefixes if is_cluster_name(p)}

@@ -1,0 +1,190 @@
+"""SLURM behind :class:`slurmclock.job.Scheduler`: its client commands, and how to read them.
+
+:class:`Slurm` runs ``squeue``, ``scontrol``, ``scancel`` and ``sinfo`` through a
+:data:`~slurmclock.commands.Runner` (the real one by default; tests give canned output) and
+turns what they print into :class:`~slurmclock.job.EndTime`, :class:`~slurmclock.job.JobView`
+and :class:`~slurmclock.job.Node`. It is the one place of slurmclock that runs them; everything
+SLURM prints is read here, as SLURM 22.05 prints it.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+from slurmclock.commands import CommandError, Runner, default_runner
+from slurmclock.durations import parse_slurm_time, parse_time
+from slurmclock.job import COMMAND_TIMEOUT, EndTime, JobView, Node
+
+__all__ = ["Slurm", "parse_job_record"]
+
+# What squeue/scontrol print instead of a time or a value when there is none (yet).
+_NOT_SET = {"", "n/a", "unknown", "none", "(null)"}
+_UNLIMITED = {"unlimited", "infinite"}
+# What squeue's %l and scontrol's TimeLimit= print for a limit: [D-][H:]MM:SS.
+_PRINTED_LIMIT = re.compile(r"([0-9]{1,7}-)?[0-9]{1,4}(:[0-9]{2}){1,2}")
+# Keys whose value runs to the end of its line and may hold spaces (JobName=my job.sh), in the
+# multi-line `scontrol show job` (without -o).
+_REST_OF_LINE = ("JobName", "Command", "WorkDir", "StdErr", "StdIn", "StdOut", "Comment")
+# sinfo's short states of a node no job gets soon (a trailing * or ~ flags it further).
+_UNUSABLE = ("down", "drain", "fail", "maint", "futr", "inval")
+
+
+class Slurm:
+    """The real :class:`~slurmclock.job.Scheduler`: SLURM's client commands through ``runner``
+    (``(argv, timeout) -> stdout``, raising :class:`CommandError`). A runner that raises
+    anything else is a bug of the runner: it becomes a CommandError of kind ``error``, so a
+    caller's one ``except CommandError`` keeps a training run alive."""
+
+    name = "slurm"
+
+    def __init__(self, runner: Runner | None = None) -> None:
+        self.runner = default_runner if runner is None else runner
+
+    def _run(self, argv: Sequence[str], timeout: float) -> str:
+        try:
+            return self.runner(argv, timeout)
+        except CommandError as e:
+            if tuple(e.argv) == tuple(argv):
+                raise
+            # The command it was asked to run, whatever an injected runner put there: callers
+            # name it in their messages.
+            again = CommandError(argv, e.kind, str(e), returncode=e.returncode, stderr=e.stderr)
+            raise again from e
+        except Exception as e:
+            message = f"{argv[0]} runner raised {type(e).__name__}: {e}"
+            raise CommandError(argv, "error", message) from e
+
+    def end_time(
+        self, job: str, *, thorough: bool = False, timeout: float = COMMAND_TIMEOUT
+    ) -> EndTime:
+        """``squeue -h -o "%e %l" -j JOB``; ``thorough``: ``EndTime=`` and ``TimeLimit=`` of
+        ``scontrol show job JOB``."""
+        if thorough:
+            argv = ["scontrol", "show", "job", job]
+            out = self._run(argv, timeout)
+            fields = scontrol_fields(out)
+            if "EndTime" not in fields:
+                message = f"scontrol show job {job} printed no EndTime=: {out[:200]!r}"
+                raise CommandError(argv, "output", message)
+            return EndTime(fields["EndTime"], parse_limit(fields.get("TimeLimit", "")), "scontrol")
+        argv = ["squeue", "-h", "-o", "%e %l", "-j", job]
+        line = _first_line(self._run(argv, timeout))
+        if not line:
+            raise CommandError(argv, "output", f"squeue printed nothing for job {job} (job over?)")
+        end_text, _, limit_text = line.partition(" ")
+        return EndTime(end_text, parse_limit(limit_text), "squeue")
+
+    def start_time(self, job: str, *, timeout: float = COMMAND_TIMEOUT) -> float:
+        """``squeue -h -o %S -j JOB``: when the current allocation started."""
+        argv = ["squeue", "-h", "-o", "%S", "-j", job]
+        text = _first_line(self._run(argv, timeout))
+        if text.lower() in _NOT_SET:
+            raise CommandError(argv, "output", f"squeue gives job {job} no start time ({text!r})")
+        try:
+            return parse_time(text)
+        except ValueError as e:
+            message = f"cannot read squeue's start time for job {job}: {e}"
+            raise CommandError(argv, "output", message) from None
+
+    def show_job(self, job: str, *, timeout: float = COMMAND_TIMEOUT) -> JobView:
+        """``scontrol show job -o JOB``: the job's record, on one line."""
+        return parse_job_record(self._run(["scontrol", "show", "job", "-o", job], timeout))
+
+    def requeue(self, job: str, *, timeout: float = COMMAND_TIMEOUT) -> None:
+        """``scontrol requeue JOB``."""
+        self._run(["scontrol", "requeue", job], timeout)
+
+    def update_job(self, job: str, *, timeout: float = COMMAND_TIMEOUT, **fields: str) -> None:
+        """``scontrol update JobId=JOB KEY=VALUE ...``."""
+        pairs = [f"{key}={value}" for key, value in fields.items()]
+        self._run(["scontrol", "update", f"JobId={job}", *pairs], timeout)
+
+    def signal(
+        self, job: str, sig: str = "TERM", *, batch: bool = False, timeout: float = COMMAND_TIMEOUT
+    ) -> None:
+        """``scancel [--batch] --signal=SIG JOB``: without ``--batch`` SLURM signals the job's
+        steps and not its batch shell; with it, the batch shell only."""
+        where = ["--batch"] if batch else []
+        self._run(["scancel", *where, f"--signal={sig}", job], timeout)
+
+    def hostnames(self, nodelist: str, *, timeout: float = COMMAND_TIMEOUT) -> list[str]:
+        """``scontrol show hostnames LIST``."""
+        if not nodelist:
+            return []
+        return self._run(["scontrol", "show", "hostnames", nodelist], timeout).split()
+
+    def nodes(self, partition: str, *, timeout: float = COMMAND_TIMEOUT) -> list[Node]:
+        """``sinfo -h -N -p PARTITION -o "%N %t"``: a node in several partitions is listed once."""
+        out = self._run(["sinfo", "-h", "-N", "-p", partition, "-o", "%N %t"], timeout)
+        found: dict[str, Node] = {}
+        for line in out.splitlines():
+            parts = line.split()
+            if len(parts) == 2:
+                name, state = parts
+                found.setdefault(name, Node(name, state, not state.startswith(_UNUSABLE)))
+        return list(found.values())
+
+    def cluster_name(self, *, timeout: float = COMMAND_TIMEOUT) -> str:
+        """``ClusterName`` of ``scontrol show config``."""
+        argv = ["scontrol", "show", "config"]
+        out = self._run(argv, timeout)
+        m = re.search(r"^\s*ClusterName\s*=\s*(\S+)", out, flags=re.MULTILINE)
+        if m is None:
+            raise CommandError(argv, "output", "scontrol show config printed no ClusterName")
+        return m.group(1)
+
+
+def _first_line(text: str) -> str:
+    return next((ln.strip() for ln in text.splitlines() if ln.strip()), "")
+
+
+def parse_limit(text: str) -> float | None:
+    """squeue's ``%l`` / scontrol's ``TimeLimit=`` in seconds; inf for no limit; None when
+    unknown or unreadable (``Partition_Limit``, ``INVALID``, garbage)."""
+    t = text.strip()
+    if t.lower() not in _UNLIMITED and not _PRINTED_LIMIT.fullmatch(t):
+        return None  # not what SLURM prints (a bare "0" or "-5" would read as no limit)
+    return parse_slurm_time(t)  # SLURM's own reading: [D-]HH:MM:SS, MM:SS, UNLIMITED
+
+
+def scontrol_fields(text: str) -> dict[str, str]:
+    """``KEY=VALUE`` of ``scontrol show job`` (multi-line), the first record's where there are
+    several (an array job)."""
+    fields: dict[str, str] = {}
+    for line in text.splitlines():
+        for key in _REST_OF_LINE:
+            m = re.search(rf"(?:^|\s){key}=(.*)$", line)
+            if m:
+                fields.setdefault(key, m.group(1).strip())
+                line = line[: m.start()]
+        for token in line.split():
+            key, sep, value = token.partition("=")
+            if sep:
+                fields.setdefault(key, value)  # first record wins (array job: several)
+    return fields
+
+
+def parse_job_record(text: str) -> JobView:
+    """The fields of ``scontrol show job -o JOB`` that slurmclock reads."""
+    fields: dict[str, str] = {}
+    for token in text.split():
+        key, sep, value = token.partition("=")
+        if sep and key not in fields:
+            fields[key] = value
+    preempt = fields.get("PreemptTime", "")
+    nodes = fields.get("NumNodes", "1").split("-")[0]
+    restarts = fields.get("Restarts", fields.get("RestartCnt", ""))
+    excluded = fields.get("ExcNodeList", "")
+    array, task = fields.get("ArrayJobId", ""), fields.get("ArrayTaskId", "")
+    return JobView(
+        state=fields.get("JobState", "").upper(),
+        reason=fields.get("Reason", ""),
+        restarts=int(restarts) if restarts.isdigit() else None,
+        preempt_time=None if preempt.lower() in _NOT_SET else preempt,
+        partition=fields.get("Partition", ""),
+        nodes="" if fields.get("NodeList", "").lower() in _NOT_SET else fields["NodeList"],
+        exc_nodes="" if excluded.lower() in _NOT_SET else excluded,
+        num_nodes=int(nodes) if nodes.isdigit() and int(nodes) > 0 else 1,
+        array_task=f"{array}_{task}" if array.isdigit() and task.isdigit() else None,
+    )
