@@ -4,9 +4,11 @@ mkdocstrings renders, without changing the source.
 
 - ``:class:`~pkg.Name``` and the other Python roles: a cross-reference to ``pkg.Name`` when it
   names one of the documented packages (``--strict`` then fails the build if it does not
-  resolve), else inline code;
+  resolve), else inline code; ``:mod:`` too is inline code, as the reference documents each
+  package's public API (its ``__all__``), not its modules;
 - RST simple tables (``====  ====`` borders) become Markdown tables;
-- a paragraph ending in ``::`` before an indented block ends in ``:`` (the block is code either way).
+- a paragraph ending in ``::`` before an indented block ends in ``:`` (the block is code
+  either way).
 """
 
 from __future__ import annotations
@@ -17,22 +19,24 @@ from typing import Any
 import griffe
 
 PACKAGES = ("slurmclock", "ddpkit", "ckptstore", "parquetlm")
-_ROLE = re.compile(r":(?:class|func|meth|attr|data|mod|exc|obj|const):`(~?)([^`<]+?)(?:\s*<([^>]+)>)?`")
+_ROLE = re.compile(
+    r":(class|func|meth|attr|data|mod|exc|obj|const):`(~?)([^`<]+?)(?:\s*<([^>]+)>)?`"
+)
 _BORDER = re.compile(r"^(\s*)(=+)(\s+=+)+\s*$")
 
 
-def _role(match: re.Match[str], here: griffe.Object) -> str:
-    short, target, explicit = match.group(1), match.group(2).strip(), match.group(3)
+def _role(match: re.Match[str]) -> str:
+    role, short, target, explicit = match.group(1, 2, 3, 4)
     path = (explicit or target).strip().lstrip(".").removesuffix("()")
     text = path.rsplit(".", 1)[-1] if short else path
-    if path.split(".")[0] in PACKAGES:
+    if role != "mod" and path.split(".")[0] in PACKAGES:
         return f"[`{text}`][{path}]"
     return f"`{text}`"
 
 
 def _cells(line: str, starts: list[int]) -> list[str]:
     bounds = [*starts[1:], None]
-    return [line[a:b].strip() if b is not None else line[a:].strip() for a, b in zip(starts, bounds)]
+    return [line[a:b].strip() for a, b in zip(starts, bounds, strict=True)]
 
 
 def _tables(text: str) -> str:
@@ -63,7 +67,7 @@ def _tables(text: str) -> str:
             cells = _cells(row, starts)
             if not cells[0] and len(md) > 2:  # a continuation line: join with the row above
                 above = md[-1].strip("| ").split(" | ")
-                cells = [f"{a} {c}".strip() for a, c in zip(above, cells)]
+                cells = [f"{a} {c}".strip() for a, c in zip(above, cells, strict=False)]
                 md.pop()
             md.append("| " + " | ".join(cells) + " |")
         out.extend(["", *md, ""])
@@ -77,6 +81,6 @@ class RstToMarkdown(griffe.Extension):
         if obj.docstring is None:
             return
         text = _tables(obj.docstring.value)
-        text = _ROLE.sub(lambda m: _role(m, obj), text)
+        text = _ROLE.sub(_role, text)
         text = re.sub(r"(\S)::\n\n", r"\1:\n\n", text)
         obj.docstring.value = text
