@@ -75,7 +75,8 @@ def _tables(text: str) -> str:
 
 
 class RstToMarkdown(griffe.Extension):
-    """Rewrites each docstring once, when its object is loaded."""
+    """Rewrites each docstring once, when its object is loaded (griffe calls ``on_object`` for
+    every member, ``on_package`` for the package itself)."""
 
     def on_object(self, *, obj: griffe.Object, **kwargs: Any) -> None:
         if obj.docstring is None:
@@ -84,3 +85,6 @@ class RstToMarkdown(griffe.Extension):
         text = _ROLE.sub(_role, text)
         text = re.sub(r"(\S)::\n\n", r"\1:\n\n", text)
         obj.docstring.value = text
+
+    def on_package(self, *, pkg: griffe.Module, **kwargs: Any) -> None:
+        self.on_object(obj=pkg)
