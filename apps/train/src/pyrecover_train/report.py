@@ -383,7 +383,7 @@ def _plot_timeline(ax: Any, events: list[dict[str, Any]], summary: Summary) -> N
         ax.legend(loc="upper left", fontsize=8)
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> _Parser:
     p = _Parser(
         prog="pyrecover-train report",
         description="Summarise an experiment (goodput, lost steps, checkpoint overhead) and plot "
@@ -394,28 +394,35 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, help="PNG to write (default EXP_DIR/report.png)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.add_argument("--no-plot", action="store_true", help="summary only")
-    args = p.parse_args(argv)
-    path = args.metrics or args.exp_dir / "metrics.jsonl"
+    return p
+
+
+def _read(path: Path) -> tuple[list[dict[str, Any]], Summary] | str:
+    """The events and their summary, or the one line that says why there are none."""
     if not path.is_file():
-        print(
-            f"pyrecover-train report: error: {path} not found: give the experiment folder "
-            "(e.g. checkpoints/default-exp) or --metrics FILE",
-            file=sys.stderr,
+        return (
+            f"{path} not found: give the experiment folder (e.g. checkpoints/default-exp) or "
+            "--metrics FILE"
         )
-        return 2
     events = list(read_events(path))
     if not events:
-        print(f"pyrecover-train report: error: {path} holds no events", file=sys.stderr)
-        return 2
+        return f"{path} holds no events"
     try:
-        summary = summarize(events, Liveness(path, time.time()))
+        return events, summarize(events, Liveness(path, time.time()))
     except (KeyError, TypeError, ValueError) as e:  # events of another program, or hand-edited
-        print(
-            f"pyrecover-train report: error: {path} is not a metrics file of pyrecover-train "
-            f"(an event lacks or mangles {e}): give the experiment folder of a run",
-            file=sys.stderr,
+        return (
+            f"{path} is not a metrics file of pyrecover-train (an event lacks or mangles {e}): "
+            "give the experiment folder of a run"
         )
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    found = _read(args.metrics or args.exp_dir / "metrics.jsonl")
+    if isinstance(found, str):
+        print(f"pyrecover-train report: error: {found}", file=sys.stderr)
         return 2
+    events, summary = found
     if args.json:
         sys.stdout.write(
             orjson.dumps(summary.to_dict(), option=orjson.OPT_INDENT_2).decode() + "\n"

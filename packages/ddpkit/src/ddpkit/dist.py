@@ -204,18 +204,7 @@ def init(
     environ: Mapping[str, str] = os.environ if env is None else env
     info = detect(environ)
     timeout_s = opts.timeout_seconds(environ)
-    if opts.distributed is True and info.launcher == "single":
-        raise DistConfigError(
-            "--distributed needs a launcher: found no RANK/WORLD_SIZE (torchrun), no "
-            "SLURM_PROCID inside an srun step and no MPI rank (mpirun, mpiexec); launch with "
-            "`torchrun --nproc-per-node=N script.py`, `srun -n N python script.py` or `mpirun "
-            "-n N python script.py`"
-        )
-    if opts.distributed is False and info.is_distributed:
-        raise DistConfigError(
-            f"distributed=False, but {info.launcher} started {info.world_size} processes (this is "
-            f"rank {info.rank}); launch a single process or drop distributed=False"
-        )
+    _check_launch(opts.distributed, info)
     dev = pick_device(opts.device, info)
     if dev.type == "cuda":
         torch.cuda.set_device(dev)
@@ -232,6 +221,22 @@ def init(
     rdzv_s = opts.rendezvous_seconds(timeout_s)
     watch = opts.watchdog_settings(environ, timeout_s) if info.world_size > 1 else None
     return _join(info, dev, chosen, timeout_s, rdzv_s, opts, watch)
+
+
+def _check_launch(distributed: bool | None, info: DistInfo) -> None:
+    """``distributed=True`` needs a launcher; ``False`` refuses one that started several."""
+    if distributed is True and info.launcher == "single":
+        raise DistConfigError(
+            "--distributed needs a launcher: found no RANK/WORLD_SIZE (torchrun), no "
+            "SLURM_PROCID inside an srun step and no MPI rank (mpirun, mpiexec); launch with "
+            "`torchrun --nproc-per-node=N script.py`, `srun -n N python script.py` or `mpirun "
+            "-n N python script.py`"
+        )
+    if distributed is False and info.is_distributed:
+        raise DistConfigError(
+            f"distributed=False, but {info.launcher} started {info.world_size} processes (this is "
+            f"rank {info.rank}); launch a single process or drop distributed=False"
+        )
 
 
 def pick_device(requested: str | torch.device | None, info: DistInfo) -> torch.device:
@@ -331,17 +336,7 @@ def _join(
             os.environ["MASTER_PORT"] = str(joined.port)
         store = joined.store
         store.set_timeout(timeout)  # everyone is here: from now on, waits are collectives
-        kwargs: dict[str, Any] = {}
-        if backend == "nccl":
-            kwargs["device_id"] = dev  # binds the communicator to this GPU up front
-        tdist.init_process_group(
-            backend,
-            store=store,
-            rank=info.rank,
-            world_size=info.world_size,
-            timeout=timeout,
-            **kwargs,
-        )
+        _init_group(info, store, dev, backend, timeout)
         guard = _guard(info, joined, beacon, watch, timeout_s, opts.heartbeat)
     except BaseException:
         _restore_env(saved)
@@ -360,6 +355,22 @@ def _join(
         heartbeat=guard,
         heartbeat_prefix=f"{joined.prefix}/hb/",
         saved_env=saved,
+    )
+
+
+def _init_group(
+    info: DistInfo, store: tdist.Store, dev: torch.device, backend: str, timeout: timedelta
+) -> None:
+    kwargs: dict[str, Any] = {}
+    if backend == "nccl":
+        kwargs["device_id"] = dev  # binds the communicator to this GPU up front
+    tdist.init_process_group(
+        backend,
+        store=store,
+        rank=info.rank,
+        world_size=info.world_size,
+        timeout=timeout,
+        **kwargs,
     )
 
 
