@@ -9,6 +9,7 @@ from pathlib import Path
 import orjson
 import pytest
 import torch
+from ckpt_helpers import FORMATS
 
 from ckptstore import CheckpointStore, CorruptCheckpointError
 from ckptstore.manifest import CRC_CHUNK, Manifest
@@ -59,7 +60,7 @@ def test_a_plain_torch_file_of_weights_loads(tmp_path: Path) -> None:
     assert torch.equal(other.weight, model.weight)
 
 
-@pytest.mark.parametrize("fmt", ["torch", "dcp"])
+@pytest.mark.parametrize("fmt", FORMATS)
 def test_a_pickle_smuggled_into_a_valid_manifest_is_refused(
     tmp_path: Path, marker: Path, fmt: str
 ) -> None:
