@@ -334,7 +334,7 @@ class TrainConfig:
         check=_experiment_name,
     )
     use_torch_distributed_ckpt: bool = ORIGINAL(
-        False, "torch.distributed.checkpoint format (sharded): --checkpoint-format dcp"
+        False, "torch.distributed.checkpoint format (sharded; = --checkpoint-format dcp)"
     )
     compile: bool = ORIGINAL(False, "torch.compile the model")
     fused_optimizer: bool = ORIGINAL(False, "fused AdamW")
