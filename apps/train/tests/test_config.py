@@ -3,10 +3,14 @@ exit 2, nothing written)."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
+import ckptstore
 from pyrecover_train.cli import main
 from pyrecover_train.config import (
     FLAGS,
@@ -122,8 +126,6 @@ def test_experiment_names_ckptstore_accepts_pass() -> None:
 
 def test_console_command_and_python_m_form() -> None:
     """`pyrecover-train` (the console script) and `python -m pyrecover_train` are one command."""
-    import subprocess
-    import sys
     from importlib.metadata import entry_points
 
     (ep,) = entry_points(group="console_scripts", name="pyrecover-train")
@@ -141,6 +143,35 @@ def test_console_command_and_python_m_form() -> None:
 def test_keep_zero_means_keep_all_and_dcp_flag_picks_the_format() -> None:
     cfg = config_from_args(["--keep-last", "0", "--use_torch_distributed_ckpt"])
     assert cfg.keep_last is None and cfg.format == "dcp"
+
+
+def test_checkpoint_format_is_any_of_ckptstores_and_says_when_it_contradicts() -> None:
+    assert config_from_args([]).format == "torch"
+    assert config_from_args(["--parallelism", "fsdp", "--model-dtype", "bf16"]).format == "dcp"
+    for fmt in ckptstore.available_formats():
+        assert config_from_args(["--checkpoint-format", fmt]).format == fmt
+    both = ["--use-torch-distributed-ckpt", "--checkpoint-format", "dcp"]
+    assert config_from_args(both).format == "dcp"
+    (flag,) = [f for f in FLAGS if f.name == "checkpoint_format"]
+    assert flag.choices == tuple(ckptstore.available_formats())
+
+
+def test_a_plugins_checkpoint_format_is_a_choice(tmp_path: Path) -> None:
+    """A package that declares a ``ckptstore.formats`` entry point adds a --checkpoint-format
+    choice: the app names no format list of its own."""
+    dist = tmp_path / "toy_format-1.0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: toy-format\nVersion: 1.0\n")
+    value = "ckptstore.formats.torchfile:TorchFormat"
+    (dist / "entry_points.txt").write_text(f"[ckptstore.formats]\ntoy = {value}\n")
+    code = (
+        "from pyrecover_train.config import config_from_args as c; "
+        "print(c(['--checkpoint-format', 'toy']).format)"
+    )
+    path = [str(tmp_path), *filter(None, [os.environ.get("PYTHONPATH")])]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert r.returncode == 0 and r.stdout.strip() == "toy", r.stderr[-2000:]
 
 
 def test_remote_checkpoints_keep_metrics_local() -> None:
@@ -207,6 +238,7 @@ BAD = [
     (["--eval-every", "5", "--val-fraction", "0"], "--eval-every needs a held-out split"),
     (["--val-fraction", "1.5"], "--val-fraction must be in [0, 1)"),
     (["--model-size", "huge"], "invalid choice: 'huge'"),
+    (["--checkpoint-format", "zip"], "invalid choice: 'zip'"),
     (["--storage-options", "{nope"], "not JSON"),
     (["--storage-options", "[1]"], "must be a JSON object"),
     (["--no-such-flag"], "unrecognized arguments"),
@@ -218,6 +250,14 @@ BAD = [
     (["--checkpoint-mirror", "/proc/1/m"], "/proc/1 cannot be written by this user"),
     (["--param-dtype", "bf16", "--model-dtype", "fp32"], "--param-dtype bf16 computes in bf16"),
     (["--min-lr", "1", "--learning-rate", "0.1"], "--min-lr must be between 0 and --learning-rate"),
+    (
+        ["--use-torch-distributed-ckpt", "--checkpoint-format", "torch"],
+        "--use-torch-distributed-ckpt means --checkpoint-format dcp, not torch",
+    ),
+    (
+        ["--parallelism", "fsdp", "--model-dtype", "bf16", "--checkpoint-format", "torch"],
+        "--parallelism fsdp keeps the state sharded: use --checkpoint-format dcp",
+    ),
 ]
 
 

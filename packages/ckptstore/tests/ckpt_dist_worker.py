@@ -14,7 +14,13 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from ckpt_helpers import BIG_DIST, assert_same_state, blank_state, make_state  # beside this script
+from ckpt_helpers import (  # beside this script
+    BIG_DIST,
+    FORMATS,
+    assert_same_state,
+    blank_state,
+    make_state,
+)
 
 from ckptstore import CheckpointStore, CheckpointWarning
 
@@ -22,13 +28,13 @@ from ckptstore import CheckpointStore, CheckpointWarning
 def scenario(root: Path, rank: int) -> dict[str, object]:
     out: dict[str, object] = {}
     # 1 -> 2: checkpoints the test wrote from a single process
-    for fmt in ("dcp", "torch"):
+    for fmt in FORMATS:
         with CheckpointStore(str(root / f"{fmt}1"), format=fmt) as store:
             loaded = blank_state()
             assert store.load(loaded).step == 1
             assert_same_state(make_state(1), loaded)
-    # 2 -> 2, blocking, both formats
-    for fmt in ("dcp", "torch"):
+    # 2 -> 2, blocking, every format
+    for fmt in FORMATS:
         with CheckpointStore(str(root / f"{fmt}2"), format=fmt) as store:
             store.save(2, make_state(2))
             loaded = blank_state()

@@ -33,6 +33,20 @@ s3server = load_tool("s3server")
 STORAGES = ["local", "file", "memory", pytest.param("s3", marks=pytest.mark.s3), "plugin"]
 
 
+def __getattr__(name: str) -> Any:
+    """``FORMATS``: every checkpoint format ckptstore's registry knows when the tests are
+    collected (built in, or declared by an installed package), so a new format runs each test
+    parametrized over the formats (conftest.py takes it before the test modules register test
+    formats of their own). Looked up on first use, not at import: ckpt_open_worker.py imports
+    these helpers where ckptstore cannot be imported."""
+    if name != "FORMATS":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from ckptstore import available_formats
+
+    globals()["FORMATS"] = formats = available_formats()
+    return formats
+
+
 # ---------------------------------------------------------------------------- states --
 class TinyNet(torch.nn.Module):
     """Small, but with the parts that make checkpoints tricky: tied weights, a buffer."""

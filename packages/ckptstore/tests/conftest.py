@@ -11,7 +11,11 @@ from typing import Any
 
 import fsspec
 import pytest
-from ckpt_helpers import s3server  # importable: the tests folder is on pytest's `pythonpath`
+
+# importable: the tests folder is on pytest's `pythonpath`. FORMATS is taken here, before the
+# test modules are imported: some register test formats of their own as they are (test_async's
+# "gated" and "broken"), which no test parametrized over the formats is meant to run.
+from ckpt_helpers import FORMATS, s3server  # noqa: F401
 from ckpt_plugin import FolderStorage, install_entry_point
 
 from ckptstore.storage import registry

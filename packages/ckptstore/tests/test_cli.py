@@ -11,7 +11,7 @@ from typing import Any
 import orjson
 import pytest
 import torch
-from ckpt_helpers import ROOT, corrupt, make_state, run_cli
+from ckpt_helpers import FORMATS, ROOT, corrupt, make_state, run_cli
 
 from ckptstore import CheckpointStore, cli
 from ckptstore.cli import main
@@ -66,7 +66,7 @@ def test_prune(ckpts: Path, capsys: Any) -> None:
     assert sorted(p.name for p in ckpts.iterdir()) == ["latest", "step-00010000"]
 
 
-@pytest.mark.parametrize("fmt", ["torch", "dcp"])
+@pytest.mark.parametrize("fmt", FORMATS)
 def test_export_plain_weights(tmp_path: Path, capsys: Any, fmt: str) -> None:
     state = make_state(4)
     with CheckpointStore(str(tmp_path / "c"), format=fmt) as store:

@@ -10,6 +10,7 @@ import fsspec
 import pytest
 import torch
 from ckpt_helpers import (
+    FORMATS,
     STORAGES,
     assert_same_state,
     blank_state,
@@ -28,7 +29,7 @@ from ckptstore import (
 )
 
 pytestmark = [
-    pytest.mark.parametrize("fmt", ["torch", "dcp"]),
+    pytest.mark.parametrize("fmt", FORMATS),
     pytest.mark.parametrize("storage", STORAGES, indirect=True),
 ]
 

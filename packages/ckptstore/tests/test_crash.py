@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 from ckpt_crash_child import POINTS
-from ckpt_helpers import assert_same_state, blank_state, make_state
+from ckpt_helpers import FORMATS, assert_same_state, blank_state, make_state
 
 from ckptstore import CheckpointStore
 
@@ -93,7 +93,7 @@ def leftovers(root: Path) -> list[str]:
     return out + [p.name for p in root.glob("step-*") if not (p / "manifest.json").exists()]
 
 
-@pytest.mark.parametrize("fmt", ["torch", "dcp"])
+@pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("point", POINTS)
 def test_kill_at_each_point_of_the_commit_protocol(
     forkserver: Any, tmp_path: Path, fmt: str, point: str
@@ -106,7 +106,7 @@ def test_kill_at_each_point_of_the_commit_protocol(
     assert step == (1 if POINTS.index(point) < POINTS.index("manifest-written") else 2)
 
 
-@pytest.mark.parametrize("fmt", ["torch", "dcp"])
+@pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("blocking", [True, False], ids=["sync", "async"])
 def test_kill_at_random_times(forkserver: Any, tmp_path: Path, fmt: str, blocking: bool) -> None:
     rnd = random.Random(f"{fmt}{blocking}{os.getpid()}")

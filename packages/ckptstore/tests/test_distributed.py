@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 from ckpt_helpers import (
+    FORMATS,
     TESTS,
     assert_same_state,
     blank_state,
@@ -28,7 +29,7 @@ WORKER = TESTS / "ckpt_dist_worker.py"
 @pytest.mark.slow
 def test_two_ranks(tmp_path: Path) -> None:
     # single-process checkpoints, for the 1 -> 2 direction
-    for fmt in ("dcp", "torch"):
+    for fmt in FORMATS:
         with CheckpointStore(str(tmp_path / f"{fmt}1"), format=fmt) as store:
             store.save(1, make_state(1))
     procs = [
@@ -86,7 +87,7 @@ def test_two_ranks(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("fmt", ["torch", "dcp"])
+@pytest.mark.parametrize("fmt", FORMATS)
 def test_a_background_save_the_store_refused_reaches_every_rank(tmp_path: Path, fmt: str) -> None:
     """Rank 0 alone learned that its background save failed (the store did not answer), at
     the next save, and raised there while rank 1 waited for it in that save's agreement; now

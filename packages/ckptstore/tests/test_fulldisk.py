@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from ckpt_helpers import assert_same_state, load_tool
+from ckpt_helpers import FORMATS, assert_same_state, load_tool
 
 from ckptstore import CheckpointError, CheckpointStore
 
@@ -29,7 +29,7 @@ def state_of(n: int, seed: int) -> dict[str, torch.Tensor]:
     return {"w": torch.randn(n, generator=torch.Generator().manual_seed(seed))}
 
 
-@pytest.mark.parametrize("fmt", ["torch", "dcp"])
+@pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("blocking", [True, False], ids=["sync", "async"])
 def test_disk_full_during_save(tiny_disk: Path, fmt: str, blocking: bool) -> None:
     root = str(tiny_disk / "ckpt")

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 import torch
 from ckpt_helpers import (
+    FORMATS,
     TESTS,
     assert_same_state,
     communicate_all,
@@ -34,6 +35,7 @@ from ckptstore import (
     foreign_kind,
     import_checkpoint,
     read_foreign,
+    register_format,
 )
 
 WORKER = TESTS / "ckpt_foreign_worker.py"
@@ -159,7 +161,7 @@ def test_an_export_comes_back_whole(tmp_path: Path, capsys: Any) -> None:
 
 
 # ---------------------------------------------------------------------------------- export --
-@pytest.mark.parametrize("fmt", ["torch", "dcp"])
+@pytest.mark.parametrize("fmt", FORMATS)
 def test_export_writes_the_whole_state_in_one_call(tmp_path: Path, fmt: str) -> None:
     state = make_state(5)
     with CheckpointStore(str(tmp_path / "c"), format=fmt) as store:
@@ -253,6 +255,39 @@ def test_an_existing_step_is_not_replaced_unless_asked(tmp_path: Path, capsys: A
     assert code == 1 and "--overwrite" in one_line(err)
     argv = ["import", str(tmp_path / "w.pt"), str(tmp_path / "c"), "--step", "3", "--overwrite"]
     assert run_cli(capsys, *argv)[0] == 0
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_import_writes_the_format_asked_for(tmp_path: Path, capsys: Any, fmt: str) -> None:
+    state = {"model": {"w": torch.arange(6.0)}, "step": 4}
+    torch.save(state, tmp_path / "s.pt")
+    argv = ["import", str(tmp_path / "s.pt"), str(tmp_path / "c"), "--format", fmt]
+    code, out, _ = run_cli(capsys, *argv)
+    assert code == 0, out
+    with CheckpointStore(str(tmp_path / "c")) as store:
+        assert store.manifest(4).format == fmt
+    assert_same_state(state, read_back(tmp_path / "c", 4))
+
+
+def test_import_offers_the_registrys_formats(
+    tmp_path: Path, capsys: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--format's choices are the registry's when the command runs: a format registered after
+    ckptstore was imported (as a plugin's is) is one; a name nobody registered is one line,
+    exit 2, that lists them."""
+    import ckptstore.formats as formats
+
+    for attr in ("known", "loaded"):  # the registration ends with this test
+        monkeypatch.setattr(formats.FORMATS, attr, dict(getattr(formats.FORMATS, attr)))
+    register_format("late", "ckptstore.formats.torchfile:TorchFormat")
+    torch.save({"w": torch.ones(2)}, tmp_path / "s.pt")
+    argv = ["import", str(tmp_path / "s.pt"), str(tmp_path / "c"), "--step", "1"]
+    assert run_cli(capsys, *argv, "--format", "late")[0] == 0
+    with CheckpointStore(str(tmp_path / "c")) as store:
+        assert store.manifest(1).format == "late"
+    code, _, err = run_cli(capsys, *argv, "--format", "nope", "--overwrite")
+    line = one_line(err)
+    assert code == 2 and "'nope'" in line and all(f"'{f}'" in line for f in [*FORMATS, "late"])
 
 
 # ------------------------------------------------------------ readers point at ckptstore import --

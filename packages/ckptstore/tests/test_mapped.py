@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from ckpt_helpers import assert_same_state, make_state
+from ckpt_helpers import FORMATS, assert_same_state, make_state
 
 from ckptstore import CheckpointStore, CorruptCheckpointError, IOOptions
 from ckptstore.formats import mapped
@@ -45,7 +45,7 @@ def test_only_local_disks_are_mapped(tmp_path: Path, monkeypatch: pytest.MonkeyP
     assert not mapped.mappable(str(tmp_path), io)
 
 
-@pytest.mark.parametrize("fmt", ["torch", "dcp"])
+@pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("direct", [None, True])
 def test_a_fresh_read_is_bitwise_and_private(tmp_path: Path, fmt: str, direct: bool | None) -> None:
     state = make_state(2, big=300_000)

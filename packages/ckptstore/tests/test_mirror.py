@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from ckpt_helpers import assert_same_state, blank_state, corrupt, fs_for, make_state
+from ckpt_helpers import FORMATS, assert_same_state, blank_state, corrupt, fs_for, make_state
 
 from ckptstore import CheckpointStore, CheckpointWarning, MirrorError, check_mirror
 
@@ -23,7 +23,7 @@ def mirror(request: pytest.FixtureRequest) -> tuple[str, dict[str, Any]]:
     return f"s3://ckpt/mirror-{tag}", server.storage_options()
 
 
-@pytest.mark.parametrize("fmt", ["torch", "dcp"])
+@pytest.mark.parametrize("fmt", FORMATS)
 def test_mirror_receives_each_commit_and_restores(
     tmp_path: Path, mirror: tuple[str, dict[str, Any]], fmt: str
 ) -> None:

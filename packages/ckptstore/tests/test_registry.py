@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 import torch
-from ckpt_helpers import STORAGES
+from ckpt_helpers import FORMATS, STORAGES
 from ckpt_plugin import FolderStorage
 
 from ckptstore import (
@@ -37,6 +37,15 @@ def test_builtin_formats_and_declared_entry_points_agree() -> None:
     eps = {ep.name: ep.value for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)}
     assert eps.get("torch") == "ckptstore.formats.torchfile:TorchFormat"
     assert eps.get("dcp") == "ckptstore.formats.dcp:DCPFormat"
+
+
+def test_the_format_parametrized_tests_run_the_shipped_and_installed_formats() -> None:
+    """FORMATS is what ckptstore ships and installed packages declare: never a test format a
+    test module registered as it was imported (test_async's "gated", say)."""
+    eps = {ep.name for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)}
+    assert {"torch", "dcp"} <= set(FORMATS)
+    for name in FORMATS:
+        assert name in eps or get_format(name).__module__.startswith("ckptstore.formats."), name
 
 
 def test_unknown_format_lists_the_available_ones() -> None:

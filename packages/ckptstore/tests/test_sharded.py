@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 import torch
 import torch.nn.functional as F
+from ckpt_helpers import FORMATS
 from torch import nn
 
 from ckptstore import CheckpointStore
@@ -320,7 +321,7 @@ def trained(seed: int, steps_: int = 2) -> tuple[nn.Module, torch.optim.Optimize
     return model, opt
 
 
-@pytest.mark.parametrize("fmt", ["dcp", "torch"])
+@pytest.mark.parametrize("fmt", FORMATS)
 def test_round_trip_in_one_process(fmt: str, tmp_path: Path) -> None:
     model, opt = trained(0)
     with CheckpointStore(str(tmp_path), format=fmt) as store:

@@ -10,7 +10,7 @@ from typing import Any
 import orjson
 import pytest
 import torch
-from ckpt_helpers import assert_same_state
+from ckpt_helpers import FORMATS, assert_same_state
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -73,7 +73,7 @@ def test_plain_values_round_trip_exactly_through_json(value: Any) -> None:
         torch.float8_e4m3fn,
     ],
 )
-@pytest.mark.parametrize("fmt", ["torch", "dcp"])
+@pytest.mark.parametrize("fmt", FORMATS)
 def test_every_dtype_and_odd_layouts_round_trip_bitwise(
     tmp_path: Path, dtype: torch.dtype, fmt: str
 ) -> None:

@@ -277,6 +277,7 @@ _ASYNC_SHOWN = (
     "auto: on with CUDA (the snapshot is a copy to pinned memory), off on CPU (the writer "
     "would compete with training for the cores) and for FSDP-sharded state"
 )
+_FORMAT_SHOWN = "torch; dcp (sharded) with --parallelism fsdp or --use-torch-distributed-ckpt"
 _TOKENIZER_HELP = "byte | gpt2 | bpe[:N] | path/to/tokenizer.json (or its folder)"
 _CACHE_SHOWN = "$PYRECOVER_CACHE or ~/.cache/pyrecover"
 _VAL_SHOWN = f"{DEFAULT_VAL_FRACTION} when evaluating, else 0"
@@ -333,7 +334,7 @@ class TrainConfig:
         check=_experiment_name,
     )
     use_torch_distributed_ckpt: bool = ORIGINAL(
-        False, "torch.distributed.checkpoint format (sharded)"
+        False, "torch.distributed.checkpoint format (sharded; = --checkpoint-format dcp)"
     )
     compile: bool = ORIGINAL(False, "torch.compile the model")
     fused_optimizer: bool = ORIGINAL(False, "fused AdamW")
@@ -370,6 +371,12 @@ class TrainConfig:
     )
     checkpoint_mirror: str | None = CHECKPOINTING(
         None, "second location every checkpoint is copied to", path=True
+    )
+    checkpoint_format: str | None = CHECKPOINTING(
+        None,
+        "how checkpoints are written: a format of ckptstore's registry (an installed plugin's too)",
+        choices=tuple(ckptstore.available_formats()),
+        shown=_FORMAT_SHOWN,
     )
     async_checkpoint: bool | None = CHECKPOINTING(None, _ASYNC_HELP, shown=_ASYNC_SHOWN)
     keep_last: int | None = CHECKPOINTING(
@@ -534,6 +541,22 @@ class TrainConfig:
             raise ValueError("--keep-best ranks checkpoints by validation loss: set --eval-every N")
         if self.checkpoint_mirror:
             _check_mirror(self)
+        self._check_format()
+
+    def _check_format(self) -> None:
+        asked = self.checkpoint_format
+        if asked is None:
+            return
+        if self.use_torch_distributed_ckpt and asked != "dcp":
+            raise ValueError(
+                f"--use-torch-distributed-ckpt means --checkpoint-format dcp, not {asked}: give "
+                "one of the two"
+            )
+        if self.parallelism == "fsdp" and asked == "torch":  # ckptstore's 'torch' takes no shards
+            raise ValueError(
+                "--checkpoint-format torch writes one whole file from rank 0, but --parallelism "
+                "fsdp keeps the state sharded: use --checkpoint-format dcp, or leave it out"
+            )
 
     def warnings(self) -> list[str]:
         """Contradictions between flags that still leave a sane run (a short test run, say):
@@ -587,7 +610,10 @@ class TrainConfig:
 
     @property
     def format(self) -> str:
-        """The checkpoint format: FSDP's sharded state is always saved sharded (dcp)."""
+        """The checkpoint format: ``--checkpoint-format``, else sharded (dcp) for FSDP's
+        sharded state or the original's ``--use-torch-distributed-ckpt``, else torch."""
+        if self.checkpoint_format is not None:
+            return self.checkpoint_format
         sharded = self.use_torch_distributed_ckpt or self.parallelism == "fsdp"
         return "dcp" if sharded else "torch"
 

@@ -21,6 +21,7 @@ import orjson
 
 from .errors import CheckpointError, CheckpointWarning, NoCheckpointError
 from .foreign import foreign_kind
+from .formats import available_formats
 from .layout import Location, StepSpec, split_step_url
 from .manifest import Manifest
 from .storage import parse_storage_options
@@ -96,7 +97,12 @@ def _import_command(sub: Any) -> None:
     sp.add_argument("url", help="the experiment folder to import into (path or fsspec URL)")
     sp.add_argument("--experiment", help="experiment sub-directory under URL")
     sp.add_argument("--step", type=_step_number, default=None, help="step to save it as")
-    sp.add_argument("--format", choices=("torch", "dcp"), default="torch")
+    sp.add_argument(
+        "--format",
+        choices=available_formats(),
+        default="torch",
+        help="the checkpoint format to write it in: one of the registry's (default torch)",
+    )
     sp.add_argument("--overwrite", action="store_true", help="replace that step if it exists")
     sp.add_argument(
         "--rewind",
