@@ -1,7 +1,8 @@
 """The real parts of the end-to-end suite, started and stopped by PID: one single-node SLURM
-(tools/localslurm.py, 8 one-CPU job slots), one moto_server S3 endpoint (tools/s3server.py), a
-generated corpus; and the long SLURM scenarios, started in the background as soon as the session
-begins (see e2e_helpers). At the end, a summary table: scenario, result, key figures.
+(tools/localslurm.py, 8 one-CPU job slots), a three-node one when a selected test needs it
+(each daemon in network namespaces of its own), one moto_server S3 endpoint (tools/s3server.py),
+a generated corpus; and the long SLURM scenarios, started in the background as soon as the
+session begins (see e2e_helpers). At the end, a summary table: scenario, result, key figures.
 
 Where slurm-wlm or moto_server is missing the scenarios that need them skip with the reason,
 unless PYRECOVER_REQUIRE_SLURM=1 / PYRECOVER_REQUIRE_S3=1 (CI sets both): then they fail.
@@ -132,6 +133,23 @@ def slurm_cluster(tmp_path_factory: pytest.TempPathFactory, timelines: Path) -> 
         yield cluster
 
 
+@pytest.fixture(scope="session")
+def multinode_slurm(tmp_path_factory: pytest.TempPathFactory, timelines: Path) -> Iterator[Any]:
+    """A running SLURM of a controller and three nodes (2 one-CPU job slots each), each in
+    network namespaces of its own, with SLURM's default SlurmdTimeout; or None (the reason in
+    ``.why``). Started only when a selected test needs it."""
+    localslurm = load_tool("localslurm")
+    why = localslurm.multinode_unavailable_reason()
+    if why is not None:
+        yield _Missing(why)
+        return
+    workdir = tmp_path_factory.mktemp("slurm-nodes")
+    with localslurm.MultiNodeCluster(workdir, nodes=3, cpus=2) as cluster:
+        # Variables of an enclosing launcher must not leak into the jobs.
+        cluster.env = localslurm._client_env(cluster.conf_path, environ_without_launchers())
+        yield cluster
+
+
 @dataclass
 class _Missing:
     why: str
@@ -142,6 +160,13 @@ def cluster(slurm_cluster: Any) -> Any:
     if isinstance(slurm_cluster, _Missing):
         _unavailable("local SLURM", slurm_cluster.why, "PYRECOVER_REQUIRE_SLURM")
     return slurm_cluster
+
+
+@pytest.fixture
+def multinode_cluster(multinode_slurm: Any) -> Any:
+    if isinstance(multinode_slurm, _Missing):
+        _unavailable("multi-node local SLURM", multinode_slurm.why, "PYRECOVER_REQUIRE_SLURM")
+    return multinode_slurm
 
 
 @pytest.fixture(scope="session")
@@ -256,6 +281,44 @@ def _finish_reference(proc: Any) -> str:
 def long(long_runs: LongRuns | None, cluster: Any) -> LongRuns:
     assert long_runs is not None, "the long scenarios were not started"
     return long_runs
+
+
+@pytest.fixture(scope="session", autouse=True)
+def multinode_runs(
+    request: pytest.FixtureRequest,
+    corpus: Path,
+    cache_dir: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+    long_runs: LongRuns | None,
+) -> Iterator[Background | None]:
+    """Starts the two-node scenario (test_slurm_multinode.py) in the background, when selected,
+    sized with the long runs' calibration (its own when they have none)."""
+    if not any("long_multinode" in getattr(i, "fixturenames", ()) for i in request.session.items):
+        yield None
+        return
+    cluster = request.getfixturevalue("multinode_slurm")
+    if isinstance(cluster, _Missing):
+        yield None
+        return
+    from multinode import drive_two_nodes
+
+    work = tmp_path_factory.mktemp("nodes")
+    quiet = long_runs.quiet if long_runs is not None else None
+    quiet = quiet or calibrate(corpus, cache_dir, work / "calibrate")
+    bg = Background()
+    bg.start("two_nodes", lambda: drive_two_nodes(cluster, work, corpus, cache_dir, quiet))
+    try:
+        yield bg
+    finally:
+        for job in list(cluster.jobs()):
+            cluster.run(["scancel", job], check=False)
+        bg.join_all(timeout=60)
+
+
+@pytest.fixture
+def long_multinode(multinode_runs: Background | None, multinode_cluster: Any) -> Background:
+    assert multinode_runs is not None, "the two-node scenario was not started"
+    return multinode_runs
 
 
 # -- the short scenarios' configuration and reference ---------------------------------------------

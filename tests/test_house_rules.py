@@ -162,7 +162,8 @@ def test_app_depends_on_the_four_packages() -> None:
 def test_ci_installs_every_tool_a_test_would_skip_without() -> None:
     """A test that CI skips is not a test: .ci/run installs what the skip reasons ask for."""
     ci = (ROOT / ".ci/run").read_text()
-    for command, package in (("slurmctld", "slurm-wlm"), ("shellcheck", "shellcheck")):
+    tools = (("slurmctld", "slurm-wlm"), ("shellcheck", "shellcheck"), ("ip", "iproute2"))
+    for command, package in tools:
         assert f"[{command}]={package}" in ci, f".ci/run must apt-get install {package}"
 
 

@@ -1,9 +1,12 @@
-"""The repository's local-cluster helper (tools/localslurm.py): parsing and CLI, no daemons."""
+"""The repository's local-cluster helper (tools/localslurm.py): parsing, CLI, the multi-node
+cluster's config and address claims; no daemons (tests/test_localslurm_multinode.py starts them)."""
 
 from __future__ import annotations
 
+import ipaddress
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from types import ModuleType
 
@@ -83,3 +86,75 @@ def test_partitions_and_settings_reach_slurm_conf(localslurm: ModuleType, tmp_pa
     assert len(parts) == 2 and parts[1].endswith("State=UP PriorityTier=1 PreemptMode=REQUEUE")
     with pytest.raises(ValueError, match="partition name 'a b'"):
         localslurm.LocalCluster(tmp_path, partitions={"a b": ""})
+
+
+def test_multinode_says_what_is_missing(
+    localslurm: ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(localslurm, "unavailable_reason", lambda: None)
+    real = localslurm._which
+    monkeypatch.setattr(localslurm, "_which", lambda name: None if name == "ip" else real(name))
+    reason = localslurm.multinode_unavailable_reason()
+    assert reason is not None and "apt-get install iproute2" in reason
+    # A machine where namespaces cannot be made: the probe fails (here: `false` in its place).
+    fake = {"unshare": "/bin/false"}
+    monkeypatch.setattr(localslurm, "_which", lambda name: fake.get(name) or real(name))
+    reason = localslurm.multinode_unavailable_reason()
+    assert reason is not None and "cannot create network namespaces" in reason
+    monkeypatch.setattr(localslurm.os, "geteuid", lambda: 1000)
+    monkeypatch.setattr(localslurm, "unavailable_reason", lambda: "runs as SlurmUser=root")
+    assert localslurm.multinode_unavailable_reason() == "runs as SlurmUser=root"
+
+
+def test_multinode_conf_has_a_node_per_namespace(localslurm: ModuleType, tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="nodes must be 1-250"):
+        localslurm.MultiNodeCluster(tmp_path, nodes=0)
+    cluster = localslurm.MultiNodeCluster(tmp_path, nodes=3, cpus=2)
+    hosts = [cluster.controller, *cluster.nodes]
+    cluster.addresses = {h: f"10.1.2.{i + 1}" for i, h in enumerate(hosts)}
+    cluster._write_conf()  # what start() writes once the namespaces are there
+    conf = (tmp_path / "slurm.conf").read_text().splitlines()
+    assert f"SlurmctldHost={cluster.controller}(10.1.2.1)" in conf
+    nodes = [line for line in conf if line.startswith("NodeName=")]
+    assert nodes == [
+        f"NodeName={n} NodeAddr=10.1.2.{i + 2} NodeHostname={n} CPUs=2 RealMemory=1000 "
+        "State=UNKNOWN"
+        for i, n in enumerate(cluster.nodes)
+    ]
+    # SLURM's defaults, as on a real cluster: every address, SlurmdTimeout 300 s ...
+    assert not any(line.startswith(("CommunicationParameters=", "SlurmdTimeout=")) for line in conf)
+    cluster = localslurm.MultiNodeCluster(tmp_path, extra_conf={"SlurmdTimeout": "30"})
+    cluster.addresses = dict.fromkeys([cluster.controller, *cluster.nodes], "10.1.2.1")
+    cluster._write_conf()  # ... unless set
+    assert "SlurmdTimeout=30" in (tmp_path / "slurm.conf").read_text().splitlines()
+
+
+def test_clusters_claiming_addresses_at_once_get_different_subnets(
+    localslurm: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    hosts = tmp_path / "etc" / "hosts"
+    hosts.parent.mkdir()
+    hosts.write_text("127.0.0.1 localhost\n10.9.9.9 elsewhere")  # no newline at the end
+    monkeypatch.setattr(localslurm, "HOSTS_FILE", hosts)
+    busy = ipaddress.ip_network("10.0.0.0/9")  # this machine's own: never taken
+    monkeypatch.setattr(localslurm, "_local_networks", lambda: [busy])
+    claims: dict[str, dict[str, str]] = {}
+
+    def claim(tag: str) -> None:
+        claims[tag] = localslurm._claim_addresses(tag, [f"c{tag}", f"n{tag}-1"])
+
+    threads = [threading.Thread(target=claim, args=(f"t{i}",)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    nets = {ipaddress.ip_network(f"{c[f'c{tag}']}/24", strict=False) for tag, c in claims.items()}
+    assert len(nets) == 8 and not any(n.overlaps(busy) for n in nets)
+    lines = hosts.read_text().splitlines()
+    assert lines[:2] == ["127.0.0.1 localhost", "10.9.9.9 elsewhere"] and len(lines) == 2 + 16
+    for tag, claimed in claims.items():
+        for host, address in claimed.items():
+            assert f"{address} {host} # localslurm {tag}" in lines
+    localslurm._edit_hosts(lambda old: [x for x in old if not localslurm._tagged(x, "t3")])
+    lines = hosts.read_text().splitlines()
+    assert len(lines) == 2 + 14 and not any(line.endswith("localslurm t3") for line in lines)
