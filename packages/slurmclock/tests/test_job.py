@@ -5,7 +5,6 @@ batch job: test_slurm.py."""
 from __future__ import annotations
 
 import logging
-import os
 from pathlib import Path
 from typing import Any
 
@@ -231,13 +230,16 @@ def test_a_second_scheduler_plugs_in_everywhere(fakes: Any, tmp_path: Path) -> N
 
 
 def test_the_supervisor_excludes_a_node_through_the_interface(fakes: Any, tmp_path: Path) -> None:
-    from slurmclock.supervise import Fault, Supervisor
+    from slurmclock.lostnodes import NodeKeeper
 
     view = JobView(state="RUNNING", partition="p", num_nodes=1, exc_nodes="")
     scheduler = fakes.Scheduler({"9": view})
     scheduler.partitions["p"] = [Node("n1", "idle", True), Node("n2", "alloc", True)]
-    env = {"SLURM_JOB_ID": "9", "SLURMCLOCK_DIR": str(tmp_path)}
-    sup = Supervisor(env=env, scheduler=scheduler, out=open(os.devnull, "w"))  # noqa: SIM115
-    sup._exclude({Fault(0.0, 1, "n2", "dead", 0).host})
-    assert ("update_job", "9", "ExcNodeList=n2") in scheduler.calls
-    assert scheduler.jobs["9"].exc_nodes == "n2"
+    scheduler.dead.add("n2")
+    said: list[str] = []
+    keeper = NodeKeeper(scheduler, "9", log=said.append, timeout=5, probe_timeout=5, here="n1")
+    assert keeper.lost(["n2", "n1"]) == {"n2"}  # its own node answers by being there
+    assert ("probe_node", "9", "n2") in scheduler.calls
+    assert ("probe_node", "9", "n1") not in scheduler.calls
+    plan = keeper.before_requeue(view, 1)
+    assert (plan.exclude, plan.nodes, plan.give_up) == ("n2", None, None)
