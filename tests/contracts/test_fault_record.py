@@ -59,7 +59,7 @@ def test_the_variable_is_the_same_name_on_both_sides(job: Any) -> None:
     """The supervisor sets DDPKIT_FAULT_FILE for the step; ddpkit reads that variable."""
     sup = Supervisor(env=job.env)
     assert ddpkit.faults.FAULT_FILE_ENV == "DDPKIT_FAULT_FILE"
-    assert sup.fault_file == job.dir / "ci-4242.faults.jsonl"
+    assert sup.fault_file == job.dir / "ci-4242.0-1.faults.jsonl"  # restart 0, launch 1
 
 
 RANK = """

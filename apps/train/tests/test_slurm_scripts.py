@@ -81,7 +81,8 @@ FAKE_SBATCH = r"""#!/bin/bash
 # --test-only exits with $FAKE_TEST_ONLY_RC (default 0) and records nothing.
 if [ "${1:-}" = --test-only ]; then
     echo "sbatch --test-only" >> "$FAKE_DIR/calls.log"
-    [ "${FAKE_TEST_ONLY_RC:-0}" = 0 ] || echo "allocation failure: Requested node configuration is not available" >&2
+    said="allocation failure: Requested node configuration is not available"
+    [ "${FAKE_TEST_ONLY_RC:-0}" = 0 ] || echo "$said" >&2
     exit "${FAKE_TEST_ONLY_RC:-0}"
 fi
 n=$(grep -c '^---$' "$FAKE_DIR/sbatch.log" 2>/dev/null)
@@ -543,7 +544,7 @@ def test_the_step_is_told_where_to_report_a_dead_rank(fake: Path) -> None:
     r = run_script(fake, SIMPLE, FAKE_RC="0", FAKE_SRUN_ENV="DDPKIT_FAULT_FILE")
     assert r.returncode == 0, r.stdout + r.stderr
     said = (fake / "srun.env").read_text().strip()
-    assert said == str(fake / "timelines" / "job-4242.faults.jsonl")
+    assert said == str(fake / "timelines" / "job-4242.0-1.faults.jsonl")  # restart 0, launch 1
 
 
 def start_script(fake: Path, script: Path = SIMPLE, **env: str) -> subprocess.Popen[str]:

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -19,11 +21,11 @@ from slurmclock import EndTime, JobTimeline, JobView, Node, Step
 from slurmclock.supervise import SuperviseConfig, Supervisor
 
 JOB = "42"
-NOW = 1_900_000_000.0
+NOW = float(int(time.time()))  # the steps mark the timeline with the real clock
 
 # The step: each launch records its command line and exits with the next of the given codes;
-# FAULT=host writes a fault record naming it first (a rank there was dead), HANG=1 then hangs
-# (srun waiting on a node that does not answer).
+# "CODE:HOST" writes a fault record naming HOST first (a rank there was dead), "hang" hangs (srun
+# waiting on a node that does not answer), "CODE+" marks the trainer's first step first.
 STEP = """
 import json, os, sys, time
 from pathlib import Path
@@ -32,10 +34,21 @@ n = len(list(folder.glob("launch-*")))
 (folder / f"launch-{n}").write_text(json.dumps(sys.argv[3:]))
 plan = codes[min(n, len(codes) - 1)]
 code, _, fault = plan.partition(":")
+if code.endswith("+"):
+    from slurmclock import JobTimeline
+    code = code[:-1]
+    JobTimeline().mark("first_step", step=1, seconds=0.5)
 if fault:
     record = {"time": 4e9, "rank": 1, "host": fault, "what": "dead", "reporter": 0}
     with open(os.environ["DDPKIT_FAULT_FILE"], "a") as f:
         f.write(json.dumps(record) + "\\n")
+if code.endswith("~"):  # a rank of the launch before, cut off, reports this one's as dead
+    code = code[:-1]
+    earlier = os.environ["DDPKIT_FAULT_FILE"].replace(f"-{n + 1}.faults", f"-{n}.faults")
+    record = {"time": 4e9, "rank": 0, "host": "n1", "what": "dead", "reporter": 1}
+    with open(earlier, "a") as f:
+        f.write(json.dumps(record) + "\\n")
+    time.sleep(1)
 if code == "hang":
     time.sleep(120)
 sys.exit(int(code))
@@ -154,18 +167,21 @@ def history(sup: Supervisor, *marks: tuple[str, float, dict[str, Any]]) -> None:
 
 
 def test_a_crash_with_time_left_starts_again_in_the_allocation(tmp_path: Path, fakes: Any) -> None:
-    sup, scheduler, _ = make(tmp_path, fakes, relaunch_args=("--resume", "latest"))
+    sup, scheduler, _ = make(tmp_path, fakes, relaunch_args=("--resume", "latest"), tick=0.05)
     history(sup, ("start", NOW - 100, {}), ("first_step", NOW - 70, {"seconds": 2.0}), ENDED)
-    assert sup.run(step(tmp_path, "137", "0")) == 0
+    assert sup.run(step(tmp_path, "137", "0+")) == 0
     out = log(sup)
-    assert (
-        "training failed (exit 137 (killed by SIGKILL), failure 1 of 3 in a row before any "
-        "checkpoint): starting it again in this allocation (3600 s left, a restart needs ~50 s)"
-    ) in out  # the start-up measured (30 s) + 5 steps of 2 s + a 10 s margin
+    assert re.search(
+        r"training failed \(exit 137 \(killed by SIGKILL\), failure 1 of 3 in a row before any "
+        r"checkpoint\): starting it again in this allocation \(3[56]\d\d s left, a restart needs "
+        r"~50 s\)",
+        out,
+    ), out  # the start-up measured (30 s) + 5 steps of 2 s + a 10 s margin
     assert "starting the training step again (launch 2)" in out
-    assert "training finished" in out
+    assert "training again: the first step of this launch was done " in out  # the job log's
+    assert out.index("training again") < out.index("training finished")
     assert launches(tmp_path) == [[], ["--resume", "latest"]]
-    assert events(sup)[3:] == ["start", "exited", "failed", "relaunched", "exited"]
+    assert events(sup)[3:] == ["start", "exited", "failed", "relaunched", "first_step", "exited"]
     assert not any(c[0] == "requeue" for c in scheduler.calls)
 
 
@@ -267,6 +283,21 @@ def test_a_dead_node_is_left_out_and_the_step_goes_on_with_the_nodes_left(
     fault = next(e for e in timeline if e.name == "fault")
     assert (fault.info["node"], fault.info["what"], fault.info["rank"]) == ("n2", "dead", 1)
     assert [e.name for e in timeline][1:] == ["fault", "exited", "failed", "relaunched", "exited"]
+
+
+def test_a_rank_cut_off_in_an_earlier_launch_cannot_end_the_next(
+    tmp_path: Path, fakes: Any
+) -> None:
+    """A node cut off from the network goes on running its rank, which reports the others dead
+    once it misses them -- after its step was ended and the next launched: each launch has a
+    fault file of its own (DDPKIT_FAULT_FILE)."""
+    sup, scheduler, _ = make(tmp_path, fakes, nodes="n1,n2")
+    scheduler.dead.add("n2")
+    assert sup.run(step(tmp_path, "69:n2", "0~", srun=True)) == 0
+    out = log(sup)
+    assert out.count("the step cannot go on") == 1 and "training finished" in out
+    files = sorted(p.name for p in (tmp_path / "timelines").glob("*.faults.jsonl"))
+    assert files == ["job-42.0-1.faults.jsonl"]  # launch 2's ranks reported nothing
 
 
 def test_a_hot_spare_takes_the_place_of_a_lost_node(tmp_path: Path, fakes: Any) -> None:

@@ -22,10 +22,12 @@ from dataclasses import dataclass, field
 from slurmclock.commands import CommandError
 from slurmclock.faults import Fault, FaultWatch
 from slurmclock.job import PROBE_NAME, Scheduler
+from slurmclock.timeline import Event
 
-__all__ = ["GRACE_S", "KILL_S", "Launch", "kill"]
+__all__ = ["GRACE_S", "KILL_S", "LOOK_S", "Launch", "kill"]
 
 GRACE_S = 3.0  # after a fault report: srun's time to end the step by itself
+LOOK_S = 1.0  # how often a relaunch's first step is looked for in the job's timeline
 KILL_S = 3.0  # after `scancel JOB.STEP`: srun's time to leave before it is killed
 
 
@@ -42,6 +44,8 @@ class Launch:
     cancelled: tuple[str, float] | None = None
     killed: bool = False
     said: list[str] = field(default_factory=list)
+    after: float | None = None  # a relaunch: when the step before it failed
+    looked: float = 0.0  # when the timeline was last read for this launch's first step
 
     @classmethod
     def start(
@@ -59,6 +63,27 @@ class Launch:
     @property
     def faults(self) -> list[Fault]:
         return self.watch.seen
+
+    def first_step(
+        self, now: float, events: Callable[[], Sequence[Event]], *, force: bool = False
+    ) -> None:
+        """A relaunch: once its trainer marked ``first_step`` in the job's timeline (read at
+        most every :data:`LOOK_S`, unless ``force``), one line says how long training stood
+        still."""
+        if self.after is None or (now - self.looked < LOOK_S and not force):
+            return
+        self.looked = now
+        seen = list(events())
+        starts = [i for i, ev in enumerate(seen) if ev.name == "relaunched"]
+        for ev in seen[starts[-1] if starts else len(seen) :]:  # after this launch's mark
+            if ev.name == "first_step":
+                self.said.append(
+                    f"training again: the first step of this launch was done "
+                    f"{ev.time - self.after:.0f} s after the step before it ended (start-up "
+                    f"{ev.time - self.started:.0f} s)"
+                )
+                self.after = None
+                return
 
     def new_faults(self, now: float) -> list[Fault]:
         """Reports that came since the last call; the first one starts the grace period."""

@@ -55,30 +55,37 @@ class NodeKeeper:
         self.timeout, self.probe_timeout = timeout, probe_timeout
         self.here = _short(here or socket.gethostname())
         self.gone: set[str] = set()  # short names
+        self._probes: dict[str, threading.Thread] = {}
+        self._answers: dict[str, str | None] = {}  # node -> None (answered) or why not
+
+    def probe_soon(self, hosts: Iterable[str]) -> None:
+        """Start probing the reported ``hosts`` now (in threads), while the step still ends:
+        :meth:`lost` then waits only for what is left of the probes' time."""
+        for node in sorted({_short(h) for h in hosts if h} - self.gone - {self.here}):
+            if node not in self._probes:
+                thread = threading.Thread(target=self._probe, args=(node,), daemon=True)
+                self._probes[node] = thread
+                thread.start()
+
+    def _probe(self, node: str) -> None:
+        try:
+            self.scheduler.probe_node(self.job, node, timeout=self.probe_timeout)
+            self._answers[node] = None
+        except CommandError as e:
+            self._answers[node] = str(e)
 
     def lost(self, hosts: Iterable[str]) -> set[str]:
         """Of the reported ``hosts``, those that do not answer now (added to :attr:`gone`)."""
         suspects = sorted({_short(h) for h in hosts if h} - self.gone - {self.here})
-        answers: dict[str, str | None] = {}
-
-        def probe(node: str) -> None:
-            try:
-                self.scheduler.probe_node(self.job, node, timeout=self.probe_timeout)
-                answers[node] = None
-            except CommandError as e:
-                answers[node] = str(e)
-
-        threads = [threading.Thread(target=probe, args=(n,), daemon=True) for n in suspects]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        self.probe_soon(suspects)
         for node in suspects:
-            if answers.get(node) is None:
+            self._probes.pop(node).join()
+            answer = self._answers.pop(node, "no answer")
+            if answer is None:
                 self.log(f"node {node} answers: its rank failed, not the node")
             else:
                 self.gone.add(node)
-                self.log(f"node {node} does not answer ({answers[node]}): left out of this job")
+                self.log(f"node {node} does not answer ({answer}): left out of this job")
         return {n for n in suspects if n in self.gone}
 
     def before_requeue(

@@ -29,9 +29,10 @@ exit 74 (store unreachable)   nothing lost, not a failure: tried again in this a
 exit 2 (``--no-retry``)       a usage error: not retried
 ============================  ====================================================================
 
-**A lost node.** ``DDPKIT_FAULT_FILE`` is set for the step (``CLUSTER-JOB.faults.jsonl``
-beside the timeline): ranks that see a dead or frozen peer append ddpkit's fault record
-(DESIGN.md "Contracts"). The supervisor reads it while the step runs: each report is named in
+**A lost node.** ``DDPKIT_FAULT_FILE`` is set for each launch of the step
+(``CLUSTER-JOB.R-L.faults.jsonl`` beside the timeline: :attr:`Supervisor.fault_file`): ranks
+that see a dead or frozen peer append ddpkit's fault record (DESIGN.md "Contracts"). The
+supervisor reads it while the step runs: each report is named in
 the log and the timeline (``fault``) within a poll, and the step -- which ``srun`` cannot end
 while a node does not answer, until SLURM marks the node DOWN after ``SlurmdTimeout`` -- is ended
 through SLURM (:mod:`slurmclock.launch`). A reported node that does not answer a no-op step is
@@ -276,13 +277,19 @@ class Supervisor:
         self.launches = 0
         self._store_tries = 0
         self._wait_s = 0.0  # before the next launch (a store outage's pause)
+        self._ended_at = 0.0  # when the last launch ended
         self._argv: list[str] = []
 
     @property
     def fault_file(self) -> Path | None:
-        """Where ddpkit reports dead or frozen ranks: beside the job's timeline."""
+        """Where the ranks of the next launch report dead or frozen peers (ddpkit): beside the
+        job's timeline, one file per launch (``CLUSTER-JOB.R-L.faults.jsonl``, R the restart,
+        L the launch in this allocation): a rank cut off from the others may go on and report
+        them dead long after its step was ended, and must not end the next one."""
         path = self.timeline.path
-        return None if path is None else path.with_name(path.stem + ".faults.jsonl")
+        if path is None:
+            return None
+        return path.with_name(f"{path.stem}.{self.restart}-{self.launches + 1}.faults.jsonl")
 
     def log(self, message: str) -> None:
         stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(self.clock()))
@@ -407,12 +414,14 @@ class Supervisor:
             self.log(f"starting the training step again{where} (launch {self.launches})")
             self.timeline.mark("relaunched", attempt=self.launches, nodes=",".join(placed or ()))
         try:
-            return Launch.start(
+            launch = Launch.start(
                 command, env, started=self.clock(), fault_file=env.get("DDPKIT_FAULT_FILE")
             )
         except OSError as e:
             self.log(f"cannot start the training step `{command[0]}`: {e}")
             return None
+        launch.after = self._ended_at if again else None
+        return launch
 
     def _tasks_per_node(self) -> int | None:
         return self.config.tasks_per_node or tasks_per_node(self.env)
@@ -428,7 +437,10 @@ class Supervisor:
     def _watch(self, launch: Launch) -> None:
         """Faults named the moment they are read; a step stuck on a lost node ended."""
         now = self.clock()
-        for fault in launch.new_faults(now):
+        faults = launch.new_faults(now)
+        if faults and self.job is not None:
+            self.nodes.probe_soon(f.host for f in faults)
+        for fault in faults:
             self.log(f"{fault.describe()}: the step cannot go on")
             self.timeline.mark(
                 "fault",
@@ -440,6 +452,7 @@ class Supervisor:
             )
         if self.job is not None:
             launch.end_if_stuck(now, self.scheduler, self.job, self.config.command_timeout)
+        launch.first_step(now, self.timeline.events)
         while launch.said:
             self.log(launch.said.pop(0))
 
@@ -460,6 +473,10 @@ class Supervisor:
     def _finish(self, rc: int, launch: Launch) -> int | None:
         """The verdict on a launch that exited with ``rc``: the batch script's exit status, or
         None to launch again in this allocation (after :attr:`_wait_s`)."""
+        self._ended_at = self.clock()
+        launch.first_step(self._ended_at, self.timeline.events, force=True)  # a short run's
+        while launch.said:
+            self.log(launch.said.pop(0))
         self.log(f"training step exited with status {rc}")
         events = self.timeline.events()
         self.timeline.mark("exited", rc=rc)
