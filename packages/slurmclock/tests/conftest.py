@@ -107,6 +107,9 @@ class FakeScheduler:
         self.calls[-1] += tuple(f"{k}={v}" for k, v in fields.items())
         if "ExcNodeList" in fields:
             self.jobs[job] = replace(self.jobs[job], exc_nodes=fields["ExcNodeList"])
+        if "NodeList" in fields:  # a running job gives nodes back
+            nodes = fields["NodeList"]
+            self.jobs[job] = replace(self.jobs[job], nodes=nodes, num_nodes=len(nodes.split(",")))
 
     def signal(
         self, job: str, sig: str = "TERM", *, batch: bool = False, timeout: float = 10.0

@@ -163,7 +163,7 @@ def test_slurm_reads_what_its_commands_print(fakes: Any) -> None:
             ("show", "hostnames", "n[1-2]"): "n1\nn2\n",
             ("show", "config"): "Configuration data\nClusterName             = ci\n",
         }.get(tuple(argv[1:]), ""),
-        sinfo="n1 idle\nn2 down*\nn3 drain\nn4 alloc\n",
+        sinfo="n1 idle\nn2 down*\nn3 drain\nn4 alloc\nn5 mix*\n",
         scancel="",
     )
     slurm = Slurm(runner)
@@ -180,6 +180,7 @@ def test_slurm_reads_what_its_commands_print(fakes: Any) -> None:
         ("n2", False),
         ("n3", False),
         ("n4", True),
+        ("n5", False),  # not responding: SLURM schedules nothing there
     ]
     slurm.requeue("36")
     slurm.update_job("36", ExcNodeList="n2")
@@ -194,6 +195,40 @@ def test_slurm_reads_what_its_commands_print(fakes: Any) -> None:
     with pytest.raises(CommandError, match=r"squeue gives job 36 no start time \('N/A'\)") as e:
         slurm.start_time("36")
     assert e.value.kind == "output"
+
+
+def test_slurm_steps_as_squeue_lists_them_and_placed_launches(fakes: Any) -> None:
+    """What SLURM 22.05 printed for `squeue -h -s -j 1 -o "%i %N %j"` with a step stuck on a
+    lost node, the supervisor's probe and a relaunch; scancel of one step; srun placed."""
+    listed = (
+        "1.0 ne5551537-[1-2] python3\n1.3 ne5551537-2 slurmclock-probe\n"
+        "1.2 ne5551537-1 pyrecover-train\n1.batch ne5551537-1 batch\n"
+    )
+    runner = fakes.Runner(squeue=listed, scancel="", srun="")
+    slurm = Slurm(runner)
+    steps = slurm.steps("1")
+    assert [(s.id, s.number, s.name) for s in steps] == [
+        ("1.0", 0, "python3"),
+        ("1.3", 3, "slurmclock-probe"),
+        ("1.2", 2, "pyrecover-train"),
+        ("1.batch", None, "batch"),
+    ]
+    assert steps[0].nodes == "ne5551537-[1-2]"
+    slurm.cancel_step("1.2")
+    slurm.probe_node("1", "n2", timeout=5)
+    assert runner.calls[1:] == [
+        ("scancel", "1.2"),
+        ("srun", "--jobid=1", "--overlap", "--nodes=1", "--ntasks=1", "--ntasks-per-node=1",
+         "--nodelist=n2", "--job-name=slurmclock-probe", "--quiet", "true"),
+    ]  # fmt: skip
+    step = ["/usr/bin/srun", "--kill-on-bad-exit=1", "train"]
+    placed = slurm.step_command(step, ["n1", "n3"], tasks_per_node=4, overlap=True)
+    assert placed == [
+        "/usr/bin/srun", "--nodes=2", "--nodelist=n1,n3", "--ntasks=8", "--overlap",
+        "--kill-on-bad-exit=1", "train",
+    ]  # fmt: skip
+    assert slurm.step_command(step, None) == step
+    assert slurm.step_command(["mpirun", "train"], ["n1"], overlap=True) == ["mpirun", "train"]
 
 
 def test_slurm_names_its_own_command_whatever_the_runner_says(fakes: Any) -> None:
@@ -241,5 +276,5 @@ def test_the_supervisor_excludes_a_node_through_the_interface(fakes: Any, tmp_pa
     assert keeper.lost(["n2", "n1"]) == {"n2"}  # its own node answers by being there
     assert ("probe_node", "9", "n2") in scheduler.calls
     assert ("probe_node", "9", "n1") not in scheduler.calls
-    plan = keeper.before_requeue(view, 1)
+    plan = keeper.before_requeue(view, 1, asked=1)
     assert (plan.exclude, plan.nodes, plan.give_up) == ("n2", None, None)

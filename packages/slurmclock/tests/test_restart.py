@@ -279,6 +279,9 @@ def test_a_dead_node_is_left_out_and_the_step_goes_on_with_the_nodes_left(
         ["--nodes=1", "--nodelist=n1", "--ntasks=1", "--overlap"],
     ]
     assert ("probe_node", JOB, "n2") in scheduler.calls
+    # Given back: SLURM would hold the job (its end, a requeue) until it marks n2 DOWN.
+    assert ("update_job", JOB, "NodeList=n1") in scheduler.calls
+    assert "gave node(s) n2 back to SLURM (NodeList=n1)" in out
     timeline = sup.timeline.events()
     fault = next(e for e in timeline if e.name == "fault")
     assert (fault.info["node"], fault.info["what"], fault.info["rank"]) == ("n2", "dead", 1)
@@ -357,6 +360,7 @@ def test_a_requeue_asks_for_no_more_nodes_than_the_partition_has(
     assert sup.run(step(tmp_path, "69:n2", srun=True)) == 0
     updates = [c for c in scheduler.calls if c[0] in ("requeue", "update_job")]
     assert updates == [
+        ("update_job", JOB, "NodeList=n1,n3"),
         ("requeue", JOB),
         ("update_job", JOB, "NumTasks=2"),
         ("update_job", JOB, "NumNodes=2-2"),

@@ -89,10 +89,12 @@ class NodeKeeper:
         return {n for n in suspects if n in self.gone}
 
     def before_requeue(
-        self, view: JobView, min_nodes: int, *, keep_out: bool = True
+        self, view: JobView, min_nodes: int, *, asked: int, keep_out: bool = True
     ) -> RequeuePlan:
-        """What the requeued job (``view``) may ask for, given the partition's nodes now;
-        ``keep_out``: lost nodes go to its ExcNodeList (where the partition keeps enough)."""
+        """What the requeued job (``view``: its partition and ExcNodeList) may ask for, given
+        the partition's nodes now: ``asked`` nodes (what SLURM gives it back on a requeue: the
+        count it was submitted with, whatever it gave back since) or fewer; ``keep_out``: lost
+        nodes go to its ExcNodeList (where the partition keeps enough)."""
         listed = self.scheduler.nodes(view.partition, timeout=self.timeout)
         usable = {n.name for n in listed if n.usable}
         before = self.scheduler.hostnames(view.exc_nodes, timeout=self.timeout)
@@ -107,7 +109,7 @@ class NodeKeeper:
                 f"the next allocation avoids node(s) {', '.join(sorted(bad))} (ExcNodeList)"
             )
         free = {n for n in usable if _short(n) not in excluded and _short(n) not in self.gone}
-        size = requeue_size(len(free), view.num_nodes, min_nodes=min_nodes)
+        size = requeue_size(len(free), asked, min_nodes=min_nodes)
         if size is None:
             why = (
                 f"partition {view.partition} has {len(free)} usable node(s) for this job, fewer "
@@ -115,12 +117,12 @@ class NodeKeeper:
                 "node that may never come back"
             )
             return RequeuePlan(give_up=why)
-        if size < view.num_nodes:
+        if size < asked:
             said.append(
                 f"partition {view.partition} has {len(free)} usable node(s) for this job: the "
-                f"next allocation asks for {size} instead of {view.num_nodes} (NumNodes)"
+                f"next allocation asks for {size} instead of {asked} (NumNodes)"
             )
-        nodes = size if size < view.num_nodes else None
+        nodes = size if size < asked else None
         return RequeuePlan(exclude, nodes, None, tuple(said))
 
 

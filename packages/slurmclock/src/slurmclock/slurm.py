@@ -27,7 +27,8 @@ _PRINTED_LIMIT = re.compile(r"([0-9]{1,7}-)?[0-9]{1,4}(:[0-9]{2}){1,2}")
 # Keys whose value runs to the end of its line and may hold spaces (JobName=my job.sh), in the
 # multi-line `scontrol show job` (without -o).
 _REST_OF_LINE = ("JobName", "Command", "WorkDir", "StdErr", "StdIn", "StdOut", "Comment")
-# sinfo's short states of a node no job gets soon (a trailing * or ~ flags it further).
+# sinfo's short states of a node no job gets soon; a trailing * (not responding: SLURM
+# schedules nothing there, and marks it DOWN after SlurmdTimeout) too.
 _UNUSABLE = ("down", "drain", "fail", "maint", "futr", "inval")
 
 
@@ -116,14 +117,16 @@ class Slurm:
         return self._run(["scontrol", "show", "hostnames", nodelist], timeout).split()
 
     def nodes(self, partition: str, *, timeout: float = COMMAND_TIMEOUT) -> list[Node]:
-        """``sinfo -h -N -p PARTITION -o "%N %t"``: a node in several partitions is listed once."""
+        """``sinfo -h -N -p PARTITION -o "%N %t"``: a node in several partitions is listed once;
+        one that does not respond (``idle*``, ``mix*``) is not usable."""
         out = self._run(["sinfo", "-h", "-N", "-p", partition, "-o", "%N %t"], timeout)
         found: dict[str, Node] = {}
         for line in out.splitlines():
             parts = line.split()
             if len(parts) == 2:
                 name, state = parts
-                found.setdefault(name, Node(name, state, not state.startswith(_UNUSABLE)))
+                usable = not state.startswith(_UNUSABLE) and not state.endswith("*")
+                found.setdefault(name, Node(name, state, usable))
         return list(found.values())
 
     def cluster_name(self, *, timeout: float = COMMAND_TIMEOUT) -> str:

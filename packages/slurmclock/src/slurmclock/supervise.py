@@ -485,7 +485,8 @@ class Supervisor:
         kind = end_kind(rc, self.term, self.config.no_retry)
         streak, here = Streak(), NO_ROOM
         if kind == "failed":
-            self.nodes.lost(f.host for f in launch.faults)
+            if self.nodes.lost(f.host for f in launch.faults):
+                self._release_lost()
             exited = Event("exited", self.clock(), self.restart, {"rc": rc})
             failed = self._mark_failed([*events, exited], rc, describe_status(rc), launch.faults)
             streak = failure_streak([*events, exited, failed])
@@ -554,6 +555,23 @@ class Supervisor:
         if self.scheduler.step_command(self._argv, placed.nodes) == list(self._argv):
             return f"`{self._argv[0]}` is not srun: the step cannot be placed on the nodes left"
         return placed
+
+    def _release_lost(self) -> None:
+        """Give the lost nodes back to SLURM (``scontrol update JobId= NodeList=`` with the
+        others: a job may shrink itself). Until SLURM marks a node DOWN -- SlurmdTimeout, 300 s
+        by default -- a job that holds it cannot end: a requeue, or the job's own end, would
+        wait that long."""
+        hosts = self._allocation_hosts()
+        keep = [h for h in hosts if h.split(".")[0] not in self.nodes.gone]
+        if not keep or len(keep) == len(hosts) or self.job is None:
+            return
+        gone = [h for h in hosts if h not in keep]
+        job, timeout, nodes = self.job, self.config.command_timeout, ",".join(keep)
+        if self._tell(lambda: self.scheduler.update_job(job, timeout=timeout, NodeList=nodes)):
+            self.log(
+                f"gave node(s) {', '.join(gone)} back to SLURM (NodeList={nodes}): the job "
+                "does not wait for them to end"
+            )
 
     def _allocation_hosts(self) -> list[str]:
         if self._hosts is None:
@@ -738,9 +756,11 @@ class Supervisor:
         view = self._job_view()
         if view is None:
             return None
-        c = self.config
+        c, asked = self.config, self.facts.num_nodes
         return self._ask(
-            lambda: self.nodes.before_requeue(view, c.min_nodes, keep_out=c.exclude_failed_nodes)
+            lambda: self.nodes.before_requeue(
+                view, c.min_nodes, asked=asked, keep_out=c.exclude_failed_nodes
+            )
         )
 
     def _apply(self, plan: RequeuePlan) -> None:
