@@ -14,9 +14,10 @@ never reads a scheduler's variable or runs a scheduler's command itself:
   (:data:`EVENTS`, :data:`RESERVED_KEYS`): the contract with batch scripts, the supervisor and
   the packages beside this one (DESIGN.md, "Contracts");
 * the **scheduler interface** -- :class:`Scheduler` (end time, job record, requeue, update,
-  signal, host names, nodes, cluster name) with the data it answers in (:class:`EndTime`,
-  :class:`JobView`, :class:`Node`). :class:`slurmclock.slurm.Slurm` is the real one (squeue,
-  scontrol, scancel, sinfo through an injectable runner); another scheduler is one more class.
+  signal, host names, nodes, cluster name; the job's steps, ending one, probing a node, placing
+  a launch) with the data it answers in (:class:`EndTime`, :class:`JobView`, :class:`Node`,
+  :class:`Step`). :class:`slurmclock.slurm.Slurm` is the real one (squeue, scontrol, scancel,
+  sinfo, srun through an injectable runner); another scheduler is one more class.
 
 A job id is turned into file names (the job's timeline) and command arguments, so every one goes
 through :func:`check_job_id` first: ``../../escape``, ``abc`` or ``--all`` never reach a path or a

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import socket
 import threading
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -24,7 +25,9 @@ from slurmclock.commands import CommandError
 from slurmclock.job import JobView, Scheduler
 from slurmclock.placement import requeue_size
 
-__all__ = ["NodeKeeper", "RequeuePlan"]
+__all__ = ["STAGGER_S", "NodeKeeper", "RequeuePlan"]
+
+STAGGER_S = 0.05  # between the updates of a requeued job, sent at once
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,6 +127,39 @@ class NodeKeeper:
             )
         nodes = size if size < asked else None
         return RequeuePlan(exclude, nodes, None, tuple(said))
+
+    def apply(self, plan: RequeuePlan, tasks_per_node: int | None) -> None:
+        """After ``scontrol requeue``: the plan's updates, said first (this process lives
+        KillWait seconds more) and sent at once, :data:`STAGGER_S` apart in the order SLURM
+        must take them. Measured on SLURM 22.05 with a node lost: an update waits in slurmctld
+        until the requeue is done, which is after this process is gone, so updates sent one
+        after the other do not all get there; one with both counts keeps the task count and
+        drops the node count (checked first, against the old task count): the job pends as
+        BadConstraints. Hence the task count, then the node count (with ExcNodeList), then the
+        node count again."""
+        for line in plan.said:
+            self.log(line)
+        exclude = {} if plan.exclude is None else {"ExcNodeList": plan.exclude}
+        updates = [exclude] if exclude else []
+        if plan.nodes is not None:
+            n = plan.nodes
+            counts = {"NumNodes": f"{n}-{n}"}
+            tasks = [] if tasks_per_node is None else [{"NumTasks": str(n * tasks_per_node)}]
+            updates = [*tasks, {**counts, **exclude}, counts]
+        threads = []
+        for fields in updates:
+            thread = threading.Thread(target=self._update, args=(fields,), daemon=True)
+            thread.start()
+            threads.append(thread)
+            time.sleep(STAGGER_S)
+        for thread in threads:
+            thread.join(self.timeout)
+
+    def _update(self, fields: dict[str, str]) -> None:
+        try:
+            self.scheduler.update_job(self.job, timeout=self.timeout, **fields)
+        except CommandError as e:
+            self.log(f"{' '.join(e.argv)}: {e}")
 
 
 def _short(host: str) -> str:

@@ -666,10 +666,11 @@ class Supervisor:
             self._term_verdict = verdict
             self.log(verdict.message)
             return
-        with _sigterm_ignored():
-            self.requeued = self._requeue()
-            if self.requeued:
-                self._after_requeue()
+        self.requeued, impossible = self._requeue_planned()
+        if impossible is not None:
+            line = f"gave up: {impossible}; not requeueing. Resume: {self.config.resume_hint}"
+            self._term_verdict = Verdict("end", EXIT_STOPPED, line)
+            self._give_up(self._term_verdict)
 
     def _on_usr2(self, proc: Any) -> None:
         if proc is None:
@@ -734,20 +735,24 @@ class Supervisor:
     def _requeue_job(self, verdict: Verdict) -> int:
         """Requeue (the verdict said so), unless the partition cannot give the job its
         minimum any more: then the chain stops with one line."""
+        ok, impossible = self._requeue_planned()
+        if impossible is not None:
+            line = f"gave up: {impossible}; not requeueing. Resume: {self.config.resume_hint}"
+            return self._give_up(Verdict("give_up", verdict.code or 1, line))
+        return 0 if ok else verdict.code
+
+    def _requeue_planned(self) -> tuple[bool, str | None]:
+        """``scontrol requeue``, and what the next allocation asks for (planned while the job
+        runs: once SLURM has accepted, this process has KillWait seconds to live); (requeued,
+        why the partition cannot give the job its minimum: then no requeue)."""
         plan = self._requeue_plan()
         if plan is not None and plan.give_up is not None:
-            line = f"gave up: {plan.give_up}; not requeueing. Resume: {self.config.resume_hint}"
-            return self._give_up(Verdict("give_up", verdict.code or 1, line))
+            return False, plan.give_up
         with _sigterm_ignored():  # SLURM signals every process of the job once it accepts
             ok = self._requeue()
             if ok and plan is not None:
-                self._apply(plan)
-        return 0 if ok else verdict.code
-
-    def _after_requeue(self) -> None:
-        plan = self._requeue_plan()
-        if plan is not None and plan.give_up is None:
-            self._apply(plan)
+                self.nodes.apply(plan, self._tasks_per_node())
+        return ok, None
 
     def _requeue_plan(self) -> RequeuePlan | None:
         """What the next allocation asks for, for a job of several nodes or with lost ones."""
@@ -762,23 +767,6 @@ class Supervisor:
                 view, c.min_nodes, asked=asked, keep_out=c.exclude_failed_nodes
             )
         )
-
-    def _apply(self, plan: RequeuePlan) -> None:
-        """After ``scontrol requeue`` (the job is pending again): ExcNodeList, then the task
-        count and the node count in two updates -- SLURM 22.05 drops a NumNodes that the
-        job's task count contradicts, and one call with both leaves it BadConstraints."""
-        job, timeout, sched = self.job or "", self.config.command_timeout, self.scheduler
-        if plan.exclude is not None:
-            exclude = plan.exclude
-            if not self._tell(lambda: sched.update_job(job, timeout=timeout, ExcNodeList=exclude)):
-                return
-        if plan.nodes is not None:
-            n, per = plan.nodes, self._tasks_per_node()
-            if per is not None:
-                self._tell(lambda: sched.update_job(job, timeout=timeout, NumTasks=str(n * per)))
-            self._tell(lambda: sched.update_job(job, timeout=timeout, NumNodes=f"{n}-{n}"))
-        for line in plan.said:
-            self.log(line)
 
     def _requeue(self) -> bool:
         result = requeue(
