@@ -321,6 +321,16 @@ def long_multinode(multinode_runs: Background | None, multinode_cluster: Any) ->
     return multinode_runs
 
 
+def _selected(request: pytest.FixtureRequest, module: str) -> list[str]:
+    """The ``name`` parameters of the selected tests of ``module``, each once, in order."""
+    names = (
+        item.callspec.params["name"]
+        for item in request.session.items
+        if module in item.nodeid and hasattr(item, "callspec")
+    )
+    return list(dict.fromkeys(names))
+
+
 @pytest.fixture(scope="session", autouse=True)
 def node_fault_runs(
     request: pytest.FixtureRequest,
@@ -332,13 +342,7 @@ def node_fault_runs(
     """Starts the selected cases of scenario 11 (test_slurm_node_faults.py: nodes lost
     mid-run), each on a multi-node cluster of its own, in the background once the foreground
     scenarios are done (they mostly wait for SLURM and the supervisor)."""
-    wanted = list(
-        dict.fromkeys(
-            item.callspec.params["name"]
-            for item in request.session.items
-            if "test_slurm_node_faults" in item.nodeid and hasattr(item, "callspec")
-        )
-    )
+    wanted = _selected(request, "test_slurm_node_faults")
     localslurm = load_tool("localslurm")
     if not wanted or localslurm.multinode_unavailable_reason() is not None:
         yield None
@@ -417,11 +421,7 @@ def fault_matrix(
     goodput, runs on meanwhile (a CI session is as long as that scenario)."""
     from faults import BY_NAME, PREEMPT_CONF, PREEMPT_PARTITIONS, TWO_RANK_REFERENCE
 
-    wanted = [
-        item.callspec.params["name"]
-        for item in request.session.items
-        if "test_slurm_faults" in item.nodeid and hasattr(item, "callspec")
-    ]
+    wanted = _selected(request, "test_slurm_faults")
     localslurm = load_tool("localslurm")
     if not wanted or localslurm.unavailable_reason() is not None:
         yield None
