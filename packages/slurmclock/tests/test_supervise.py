@@ -429,6 +429,17 @@ def test_cli_usage_errors_are_one_line(capsys: pytest.CaptureFixture[str]) -> No
     assert err.count("\n") == 1 and "max_failures must be a whole number >= 1" in err
 
 
+def test_cli_node_and_restart_settings(capsys: pytest.CaptureFixture[str]) -> None:
+    for argv, said in (
+        (["--spare-nodes", "-1"], "spare_nodes must be a whole number >= 0"),
+        (["--min-nodes", "3", "--step-nodes", "2"], "step_nodes 2 is fewer than min_nodes 3"),
+        (["--relaunch-args", '"unbalanced'], "No closing quotation"),
+    ):
+        assert main(["supervise", *argv, "--", "true"]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and said in err, err
+
+
 def test_a_bad_job_id_is_refused(tmp_path: Path) -> None:
     sup = Supervisor(env={"SLURM_JOB_ID": "../x"}, runner=Job(), out=io.StringIO())
     assert sup.run(py("pass")) == 2

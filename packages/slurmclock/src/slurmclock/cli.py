@@ -220,24 +220,7 @@ def _supervise_parser(sub: Any, common: argparse.ArgumentParser) -> None:
         action="store_true",
         help="never requeue: the next array task or chained job resumes (an unfinished run ends 0)",
     )
-    p.add_argument(
-        "--no-restart-here",
-        action="store_true",
-        help="after a failure, requeue instead of starting the step again in the allocation",
-    )
-    p.add_argument(
-        "--relaunch-args",
-        default="",
-        metavar="TEXT",
-        help="words appended to the step when it starts again in the allocation (its resume flag)",
-    )
-    for flag, default, what in (
-        ("--spare-nodes", 0, "nodes of the allocation kept idle to replace a lost one (0)"),
-        ("--min-nodes", 1, "the fewest nodes the step goes on with after a node loss (1)"),
-        ("--step-nodes", None, "the most nodes the step trains on (the allocation's, less spares)"),
-        ("--tasks-per-node", None, "the step's tasks per node (the job's)"),
-    ):
-        p.add_argument(flag, type=int, default=default, metavar="N", help=what)
+    _restart_options(p)
     p.add_argument(
         "--no-retry",
         default="2",
@@ -256,6 +239,28 @@ def _supervise_parser(sub: Any, common: argparse.ArgumentParser) -> None:
         help="do not exclude a node ddpkit reported dead/frozen from the next run",
     )
     p.add_argument("argv", nargs=argparse.REMAINDER, metavar="-- COMMAND ...")
+
+
+def _restart_options(p: argparse.ArgumentParser) -> None:
+    """supervise's options for a step started again in the allocation, and its nodes."""
+    p.add_argument(
+        "--no-restart-here",
+        action="store_true",
+        help="after a failure, requeue instead of starting the step again in the allocation",
+    )
+    p.add_argument(
+        "--relaunch-args",
+        default="",
+        metavar="TEXT",
+        help="words appended to the step when it starts again in the allocation (its resume flag)",
+    )
+    for flag, default, what in (
+        ("--spare-nodes", 0, "nodes of the allocation kept idle to replace a lost one (0)"),
+        ("--min-nodes", 1, "the fewest nodes the step goes on with after a node loss (1)"),
+        ("--step-nodes", None, "the most nodes the step trains on (the allocation's, less spares)"),
+        ("--tasks-per-node", None, "the step's tasks per node (the job's)"),
+    ):
+        p.add_argument(flag, type=int, default=default, metavar="N", help=what)
 
 
 def _supervise(

@@ -156,17 +156,15 @@ class TimeLoop:
         self._timer = budget.timer if timer is None else timer
         self._exit, self._watchdog = exit, watchdog
         self._last: float | None = None
-        self._first_marked = False
         self._phase = "train"  # -> final -> (extra <-> extra save) -> exit
         self._issued: dict[int, str] = {}  # step -> kind of the save asked for at that step
         self._plan: ExtraSave | None = None
         self.durable_step: int | None = None  # the newest checkpoint known to be durable
         self._save_step = -1  # the step of the final or extra save asked for last
-        self._probed = False
+        self._probed = self._first_marked = self.finished = False
         self.cause: str | None = None  # "time" or "signal" once stopping
         self.reason = ""
         self.decision: Decision | None = None  # rank 0's last answer
-        self.finished = False
         self.abandoned: str | None = None
 
     @staticmethod
