@@ -419,7 +419,7 @@ def fault_matrix(
     in the background once the foreground scenarios are done: they are CPU-bound, the matrix
     mostly waits for SLURM, and the time-limit scenario, which measures its start-ups and
     goodput, runs on meanwhile (a CI session is as long as that scenario)."""
-    from faults import BY_NAME, PREEMPT_CONF, PREEMPT_PARTITIONS, TWO_RANK_REFERENCE
+    from faults import BY_NAME, PREEMPT_CONF, PREEMPT_PARTITIONS, SLURM_DEFAULTS, TWO_RANK_REFERENCE
 
     wanted = _selected(request, "test_slurm_faults")
     localslurm = load_tool("localslurm")
@@ -431,6 +431,7 @@ def fault_matrix(
     work = tmp_path_factory.mktemp("faults")
     # A task SIGKILLed on a loaded machine may take a while to go: not a reason to drain the node.
     slow = {"UnkillableStepTimeout": "180"}
+    slow.update(SLURM_DEFAULTS)  # PYRECOVER_E2E_SLURM_DEFAULTS=1: the figures at SLURM's own
     specs: dict[str, dict[str, Any]] = {
         "faults": {"cpus": 16, "extra_conf": {"KillWait": "5", **slow}},
         "kw30": {"cpus": 2, "extra_conf": {"KillWait": "30", **slow}},

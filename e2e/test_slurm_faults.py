@@ -20,6 +20,8 @@ from faults import (
     CASES,
     CRASH_AT,
     MAX_FAILURES,
+    REQUEUE_EXTRA_S,
+    SLURM_DEFAULTS,
     FaultRun,
     back_after,
     first_step_again,
@@ -88,7 +90,8 @@ def test_fault(name: str, long_faults: Any, short_reference: Path, figures: dict
     assert_bitwise_equal(want, got)
     figures["bitwise"] = "equal"
     if back is not None and not restarted_here(log):  # then: started_again_in_the_allocation
-        limit = TARGET_BACK_S + (30.0 if name == "limit-frozen-kw30" else 0.0)
+        kw30 = name == "limit-frozen-kw30" or bool(SLURM_DEFAULTS)
+        limit = TARGET_BACK_S + REQUEUE_EXTRA_S + (30.0 if kw30 else 0.0)
         # KillWait=30 and a frozen step: SLURM keeps the job COMPLETING until its SIGKILL, 30 s
         # after the SIGTERM; the requeue, accepted at once, waits for that.
         assert back <= limit, f"back after {back:.0f} s (target {limit:.0f} s)\n{log}"
