@@ -193,9 +193,9 @@ fi
 # The step's nodes and tasks: `slurmclock supervise` puts --nodes, --nodelist and --ntasks first
 # (the tasks per node are the job's: one per GPU; ddpkit finds the master address and port).
 # Without --distributed the trainer is one task on one node.
-place=()
 if [ "$distributed" = 1 ]; then
     one=()
+    place=(--min-nodes "$MIN_NODES")
 else
     one=(--ntasks=1)
     place=(--step-nodes 1 --tasks-per-node 1)
@@ -214,8 +214,7 @@ elif [ "$REQUEUE" = auto ] && [ -n "${SLURM_ARRAY_TASK_ID:-}${PYRECOVER_CHAIN:-}
     requeue=successor  # the next array task / chained job resumes
 fi
 supervise=(--name submit-training-simple --max-restarts "$MAX_RESTARTS"
-           --max-failures "$MAX_FAILURES" --min-nodes "$MIN_NODES" --spare-nodes "$SPARE_NODES"
-           ${place[@]+"${place[@]}"}
+           --max-failures "$MAX_FAILURES" --spare-nodes "$SPARE_NODES" "${place[@]}"
            --resume-hint "submit again with --continue (or scontrol requeue {job} while SLURM lists the job)")
 [ "$requeue" = 0 ] && supervise+=(--no-requeue)
 [ "$requeue" = successor ] && supervise+=(--next-job-resumes)

@@ -26,6 +26,7 @@ from slurmclock import (
     watches_the_clock,
 )
 from slurmclock.deadline import CLOCK_RANK_POLL, OTHER_RANK_POLL
+from slurmclock.job import tasks_per_node
 
 # -- exit codes: one definition -------------------------------------------------------------------
 
@@ -262,6 +263,22 @@ def test_a_second_scheduler_plugs_in_everywhere(fakes: Any, tmp_path: Path) -> N
     assert [e.name for e in timeline.events()] == ["requeued"]
     with pytest.raises(TypeError, match="not both"):
         DeadlineWatcher(env=env, scheduler=scheduler, runner=fakes.Runner())
+
+
+@pytest.mark.parametrize(
+    ("env", "per_node"),
+    [
+        ({"SLURM_NTASKS_PER_NODE": "4", "SLURM_TASKS_PER_NODE": "4(x2)"}, 4),
+        ({"SLURM_TASKS_PER_NODE": "2(x3)"}, 2),
+        ({"SLURM_TASKS_PER_NODE": "2(x3),1", "SLURM_NTASKS": "7", "SLURM_NNODES": "4"}, None),
+        ({"SLURM_NTASKS": "6", "SLURM_JOB_NUM_NODES": "3"}, 2),
+        ({}, None),
+        ({"SLURM_NTASKS_PER_NODE": "x"}, None),
+    ],
+)
+def test_tasks_per_node(env: dict[str, str], per_node: int | None) -> None:
+    """What the supervisor places a step with; an uneven layout gives no count."""
+    assert tasks_per_node(env) == per_node
 
 
 def test_the_supervisor_excludes_a_node_through_the_interface(fakes: Any, tmp_path: Path) -> None:

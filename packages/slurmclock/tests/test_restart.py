@@ -12,6 +12,7 @@ import json
 import re
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +50,11 @@ if code.endswith("~"):  # a rank of the launch before, cut off, reports this one
     with open(earlier, "a") as f:
         f.write(json.dumps(record) + "\\n")
     time.sleep(1)
+if code == "limit":  # SLURM's SIGTERM at the time limit to the batch script, then its SIGKILL
+    import signal
+    os.kill(os.getppid(), signal.SIGTERM)
+    time.sleep(1)
+    code = "137"
 if code == "hang":
     time.sleep(120)
 sys.exit(int(code))
@@ -367,6 +373,29 @@ def test_a_requeue_asks_for_no_more_nodes_than_the_partition_has(
         ("update_job", JOB, "NumNodes=2-2"),  # again: SLURM may take the two out of order
     ]
     assert "the next allocation asks for 2 instead of 3 (NumNodes)" in log(sup)
+
+
+def test_a_requeue_at_the_limit_after_a_node_loss_asks_for_the_nodes_left(
+    tmp_path: Path, fakes: Any
+) -> None:
+    """The time limit after the job went on without a node: requeued at SLURM's SIGTERM,
+    planned while the job runs, the counts sent right after SLURM accepted."""
+    sup, scheduler, _ = make(tmp_path, fakes, nodes="n1,n2,n3")
+    scheduler.jobs[JOB] = replace(scheduler.jobs[JOB], state="COMPLETING", reason="TimeLimit")
+    scheduler.dead.add("n2")
+    scheduler.partitions["p"][1] = Node("n2", "idle*", False)
+    assert sup.run(step(tmp_path, "69:n2", "limit", srun=True)) == 0
+    out = log(sup)
+    assert "received SIGTERM at the time limit: requeueing job 42 now" in out
+    assert "the next allocation asks for 2 instead of 3 (NumNodes)" in out
+    updates = [c for c in scheduler.calls if c[0] in ("requeue", "update_job")]
+    assert updates[1:] == [
+        ("requeue", JOB),
+        ("update_job", JOB, "NumTasks=2"),
+        ("update_job", JOB, "NumNodes=2-2"),
+        ("update_job", JOB, "NumNodes=2-2"),
+    ]
+    assert "already requeued at the time limit" in out
 
 
 @pytest.mark.parametrize(

@@ -243,16 +243,21 @@ def is_cluster_name(text: str) -> bool:
 
 
 def tasks_per_node(env: Mapping[str, str] | None = None) -> int | None:
-    """Tasks per node of this job: ``SLURM_NTASKS_PER_NODE`` (``--ntasks-per-node``), else the
-    first count of ``SLURM_TASKS_PER_NODE`` (``2(x3),1``), else ``SLURM_NTASKS`` over the
-    nodes when it divides; None outside SLURM or when none of them says."""
+    """Tasks per node of this job: ``SLURM_NTASKS_PER_NODE`` (``--ntasks-per-node``), else
+    ``SLURM_TASKS_PER_NODE`` when every node has the same count (``4(x2)``; not ``2(x3),1``),
+    else ``SLURM_NTASKS`` over the nodes when it divides; None outside SLURM or when none of
+    them says."""
     e = _env(env)
     raw = e.get("SLURM_NTASKS_PER_NODE", "").strip()
     if _NUMBER.fullmatch(raw) and int(raw) > 0:
         return int(raw)
-    m = re.match(r"([0-9]{1,6})(?:\(x[0-9]+\))?(?:,|$)", e.get("SLURM_TASKS_PER_NODE", "").strip())
-    if m and int(m.group(1)) > 0:
-        return int(m.group(1))
+    counts = {
+        m.group(1)
+        for part in e.get("SLURM_TASKS_PER_NODE", "").split(",")
+        if (m := re.fullmatch(r"\s*([0-9]{1,6})(?:\(x[0-9]+\))?\s*", part))
+    }
+    if len(counts) == 1 and int(next(iter(counts))) > 0:
+        return int(next(iter(counts)))
     tasks = e.get("SLURM_NTASKS", "").strip()
     nodes = num_nodes(e)
     if _NUMBER.fullmatch(tasks) and int(tasks) > 0 and int(tasks) % nodes == 0:
