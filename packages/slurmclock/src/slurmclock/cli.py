@@ -14,8 +14,9 @@
     slurmclock stop JOBID           ask a running job to save and stop now (SIGTERM to its
                                     batch shell, which forwards it; the trainer saves and exits)
     slurmclock supervise -- CMD...  run the job's step (the end of a batch script: exec it);
-                                    requeue after a stop, the time limit, preemption and
-                                    failures (a budget of them); see slurmclock.supervise
+                                    start it again in the allocation after a failure or a lost
+                                    node (a budget of failures), requeue after a stop, the time
+                                    limit and preemption; see slurmclock.supervise
 
 The job is this process's ($SLURM_JOB_ID), or the one given as JOBID or --job-id (status,
 seconds-left, end-time, requeue, timeline): from a login shell, its facts (restarts, array task)
@@ -193,7 +194,7 @@ def _supervise_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     p = sub.add_parser(
         "supervise",
         parents=[common],
-        help="run the job's step; requeue it after anything but done or a user's stop",
+        help="run the job's step; bring it back after anything but done or a user's stop",
     )
     p.add_argument("--name", default="slurmclock", help="prefix of the log lines")
     p.add_argument(
