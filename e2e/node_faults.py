@@ -34,12 +34,13 @@ from e2e_helpers import (
     trainer_flags,
     wait_until,
 )
-from multinode import Throttle, _trainers, steps_for
+from faults import WRAPPER
+from multinode import Throttle, steps_for
 
-STEPS = 300  # an unslowed case: ~15 s of training on two ranks
+STEPS = 200  # an unslowed case: ~10 s of training on two ranks
 EVERY = 25  # a checkpoint every 25 steps
 FAULT_AT = 60  # the step at which the second node is hit (a slowed case: FAULT_AT_SLOW)
-FAULT_AT_SLOW = 50
+FAULT_AT_SLOW = EVERY + 1  # right after the first checkpoint: time left for a restart
 BATCH = 4  # tiny_flags' --batch-size, per rank
 # At most this many cases start up (import torch, build the model) at once: two cores.
 _STARTING = threading.Semaphore(2)
@@ -115,7 +116,15 @@ def drive(case: NodeCase, job: Job, corpus: Path, cache: Path, quiet: Calibratio
     every = ["--log-every", "10" if case.limited else "1"]
     flags = ["--distributed", *trainer_flags(corpus, cache, Path("ckpt"), run.steps, EVERY, *every)]
     sbatch = [f"--nodes={case.nodes}", "--ntasks-per-node=1", f"--time={1 if case.limited else 10}"]
-    extra = {"SPARE_NODES": str(case.spare)} if case.spare else {}
+    # The trainers at nice 10, as the fault matrix's (fault_wrapper.py): scenario 1 measures
+    # start-up and goodput meanwhile; these cases measure the supervisor.
+    extra = {
+        "TRAIN_CMD": str(WRAPPER),
+        "FAULT_DIR": str(job.dir),
+        "FAULT_METRICS": str(job.metrics),
+    }
+    if case.spare:
+        extra["SPARE_NODES"] = str(case.spare)
     with _STARTING:
         run.record = job.submit(sbatch, flags, **extra)
         wait_until(f"{job.name}: first step", lambda: last_step(job.metrics) >= 1, 900, 0.1)
@@ -137,7 +146,7 @@ def hit(run: NodeRun, throttle: Throttle | None) -> None:
     nodes = cluster.nodes
     while last_step(job.metrics) < at:
         if throttle is not None:  # the trainers of the allocation, wherever they run
-            throttle.hold({p for n in nodes for p in _trainers(cluster, n, job.name)})
+            throttle.hold({p for n in nodes for p in trainers(cluster, n, job.name)})
         time.sleep(0.1)
     run.notes["fault_step"] = last_step(job.metrics)
     run.victim = victim = nodes[1]
@@ -149,7 +158,7 @@ def hit(run: NodeRun, throttle: Throttle | None) -> None:
     elif run.case.fault == "cut":
         cluster.cut_network(victim)
     else:  # its rank only: the node lives
-        for pid in _trainers(cluster, victim, job.name):
+        for pid in trainers(cluster, victim, job.name):
             os.kill(pid, signal.SIGKILL)
     if throttle is not None:
         keep_slow(job, throttle, victim)
@@ -166,8 +175,19 @@ def keep_slow(job: Job, throttle: Throttle, victim: str, timeout: float = 1500) 
     while time.monotonic() < end and job.state().get("JobState") not in FINAL:
         if job.state().get("Restarts") != restarts:
             return
-        throttle.hold({p for n in others for p in _trainers(cluster, n, job.name)})
+        throttle.hold({p for n in others for p in trainers(cluster, n, job.name)})
         time.sleep(0.3)
+
+
+def trainers(cluster: Any, node: str, exp: str) -> list[int]:
+    """The trainer processes of experiment ``exp`` on ``node`` (the wrapper's: it becomes the
+    trainer in its own process; not srun's, whose command line names it too)."""
+    found = []
+    for pid, cmd in cluster.processes(node).items():
+        argv = cmd.split()
+        if len(argv) > 1 and argv[1] == str(WRAPPER) and f" --experiment_name {exp} " in f"{cmd} ":
+            found.append(pid)
+    return found
 
 
 FINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"}
