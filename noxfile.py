@@ -11,6 +11,7 @@ something that declares torch (checked after the install), so isolation is kept 
     nox               # what CI runs (every session below except bench; bench_smoke runs
                       # every bench suite at its quick size)
     nox -s ckptstore  # one package
+    nox -s docs       # the documentation site, built with --strict
 
 Every pytest run goes through tools/tempguard.py: a private temp folder that must be empty when
 the tests pass. On a machine without the local CPU wheel CI has, pip's own settings choose the
@@ -24,6 +25,7 @@ import json
 import os
 import re
 import shutil
+import tempfile
 from pathlib import Path
 
 import nox
@@ -60,6 +62,7 @@ nox.options.sessions = [
     "repo",
     "lint",
     "types",
+    "docs",
     *PACKAGES,
     "train",
     "contracts",
@@ -209,6 +212,24 @@ def types(session: nox.Session) -> None:
         "packages/parquetlm/src",
         "apps/train/src",
     )
+
+
+# Versions pinned in constraints.txt. No package is installed: mkdocstrings reads the sources
+# (mkdocs.yml's paths), so the site builds without torch.
+DOCS_TOOLS = ("mkdocs", "mkdocs-material", "mkdocstrings[python]")
+
+
+@nox.session
+def docs(session: nox.Session) -> None:
+    """The documentation site (mkdocs.yml), built with --strict: a link, page or API reference
+    that does not resolve fails the session. Built into a temporary folder that is removed."""
+    _install(session, *DOCS_TOOLS)
+    site = tempfile.mkdtemp(prefix="pyrecover-docs-")
+    try:
+        env = {"NO_MKDOCS_2_WARNING": "1"}  # material's banner about MkDocs 2.0, not ours
+        session.run("mkdocs", "build", "--strict", "--site-dir", site, env=env)
+    finally:
+        shutil.rmtree(site, ignore_errors=True)
 
 
 # Packages whose install declares torch (directly or through an extra the session asks for).

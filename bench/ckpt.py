@@ -8,7 +8,11 @@ reported as GB/s and as ratios against named baselines:
   installed), a raw O_DIRECT write of the same bytes (the disk's ceiling, no checksums), and
   ckptstore ('torch' and 'dcp' formats; durable + checksummed);
 - async: how long save(blocking=False) blocks the caller (vs torch.save's time) and how long the
-  background persist takes; how much slower training steps run while a persist is in flight;
+  background persist takes -- with the snapshot taken before save() returns (ckptstore's
+  default), and overlapped as pyrecover-train saves (``overlap=True``: save(), the saved
+  model's next forward and backward beside the snapshot, staged(), the optimizer step: the
+  caller is blocked for save()'s return and staged()'s wait); how much slower training steps
+  run while a persist is in flight;
 - cold loads (page cache dropped for the files read), each verified by ckptstore:
   fresh (new tensors, what a reader gets): torch.load vs CheckpointStore.read (and safetensors'
   load_file of the same checkpoint, for reference); in place (into a model's and optimizer's
@@ -36,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 
 # dcp.save/load warn on every single-process call
 warnings.filterwarnings("ignore", message=r"torch\.distributed is disabled")
@@ -58,6 +63,13 @@ class Block(torch.nn.Module):
         self.c_fc = torch.nn.Linear(d, 4 * d)
         self.mlp_proj = torch.nn.Linear(4 * d, d)
 
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, d = x.shape
+        q, k, v = self.c_attn(self.ln_1(x)).view(b, t, 3, 12, d // 12).unbind(2)
+        y = F.scaled_dot_product_attention(*(z.transpose(1, 2) for z in (q, k, v)), is_causal=True)
+        x = x + self.attn_proj(y.transpose(1, 2).reshape(b, t, d))
+        return x + self.mlp_proj(F.gelu(self.c_fc(self.ln_2(x))))
+
 
 class GPT(torch.nn.Module):
     def __init__(self, vocab: int, layers: int, d: int = 768) -> None:
@@ -68,6 +80,12 @@ class GPT(torch.nn.Module):
         self.ln_f = torch.nn.LayerNorm(d)
         self.lm_head = torch.nn.Linear(d, vocab, bias=False)
         self.lm_head.weight = self.wte.weight  # tied, as in GPT-2
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        x = self.wte(tokens) + self.wpe(torch.arange(tokens.shape[1]))
+        for block in self.h:
+            x = block(x)
+        return self.lm_head(self.ln_f(x))
 
 
 def build_state(gb: float) -> tuple[GPT, torch.optim.Optimizer, int]:
@@ -152,6 +170,65 @@ class TrainLoop:
         return time.perf_counter() - t0
 
 
+class SavedModelSteps:
+    """Training steps of the model being saved (1 x 128 tokens), and its async saves."""
+
+    def __init__(self, state: dict[str, Any], store: CheckpointStore, counter: list[int]) -> None:
+        self.state, self.store, self.counter = state, store, counter
+        self.model, self.opt = state["model"], state["optim"]
+        self.vocab = self.model.wte.num_embeddings
+        gen = torch.Generator().manual_seed(0)
+        self.tokens = torch.randint(0, self.vocab, (1, 129), generator=gen)
+
+    def forward_backward(self) -> float:
+        t0 = time.perf_counter()
+        logits = self.model(self.tokens[:, :-1])
+        F.cross_entropy(logits.view(-1, self.vocab), self.tokens[:, 1:].reshape(-1)).backward()
+        return time.perf_counter() - t0
+
+    def update(self) -> None:
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+
+    def save(self, overlap: bool) -> tuple[Any, float]:
+        self.counter[0] += 1
+        step = self.counter[0]
+        state = {**self.state, "step": step}
+        t0 = time.perf_counter()
+        handle = self.store.save(step, state, blocking=False, overlap=overlap)
+        return handle, time.perf_counter() - t0
+
+
+def overlapped(steps: SavedModelSteps, clean: Any, rounds: int) -> dict[str, list[float]]:
+    """Each round: a training step of the saved model alone; the same step right after an
+    overlapped save (``overlap=True``, what pyrecover-train does): save() -> forward and
+    backward (the snapshot is taken beside them) -> staged() -> optimizer step, the caller
+    blocked for save()'s return and staged()'s wait; and the same step right after ckptstore's
+    default async save (its snapshot taken before save() returns)."""
+    keys = ("returned", "staged_wait", "fwd_bwd_alone", "fwd_bwd_during", "snapshot_at_save")
+    out: dict[str, list[float]] = {k: [] for k in (*keys, "fwd_bwd_beside_persist")}
+    steps.forward_backward()  # warm-up
+    steps.update()
+    for _ in range(rounds):
+        clean()
+        out["fwd_bwd_alone"].append(steps.forward_backward())
+        steps.update()
+        handle, returned = steps.save(overlap=True)
+        out["returned"].append(returned)
+        out["fwd_bwd_during"].append(steps.forward_backward())
+        t1 = time.perf_counter()
+        handle.staged()
+        out["staged_wait"].append(time.perf_counter() - t1)
+        steps.update()
+        handle.result()  # durable, and nothing changed while the snapshot was taken
+        handle, returned = steps.save(overlap=False)
+        out["snapshot_at_save"].append(returned)
+        out["fwd_bwd_beside_persist"].append(steps.forward_backward())
+        steps.update()
+        handle.result()
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--gb", type=float, default=1.0, help="state size in GB (default 1.0)")
@@ -192,7 +269,8 @@ def run(args: argparse.Namespace, scratch: str) -> None:
             p = os.path.join(scratch, name)
             if name in STORE_DIRS:
                 for sub in os.listdir(p):
-                    if sub != "writer.lock":
+                    # the lock and its renewal's temp file (renamed over it any moment)
+                    if not sub.startswith("writer.lock"):
                         q = os.path.join(p, sub)
                         shutil.rmtree(q) if os.path.isdir(q) else os.unlink(q)
             else:
@@ -291,8 +369,33 @@ def run(args: argparse.Namespace, scratch: str) -> None:
         rows,
     )
     print(
-        f"async save blocks the caller for {100 * blocking / base:.1f}% of torch.save+fsync's time"
-        " (target <= 5%)"
+        f"async save, snapshot taken before save() returns (ckptstore's default): blocks the "
+        f"caller for {100 * blocking / base:.1f}% of torch.save+fsync's time"
+    )
+    steps = SavedModelSteps(state, stores["torch"], counter)
+    over = overlapped(steps, clean, max(3, args.repeats))
+    over_blocked = median(over["returned"]) + median(over["staged_wait"])
+    alone = median(over["fwd_bwd_alone"])
+    fwd_bwd_slowdown = median(over["fwd_bwd_during"]) / alone - 1
+    at_save = median(over["snapshot_at_save"])
+    rows = [
+        ("none", 0.0, alone),
+        ("snapshot at save() (default)", at_save, median(over["fwd_bwd_beside_persist"])),
+        ("overlapped (pyrecover-train)", over_blocked, median(over["fwd_bwd_during"])),
+    ]
+    header = ["async save", "caller blocked", "share of torch.save", "fwd+bwd", "lost in all"]
+    print_table(
+        "An async save, then the saved model's next forward+backward (1 x 128 tokens) and "
+        "optimizer step (median; overlapped: save() -> forward+backward -> staged() -> step)",
+        header,
+        [(n, b, b / base, f, b + f - alone) for n, b, f in rows],
+    )
+    print(
+        f"overlapped async save blocks the caller for {100 * over_blocked / base:.1f}% of "
+        f"torch.save+fsync's time (target <= 5%; save() {median(over['returned']):.4f} s + "
+        f"staged() {median(over['staged_wait']):.4f} s); the forward+backward beside it ran "
+        f"{100 * fwd_bwd_slowdown:+.1f}% (a snapshot at save(): blocked "
+        f"{100 * at_save / base:.1f}%)"
     )
 
     # ---- training steps during a background persist --------------------------------------
@@ -426,6 +529,7 @@ def run(args: argparse.Namespace, scratch: str) -> None:
         "load_repeats": load_repeats,
         "save_seconds": saves,
         "async_blocking_seconds": async_blocking,
+        "overlapped_seconds": over,
         "train_step_seconds": {"baseline": base_steps, "during_persist": during_steps},
         "train_slowdown_per_round": [r - 1 for r in ratios],
         "load_seconds": loads,
@@ -433,7 +537,12 @@ def run(args: argparse.Namespace, scratch: str) -> None:
             "sync_vs_torch_save": base / median(saves["ckptstore torch (sync)"]),
             "sync_vs_dcp_2threads": dcp2 / median(saves["ckptstore torch (sync)"]),
             "dcp_format_vs_torch_save": base / median(saves["ckptstore dcp (sync)"]),
-            "async_blocking_fraction_of_torch_save": blocking / base,
+            "async_blocking_fraction_of_torch_save": over_blocked / base,
+            "async_snapshot_at_save_fraction_of_torch_save": blocking / base,
+            "overlapped_forward_backward_slowdown": fwd_bwd_slowdown,
+            "snapshot_at_save_forward_backward_slowdown": (
+                median(over["fwd_bwd_beside_persist"]) / alone - 1
+            ),
             "training_slowdown_during_persist": slow,
             "load_fresh_vs_torch_load": fbase / median(loads["ckptstore torch: read (verified)"]),
             "load_inplace_vs_torch_load": lbase / median(loads["ckptstore torch: load (verified)"]),

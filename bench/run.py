@@ -1,7 +1,8 @@
 """Run the benchmark suites and print one table of headline ratios against their targets.
 
     python bench/run.py                    # all suites: ckpt ckpt_s3 data train agree simulate
-                                           # compile_cache race (~40 min; the race needs SLURM)
+                                           # simulate_cluster compile_cache race (~45 min; the
+                                           # race needs SLURM)
     python bench/run.py ckpt data          # some of them
     python bench/run.py --quick            # a smoke run of everything, a few minutes (also
                                            # BENCH_QUICK=1); CI runs it: nox -s bench_smoke
@@ -256,6 +257,55 @@ SUITES: dict[str, Suite] = {
                 Target(
                     "Young/Daly auto / best fixed interval, worst case",
                     _agree("auto_vs_best_fixed_min"),
+                ),
+            ),
+        ),
+        Suite(
+            "simulate_cluster",
+            "cluster simulator: a 16-node job over months, queue waits and failures, by "
+            "recovery policy (issue 27)",
+            quick_args=("--quick",),
+            targets=(  # issue 27 sets none: what the policies change, shown
+                Target(
+                    "no failures, 1 h allocations, idle queue: goodput",
+                    _agree("no_failures_idle_1h"),
+                    unit="%",
+                ),
+                Target(
+                    "no failures, 1 h allocations, busy queue: goodput",
+                    _agree("no_failures_busy_1h"),
+                    unit="%",
+                ),
+                Target(
+                    "flaky nodes, 24 h, busy queue: goodput today",
+                    _agree("today_flaky_busy_1d"),
+                    unit="%",
+                ),
+                Target(
+                    "flaky nodes, 24 h, busy queue: hot spare / today",
+                    _agree("hot_spare_flaky_busy_1d_vs_today"),
+                ),
+                Target(
+                    "flaky nodes, 24 h, idle queue: go on with N-1 / today",
+                    _agree("N1_flaky_idle_1d_vs_today"),
+                ),
+                Target(
+                    "flaky nodes, 24 h, idle queue: N-1 or requeue / today",
+                    _agree("N1_or_requeue_flaky_idle_1d_vs_today"),
+                ),
+                Target(
+                    "flaky nodes, 1 h, busy queue: crash restart / today",
+                    _agree("crash_restart_flaky_busy_1h_vs_today"),
+                ),
+                Target(
+                    "flaky nodes, 24 h, busy queue: training one failure costs, today",
+                    _agree("minutes_per_failure_today_flaky_busy_1d"),
+                    unit="min",
+                ),
+                Target(
+                    "flaky nodes, 24 h, busy queue: training one failure costs, hot spare",
+                    _agree("minutes_per_failure_hot_spare_flaky_busy_1d"),
+                    unit="min",
                 ),
             ),
         ),

@@ -7,7 +7,7 @@ steps, then lognormal step times; a periodic save every ~30 minutes, as pyrecove
 ``--async-checkpoint`` default makes it (on CUDA in the background: it blocks for the snapshot
 and is durable later; blocking for FSDP-sharded state); the final save blocks, after a save still
 in flight; after it the job still has to exit and requeue itself (process exit, srun teardown,
-`scontrol requeue`: lognormal, per profile), all before L, when SLURM kills it. Each stop rule
+`scontrol requeue`: lognormal, per profile), before L if it can. Each stop rule
 decides when to stop and write the final checkpoint:
 
 * ``slurmclock``   -- the REAL ``slurmclock.TimeBudget`` with its default settings (fake clock),
@@ -37,7 +37,9 @@ A rule whose final save does not finish before the kill loses everything since i
 committed save (the steps of an abandoned extra save count as lost work too: the next job redoes
 them). Reported per rule: goodput = time spent in steps that were persisted / L, lost
 work (steps computed but not persisted, redone by the next job), how often the final save was
-killed, and how often the job was not requeued before L (final save + exit too late). All rules
+killed, and how often its exit ended after L with the final save durable: nothing is lost then
+(the batch script's ``slurmclock supervise`` requeues the job at SLURM's TERM at the limit), so it
+is counted apart, not as a failure. All rules
 see the same random step, save and exit times in each trial (common random numbers), so
 differences are the rules', not the dice's.
 
@@ -157,7 +159,10 @@ class Scenario:
         slowest = self.async_durable_median * math.exp(4 * self.save_sigma)
         if self.async_periodic and not self.periodic_every > slowest:
             # The shared timeline has no save wait for the one before (the rules' loops do).
-            raise ValueError(f"Scenario {self.name}: periodic saves must be far apart")
+            raise ValueError(
+                f"Scenario {self.name}: periodic saves every {self.periodic_every:.0f} s must be "
+                f"further apart than its slowest async save ({slowest:.0f} s): save less often"
+            )
 
     @property
     def startup(self) -> float:
@@ -293,7 +298,20 @@ class Outcome:
     useful: float  # seconds of steps that are in a committed checkpoint at the kill
     lost: float  # seconds of steps computed after the last committed checkpoint
     final_ok: bool  # the final save finished before the kill (False: killed, or none started)
-    requeued: bool = False  # final save and exit (requeue) both done before the kill
+    saved_at: float | None = None  # when the last save the job made was durable (or abandoned)
+    exited_at: float | None = None  # when its exit ended (None: killed at the limit)
+    final_at: float | None = None  # when the final save was durable (extra saves may follow)
+    final_useful: float = 0.0  # seconds of steps in the final save
+
+    def released(self, length: float) -> float:
+        """When the job let the allocation go: its exit, or SLURM's TERM at the limit (where
+        ``slurmclock supervise`` requeues it at once)."""
+        return length if self.exited_at is None else min(self.exited_at, length)
+
+    def exit_after_limit(self, length: float) -> bool:
+        """The final save was durable but the exit ended after the limit: ``slurmclock
+        supervise`` requeues the job at SLURM's TERM, before the step is gone: no loss."""
+        return self.final_ok and (self.exited_at is None or self.exited_at > length)
 
 
 class Trial:
@@ -348,17 +366,32 @@ class Trial:
         return float(self.cs[steps - 1]) if steps > 0 else 0.0
 
     def result(
-        self, persisted: int, computed: int, final_ok: bool, saved_at: float | None = None
+        self,
+        persisted: int,
+        computed: int,
+        final_ok: bool,
+        saved_at: float | None = None,
+        final: tuple[int, float] | None = None,
     ) -> Outcome:
         """Outcome from step counts: ``persisted`` in a committed checkpoint, ``computed`` done;
-        ``saved_at``: when the final save was durable (the exit and requeue follow it)."""
-        requeued = final_ok and saved_at is not None and saved_at + self.exit <= self.length
+        ``saved_at``: when the last save was durable (the exit and requeue follow it); ``final``:
+        (steps, durable at) of the final save when extra saves followed it."""
+        exited = saved_at + self.exit if final_ok and saved_at is not None else None
+        steps, final_at = final or (persisted, saved_at)
         return Outcome(
             self.useful(persisted),
             self.useful(computed) - self.useful(persisted),
             final_ok,
-            requeued,
+            saved_at,
+            exited,
+            final_at if final_ok else None,
+            self.useful(steps) if final_ok else 0.0,
         )
+
+    def nothing_trained(self) -> Outcome:
+        """A rule that stops before its first step: nothing to save, it exits at once."""
+        start = self.sc.startup
+        return Outcome(0.0, 0.0, True, start, start + self.exit, start, 0.0)
 
     def last_step_done_before(self, t: float) -> int:
         """Index of the last step finished by time t on the shared timeline (-1: none)."""
@@ -426,7 +459,7 @@ def pyrecover_v0_rule(trial: Trial) -> Outcome:
         return trial.outcome_stop_after(None)
     i = int(stop[0])
     if i == 0:  # stops before its first step: nothing to save, nothing trained
-        return Outcome(0.0, 0.0, True)
+        return trial.nothing_trained()
     # The check runs after the periodic save of step i-1, if there was one.
     return trial.outcome_stop_after(i - 1, final_needed=i % trial.every != 0)
 
@@ -443,7 +476,7 @@ def oracle_rule(trial: Trial) -> Outcome:
     done = np.maximum(trial.t_end, in_flight) + trial.final_save
     fits = np.nonzero(done + trial.exit <= trial.length)[0]
     if len(fits) == 0:
-        return Outcome(0.0, 0.0, True, False)
+        return trial.nothing_trained()
     j = int(fits[-1])
     return trial.result(j + 1, j + 1, True, float(done[j]))
 
@@ -478,27 +511,7 @@ def slurmclock_rule(
     stop flag when it arrives. ``fast``: skip, step-free, the part of the run where the budget
     cannot stop (same result)."""
     sc, L, d = trial.sc, trial.length, trial.d
-    clock = _FakeClock()
-    flag = StopSignals(STOP_SIGNALS, clock=clock)  # not installed: raised by the simulator
-    budget = TimeBudget(
-        Deadline(end=L, source="simulated"),
-        margin=margin,
-        initial_save_estimate=sc.initial_save_guess,
-        warmup_steps=3,  # what pyrecover-train passes with --compile
-        signal_lead=SIGNAL_LEAD,  # what the sbatch script exports
-        signals=flag,
-        clock=clock,
-        timer=clock,
-    )
-    budget.load_state_dict(trial.prior_state)
-    loop = TimeLoop(
-        budget,
-        extra_saves=extra,
-        background_saves=sc.async_periodic,
-        # As the trainer measures it after its first step; across nodes it keeps the exit guess.
-        launch=sc.startup_parts["launch"] if sc.nodes == 1 else lambda: None,
-        watchdog=False,  # the abandon is simulated: the save's drawn time against the plan
-    )
+    clock, flag, budget, loop = _trainer(trial, margin, extra)
     i0 = _first_close_step(trial, budget) if fast else 0
     cfg = budget.config
     w, window = cfg.warmup_steps, cfg.step_window
@@ -535,7 +548,7 @@ def slurmclock_rule(
                 saves.record_until(done)
                 loop.saved(i + 1, trial.final_save)
             persisted, computed, saved_at = _extra_saves(trial, loop, clock, i, done)
-            return trial.result(persisted, computed, True, saved_at)
+            return trial.result(persisted, computed, True, saved_at, final=(i + 1, done))
         if act.save == "periodic":
             now = max(now, saves.in_flight_until())  # one save in flight: wait for it
             saves.record_until(now)
@@ -546,6 +559,42 @@ def slurmclock_rule(
             saves.started(started + float(trial.saves[k - 1]), float(trial.saves[k - 1]), i + 1)
             saves.record_until(now)
     raise RuntimeError("simulation ran out of drawn steps: raise the step count bound")
+
+
+def _trainer(
+    trial: Trial, margin: float | None, extra: bool
+) -> tuple[_FakeClock, StopSignals, TimeBudget, TimeLoop]:
+    """The clock, stop flag, budget and loop that pyrecover-train builds, on a fake clock."""
+    sc = trial.sc
+    clock = _FakeClock()
+    flag = StopSignals(STOP_SIGNALS, clock=clock)  # not installed: raised by the simulator
+    budget = TimeBudget(
+        Deadline(end=trial.length, source="simulated"),
+        margin=margin,
+        initial_save_estimate=sc.initial_save_guess,
+        warmup_steps=3,  # what pyrecover-train passes with --compile
+        signal_lead=SIGNAL_LEAD,  # what the sbatch script exports
+        signals=flag,
+        clock=clock,
+        timer=clock,
+    )
+    budget.load_state_dict(trial.prior_state)
+    loop = TimeLoop(
+        budget,
+        extra_saves=extra,
+        background_saves=sc.async_periodic,
+        # As the trainer measures it after its first step; across nodes it keeps the exit guess.
+        launch=sc.startup_parts["launch"] if sc.nodes == 1 else lambda: None,
+        watchdog=False,  # the abandon is simulated: the save's drawn time against the plan
+    )
+    return clock, flag, budget, loop
+
+
+def shared_until(trial: Trial, margin: float | None = None) -> float:
+    """Until when slurmclock's run of ``trial`` is the shared timeline for sure (it can neither
+    stop nor refuse a periodic save before): a kill before it keeps the periodic saves' work."""
+    budget = _trainer(trial, margin, True)[2]
+    return float(trial.t_start[_first_close_step(trial, budget)])
 
 
 def _extra_saves(
@@ -678,7 +727,9 @@ def time_limit_study(
                         "goodput_p10": float(np.quantile(goodput, 0.1)),
                         "lost_work_s_mean": float(np.mean([o.lost for o in outs])),
                         "final_save_killed": float(np.mean([not o.final_ok for o in outs])),
-                        "not_requeued": float(np.mean([not o.requeued for o in outs])),
+                        "exit_after_limit": float(
+                            np.mean([o.exit_after_limit(length) for o in outs])
+                        ),
                         "trials": trials,
                     }
                 )
@@ -712,7 +763,9 @@ def early_study(
                         "goodput_mean": float(np.mean([o.useful for o in outs])) / length,
                         "oracle_goodput_mean": float(np.mean(ceiling)) / length,
                         "final_save_killed": float(np.mean([not o.final_ok for o in outs])),
-                        "not_requeued": float(np.mean([not o.requeued for o in outs])),
+                        "exit_after_limit": float(
+                            np.mean([o.exit_after_limit(length) for o in outs])
+                        ),
                         "trials": trials,
                     }
                 )
@@ -728,12 +781,12 @@ def print_early(erows: list[dict[str, Any]], rows: list[dict[str, Any]]) -> None
         picked += [steady[key]] if key in steady else []
         cells += [
             f"{r['goodput_mean'] * 100:5.1f}% / {r['final_save_killed'] * 100:4.1f}%"
-            f" / {r['not_requeued'] * 100:4.1f}%"
+            f" / {r['exit_after_limit'] * 100:4.1f}%"
             for r in picked
         ]
         table.append(cells)
     print_table(
-        "early allocations, slurmclock: goodput / final save killed / not requeued in time "
+        "early allocations, slurmclock: goodput / final save killed / exit after the limit "
         f"(mean of {erows[0]['trials']} trials)",
         ["profile", "allocation", *(f"history {h}" for h in EARLY_HISTORIES), "steady"],
         table,
@@ -834,7 +887,7 @@ def headline(
     saves (also in early allocations, ``erows``); auto's goodput over the best fixed interval at
     each MTBF (worst case)."""
     by = {(r["scenario"], r["allocation_s"], r["policy"]): r for r in rows}
-    ratios, ratios_30, of_oracle, killed, killed_30, unqueued = [], [], [], [], [], []
+    ratios, ratios_30, of_oracle, killed, killed_30, late = [], [], [], [], [], []
     for (scn, length, pol), r in by.items():
         if pol != "slurmclock":
             continue
@@ -847,7 +900,7 @@ def headline(
         ceiling = by[(scn, length, "oracle")]["goodput_mean"]
         of_oracle.append(r["goodput_mean"] / ceiling if ceiling > 0 else math.inf)
         killed.append(r["final_save_killed"])
-        unqueued.append(r["not_requeued"])
+        late.append(r["exit_after_limit"])
     mby: dict[tuple[str, float], dict[str, float]] = {}
     for r in mrows:
         mby.setdefault((r["scenario"], r["mtbf_s"]), {})[r["policy"]] = r["goodput_mean"]
@@ -877,7 +930,7 @@ def headline(
         "slurmclock_vs_oracle_min": min(of_oracle),
         "slurmclock_final_save_killed_max": max(killed),
         "slurmclock_final_save_killed_max_from_30min": max(killed_30),
-        "slurmclock_not_requeued_max": max(unqueued),
+        "slurmclock_exit_after_limit_max": max(late),
         "auto_vs_best_fixed_min": min(auto_vs_fixed),
         "auto_vs_best_fixed_median": float(np.median(auto_vs_fixed)),
         "slurmclock_final_save_killed_max_early_from_30min": max(
@@ -900,11 +953,11 @@ def print_tables(rows: list[dict[str, Any]], mrows: list[dict[str, Any]]) -> Non
                 )
                 cells.append(
                     f"{r['goodput_mean'] * 100:5.1f}% / {r['lost_work_s_mean']:5.0f} s"
-                    f" / {r['final_save_killed'] * 100:4.1f}% / {r['not_requeued'] * 100:4.1f}%"
+                    f" / {r['final_save_killed'] * 100:4.1f}% / {r['exit_after_limit'] * 100:4.1f}%"
                 )
             table.append(cells)
         print_table(
-            f"time limits, {sc}: goodput / lost work / final save killed / not requeued "
+            f"time limits, {sc}: goodput / lost work / final save killed / exit after the limit "
             f"(mean of {rows[0]['trials']} trials)",
             ["allocation", *STOP_POLICIES],
             table,

@@ -146,7 +146,7 @@ def multinode_slurm(tmp_path_factory: pytest.TempPathFactory, timelines: Path) -
     workdir = tmp_path_factory.mktemp("slurm-nodes")
     with localslurm.MultiNodeCluster(workdir, nodes=3, cpus=2) as cluster:
         # Variables of an enclosing launcher must not leak into the jobs.
-        cluster.env = localslurm._client_env(cluster.conf_path, environ_without_launchers())
+        cluster.env = localslurm.client_env(cluster.conf_path, environ_without_launchers())
         yield cluster
 
 

@@ -19,12 +19,13 @@ from __future__ import annotations
 
 import hashlib
 import os
+import time
 
 import torch
 from torch import nn
 from transformers import Trainer, TrainingArguments
 
-from slurmclock import end_process
+from slurmclock import end_process, process_start_time
 from slurmclock.hf import TimeAwareCallback, checkpoint_step, last_checkpoint
 
 STEPS = 3000
@@ -87,9 +88,16 @@ def main() -> int:
     timer = TimeAwareCallback(margin=3, initial_save_estimate=2)
     model = YourModel()
     trainer = Trainer(model=model, args=args, train_dataset=your_data(), callbacks=[timer])
+    began = time.time()  # the deadline counts from the process's start: start-up uses it
     trainer.train(resume_from_checkpoint=resume)
     if timer.stopped_early:
-        print(f"stopped at step {trainer.state.global_step}/{STEPS}; exit {timer.exit_code}")
+        given = timer.budget.deadline()
+        used = f"start-up used {began - process_start_time():.1f} s"
+        if given is not None and given.end is not None:
+            used += f" of {given.end - process_start_time():.1f} s"
+        print(
+            f"stopped at step {trainer.state.global_step}/{STEPS}; exit {timer.exit_code}; {used}"
+        )
     else:
         print(f"finished step {trainer.state.global_step}/{STEPS}")
         print(f"weights {weights_digest(model)}")

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import time
 import warnings
 from typing import Any
 
@@ -34,7 +35,7 @@ from torch import nn
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from ckptstore.lightning import CkptStoreIO
-from slurmclock import end_process
+from slurmclock import end_process, process_start_time
 from slurmclock.lightning import TimeAwareCallback
 
 STEPS = 4000
@@ -93,11 +94,16 @@ def main() -> int:
         enable_model_summary=False,
     )
     model = YourModel()
+    began = time.time()  # the deadline counts from the process's start: start-up uses it
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", ".*does not have many workers.*")
         trainer.fit(model, your_data(), ckpt_path=timer.resume_path())
     if timer.stopped_early:
-        print(f"stopped at step {trainer.global_step}/{STEPS}; exit {timer.exit_code}")
+        given = timer.budget.deadline()
+        used = f"start-up used {began - process_start_time():.1f} s"
+        if given is not None and given.end is not None:
+            used += f" of {given.end - process_start_time():.1f} s"
+        print(f"stopped at step {trainer.global_step}/{STEPS}; exit {timer.exit_code}; {used}")
     else:
         print(f"finished step {trainer.global_step}/{STEPS}")
         print(f"weights {weights_digest(model)}")

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import time
 from typing import Any
 
 import numpy as np
@@ -30,7 +31,7 @@ from torch import nn
 import ddpkit
 from ckptstore import CheckpointStore
 from parquetlm import PackedLoader
-from slurmclock import DeadlineWatcher, TimeLoop, end_process
+from slurmclock import DeadlineWatcher, TimeLoop, end_process, process_start_time
 
 STEPS = int(os.environ.get("EXAMPLE_STEPS", 600))  # more: a longer run, e.g. under SLURM
 SAVE_EVERY = 100  # periodic async saves: a crash without warning loses at most this many steps
@@ -117,11 +118,16 @@ def main() -> int:
         if store.latest_step() is not None:
             store.load(state)  # model, optimizer, data position in place; "step" replaced
             dist.print(f"resumed from step {state['step']}")
+        began = time.time()  # the deadline counts from the process's start: start-up uses it
         loop = train(dist, state, store) if state["step"] < STEPS else None
         store.close()  # waits for anything in flight; re-raises a background failure
         if loop is not None and loop.stopped_early:
-            dist.print(f"stopped at step {state['step']}/{STEPS} ({loop.reason})")
-            return loop.exit_code  # 75: requeue and resume
+            given = loop.budget.deadline()
+            used = f"start-up used {began - process_start_time():.1f} s"
+            if given is not None and given.end is not None:
+                used += f" of {given.end - process_start_time():.1f} s"
+            dist.print(f"stopped at step {state['step']}/{STEPS} ({loop.reason}); {used}")
+            return loop.exit_code  # 75: steps left, resume from the checkpoint
         dist.print(f"finished step {state['step']}/{STEPS}")
         dist.print(f"weights {weights_digest(model)}")
         return 0

@@ -3,7 +3,8 @@
 - no package under packages/ imports a sibling package (only apps/ may compose them);
 - every package has the standard layout (src/, py.typed, tests/, README.md, pyproject.toml);
 - slurmclock stays stdlib-only (its trainer integrations are optional extras);
-- .ci/run runs the README's test command.
+- .ci/run runs the README's test command;
+- CI builds the documentation site with every link and reference checked.
 """
 
 from __future__ import annotations
@@ -171,3 +172,15 @@ def test_nox_counts_no_tests_collected_as_a_failure() -> None:
     noxfile = (ROOT / "noxfile.py").read_text()
     assert "success_codes" not in noxfile, "pytest's exit 5 (no tests collected) must fail"
     assert "tempguard.py" in noxfile, "every pytest run goes through tools/tempguard.py"
+
+
+def test_ci_builds_the_docs_with_every_link_checked() -> None:
+    """`nox` (what CI runs) builds the site with --strict, and mkdocs.yml keeps every link check
+    at "warn", which --strict turns into a failure: a broken link is fixed where it is written."""
+    noxfile = (ROOT / "noxfile.py").read_text()
+    defaults = noxfile.split("nox.options.sessions = [", 1)[1].split("]", 1)[0]
+    assert '"docs"' in defaults, "the docs session must be one of nox's default sessions"
+    assert '"--strict"' in noxfile
+    mkdocs = (ROOT / "mkdocs.yml").read_text()
+    for check in ("omitted_files", "absolute_links", "unrecognized_links", "anchors"):
+        assert f"{check}: warn" in mkdocs, f"mkdocs.yml: validation {check} must stay at warn"

@@ -48,11 +48,25 @@ def require_multinode() -> None:
 
 
 @pytest.fixture(scope="module")
-def cluster() -> Iterator[Any]:
+def shared_cluster() -> Iterator[Any]:
     require_multinode()
     conf = {"SlurmdTimeout": str(SLURMD_TIMEOUT)}
     with localslurm.MultiNodeCluster(nodes=3, cpus=1, extra_conf=conf) as c:
         yield c
+
+
+@pytest.fixture
+def cluster(shared_cluster: Any) -> Iterator[Any]:
+    """The module's cluster, healed after each test: a test that fails between a fault and its
+    repair must not leave the next one a node dead, frozen or cut off, and its job holding the
+    rest (the next ``srun -N3`` then waits for resources until its timeout)."""
+    yield shared_cluster
+    for node in shared_cluster.net.revive():  # links up, processes continued; the killed:
+        shared_cluster.start_node(node, timeout=NODE_DOWN_WAIT)
+    if jobs := list(shared_cluster.jobs()):
+        shared_cluster.run(["scancel", *jobs])
+    for node in shared_cluster.nodes:
+        shared_cluster.wait_node(node, {"idle"}, timeout=NODE_DOWN_WAIT)
 
 
 def leftovers(tag: str, conf: Path, daemons: dict[str, int]) -> list[str]:
@@ -83,8 +97,24 @@ def wait_for_nothing_left(tag: str, conf: Path, daemons: dict[str, int], workdir
 
 
 def state_of(pid: int) -> str:
-    """The process state letter (R, S, T, ...) from /proc/PID/stat."""
-    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    """The process state letter (R, S, T, ...) from /proc/PID/stat; "gone" for no process."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return "gone"
+
+
+def descheduled_between_signals(monkeypatch: pytest.MonkeyPatch) -> None:
+    """os.kill and os.killpg sleep 0.2 s after each signal, as a test process descheduled
+    between two signals on a loaded machine: what the processes do meanwhile shows."""
+    for name in ("kill", "killpg"):
+        send = getattr(os, name)
+
+        def slow(pid: int, sig: int, send: Any = send) -> None:
+            send(pid, sig)
+            time.sleep(0.2)
+
+        monkeypatch.setattr(os, name, slow)
 
 
 def test_a_job_spans_the_nodes_each_with_its_own_name_and_address(cluster: Any) -> None:
@@ -115,14 +145,16 @@ def test_a_killed_frozen_or_cut_node_leaves_the_controllers_view_and_comes_back(
         time.sleep(0.2)
     sleepers = {n: cluster.job_pids(n) for n in cluster.nodes}
 
-    cluster.kill_node(killed)
+    with pytest.MonkeyPatch.context() as patch:
+        descheduled_between_signals(patch)
+        cluster.kill_node(killed)  # srun there and all that could see it go: at once
     assert cluster.processes(killed) == {}
     stopped = cluster.freeze_node(frozen)
     assert set(sleepers[frozen]) < set(stopped)  # the slurmd and slurmstepd too
     cluster.cut_network(cut)
     time.sleep(0.5)
     assert {state_of(pid) for pid in stopped} == {"T"}
-    assert all(state_of(pid) != "T" for pid in sleepers[cut])  # cut off, running on
+    assert {state_of(pid) for pid in sleepers[cut]} <= set("RSD")  # cut off, running on
     said = cluster.on_node(cut, ["ip", "-o", "link", "show", "dev", "eth0"]).stdout
     assert "state DOWN" in said, said
 

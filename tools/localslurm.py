@@ -78,7 +78,7 @@ runs a command on a node. The daemons listen on all their namespace's addresses 
 ``SlurmdTimeout`` is SLURM's default (300 s), as on a real cluster; ``extra_conf`` sets it.
 
 Faults (a process is on the node whose network namespace it runs in, ``/proc/PID/ns/net``):
-``kill_node`` (SIGKILL to all of them: slurmd, slurmstepd, the jobs' processes; ``start_node``
+``kill_node`` (SIGKILL to all at once: slurmd, slurmstepd, the jobs' processes; ``start_node``
 brings a slurmd back), ``freeze_node`` / ``thaw_node`` (SIGSTOP / SIGCONT to all of them),
 ``cut_network`` / ``restore_network`` (``ip link set dev eth0 down`` / ``up`` on the node);
 ``processes`` and ``job_pids`` say what runs on a node, ``node_states`` and ``wait_node`` what
@@ -276,7 +276,7 @@ def parse_scontrol(text: str) -> dict[str, str]:
     return fields
 
 
-def _client_env(conf: Path, base: Mapping[str, str] | None = None) -> dict[str, str]:
+def client_env(conf: Path, base: Mapping[str, str] | None = None) -> dict[str, str]:
     """``base`` (this process's environment) for SLURM commands against the cluster ``conf``."""
     env = {
         key: value
@@ -331,7 +331,7 @@ class LocalCluster:
         self.nodes = [self.node_name]
         self.daemons = list(DAEMONS)  # keys of _procs and of run/pids, in start order
         self.conf_path = self.workdir / "slurm.conf"
-        self.env: dict[str, str] = _client_env(self.conf_path)
+        self.env: dict[str, str] = client_env(self.conf_path)
         self._procs: dict[str, subprocess.Popen[bytes]] = {}
         self.ports: dict[str, int] = {}
         self._want_reaper = reaper
@@ -776,12 +776,14 @@ class MultiNodeCluster(LocalCluster):
     def job_pids(self, node: str) -> list[int]:
         """The jobs' processes on ``node`` (neither its slurmd nor a slurmstepd)."""
         pids = _netns_pids(self.net.nspath(self._node(node)))
-        return sorted(pid for pid in pids if _comm(pid) not in ("slurmd", "slurmstepd"))
+        # "": gone since it was listed (slurmd's short-lived forks as a step starts), not a job's.
+        return sorted(pid for pid in pids if _comm(pid) not in ("", "slurmd", "slurmstepd"))
 
     def kill_node(self, node: str) -> None:
-        """SIGKILL everything on ``node``, for good: its slurmd, slurmstepd and the jobs'
-        processes (its network stays up: add :meth:`cut_network` for a node that goes silent).
-        :meth:`start_node` starts its slurmd again."""
+        """SIGKILL everything on ``node`` at once, for good, as a machine that crashes: its
+        slurmd, slurmstepd and the jobs' processes (its network stays up: add
+        :meth:`cut_network` for a node that goes silent). :meth:`start_node` starts its slurmd
+        again."""
         _kill_all(self.net.nspath(self._node(node)))
         proc = self._procs.pop(f"slurmd@{node}", None)
         if proc is not None:
@@ -955,10 +957,11 @@ def _netns_pids(ns: Path) -> list[int]:
 
 
 def _signal_all(ns: Path, sig: int) -> set[int]:
-    """``sig`` to every process in ``ns``, and to those that appear meanwhile (forks)."""
+    """``sig`` to every process in ``ns``, and to those that appear meanwhile (forks); parents
+    first: a parent that runs on sees no child stop."""
     done: set[int] = set()
     while new := set(_netns_pids(ns)) - done:
-        for pid in new:
+        for pid in sorted(new, key=_depth):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, sig)
         done |= new
@@ -966,11 +969,57 @@ def _signal_all(ns: Path, sig: int) -> set[int]:
 
 
 def _kill_all(ns: Path, timeout: float = 15.0) -> None:
-    """SIGKILL every process in ``ns`` and wait until they are gone (zombies do not count)."""
+    """SIGKILL every process in ``ns`` as at once, as on a machine that crashes, and wait until
+    they are gone (zombies do not count).
+
+    Killed one by one, the last run on and see the first die: a node's srun killed while its
+    batch script and slurmstepd ran ended the job, and with it the step's tasks on every other
+    node, within 0.25 s (what a test process descheduled between two kills gives them on a
+    loaded machine). So all are stopped first; then each process group gets one SIGKILL for all
+    its members, deepest first: the kernel wakes a stopped group with SIGHUP and SIGCONT when the
+    last process tying it to its session dies (POSIX's orphaned process group; srun then
+    cancels its step), unless the group was killed before."""
+    _signal_all(ns, signal.SIGSTOP)
     end = time.monotonic() + timeout
-    while _netns_pids(ns) and time.monotonic() < end:
-        _signal_all(ns, signal.SIGKILL)
+    while (pids := set(_netns_pids(ns))) and time.monotonic() < end:
+        _kill_groups(pids)
         time.sleep(0.05)
+
+
+def _kill_groups(pids: Collection[int]) -> None:
+    """SIGKILL ``pids``: a process group with one signal, deepest first (by its shallowest
+    member, its leader: a group below another is started by a process of the one above); a group
+    with members outside ``pids`` (a command entered from outside keeps its caller's group)
+    process by process."""
+    groups: dict[int, list[int]] = {}
+    for pid in pids:
+        groups.setdefault(_stat(pid)[2], []).append(pid)
+    others = (_stat(int(e)) for e in os.listdir("/proc") if e.isdigit() and int(e) not in pids)
+    outside = {pgid for state, _, pgid in others if state not in ("", "Z")}  # a zombie is no one
+    for pgid, members in sorted(groups.items(), key=lambda g: -min(map(_depth, g[1]))):
+        if pgid > 0 and pgid not in outside:  # 0: gone meanwhile
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pgid, signal.SIGKILL)
+            continue
+        for pid in members:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def _stat(pid: int) -> tuple[str, int, int]:
+    """(state, parent, process group) of ``pid``; ("", 0, 0) when it is gone."""
+    with contextlib.suppress(OSError, IndexError, ValueError):
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return fields[0], int(fields[1]), int(fields[2])
+    return "", 0, 0
+
+
+def _depth(pid: int) -> int:
+    """How many ancestors ``pid`` has."""
+    depth = 0
+    while (pid := _stat(pid)[1]) > 0:
+        depth += 1
+    return depth
 
 
 def _tagged(line: str, tag: str) -> bool:
@@ -1097,7 +1146,7 @@ def down(
     pids = _read_pids(workdir) or dict(pids or {})
     tag = tag or _tag_of(conf)
     net = _Net(tag) if tag is not None and _Net(tag).exists() else None
-    env = dict(env) if env is not None else _client_env(conf)
+    env = dict(env) if env is not None else client_env(conf)
     client = net.enter(net.controller) if net is not None else []
     dead = net.revive() if net is not None else []
     if _alive(pids.get("slurmctld", -1), "slurmctld"):
@@ -1285,7 +1334,7 @@ def _status(workdir: Path) -> int:
     if conf.exists() and "slurmctld" in alive:
         out = subprocess.run(
             [*_client_of(conf), "sinfo", "-N"],
-            env=_client_env(conf),
+            env=client_env(conf),
             capture_output=True,
             text=True,
             timeout=15,
@@ -1318,7 +1367,7 @@ def _run_command(
         print(f"localslurm: no node {on!r} here; nodes: {' '.join(net.hosts())}", file=sys.stderr)
         return 1
     prefix = net.enter(on) if on is not None else _client_of(conf)
-    return subprocess.run([*prefix, *command], env=_client_env(conf)).returncode
+    return subprocess.run([*prefix, *command], env=client_env(conf)).returncode
 
 
 if __name__ == "__main__":

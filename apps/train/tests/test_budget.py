@@ -248,6 +248,26 @@ def test_startup_parts_from_the_allocation_start() -> None:
         s.mark("lunch")
 
 
+def test_startup_carves_torch_compile_out_of_the_first_step(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """torch.compile compiles inside the first step: dynamo's timers say how long, and that
+    part is reported as "compile" (what a warm compile cache saves), the rest as the step."""
+    import pyrecover_train.startup as startup_mod
+
+    now, compiled = [0.0], [5.0]  # 5 s compiled before this run (another run in the process)
+    monkeypatch.setattr(startup_mod, "compile_seconds", lambda: compiled[0])
+    s = Startup(origin=0.0, clock=lambda: now[0], compiled_before=5.0)
+    now[0] = 1.0
+    s.mark("imports")
+    now[0], compiled[0] = 11.0, 12.0  # a 10 s first step, 7 s of it compiling
+    s.mark("first step")
+    assert s.parts() == {"imports": 1.0, "compile": 7.0, "first step": 3.0}
+    assert s.seconds() == 11.0
+    with pytest.raises(ValueError, match="unknown start-up part 'compile'"):
+        s.mark("compile")
+
+
 def test_startup_is_measured_said_and_reported(
     corpus: Path, cache_dir: Path, tmp_path: Path
 ) -> None:
@@ -257,7 +277,7 @@ def test_startup_is_measured_said_and_reported(
     evs = events(ckpt)
     startup = one(evs, "startup")
     assert startup["since"] == "process start"
-    assert list(startup["parts"]) == [p for p in PARTS if p != "launch"]
+    assert list(startup["parts"]) == [p for p in PARTS if p not in ("launch", "compile")]
     assert 0 < startup["seconds"] < 60
     assert sum(startup["parts"].values()) == pytest.approx(startup["seconds"], abs=0.01)
     assert "  start-up:    " in r.stdout and "first step done " in r.stdout

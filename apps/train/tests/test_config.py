@@ -212,6 +212,10 @@ BAD = [
     (["--no-such-flag"], "unrecognized arguments"),
     # Two flags that leave no sane run (issue 24): an error naming both.
     (["--checkpoint-mirror", "CKPT"], "is the checkpoint location itself: give a second"),
+    # issue 30: a mirror inside the experiment (one failure domain), or where nothing can be
+    # written, was accepted and the run ended exit 0 with nothing ever mirrored
+    (["--checkpoint-mirror", "CKPT/default-exp/m"], "is inside the experiment's own folder"),
+    (["--checkpoint-mirror", "/proc/1/m"], "/proc/1 cannot be written by this user"),
     (["--param-dtype", "bf16", "--model-dtype", "fp32"], "--param-dtype bf16 computes in bf16"),
     (["--min-lr", "1", "--learning-rate", "0.1"], "--min-lr must be between 0 and --learning-rate"),
 ]
@@ -222,7 +226,7 @@ def test_bad_input_is_one_line_and_exit_2(
     argv: list[str], message: str, capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
     ckpt = tmp_path / "ckpt"
-    argv = [str(ckpt) if a == "CKPT" else a for a in argv]
+    argv = [a.replace("CKPT", str(ckpt)) for a in argv]
     assert main([*argv, "--checkpoint-dir", str(ckpt)]) == 2
     err = capsys.readouterr().err
     assert message in err

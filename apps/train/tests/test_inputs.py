@@ -4,6 +4,7 @@ goes, `~` in a flag's value, and a resume whose flags differ from the checkpoint
 from __future__ import annotations
 
 import os
+import pickle
 import subprocess
 import sys
 from pathlib import Path
@@ -67,6 +68,51 @@ def test_a_file_given_as_the_checkpoint_is_one_line(
     assert message in err and str(target) in err, err
     assert len(err.splitlines()) == 1
     assert not ckpt.exists()
+
+
+class _RunsCode:
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> Any:
+        return (os.system, (f"touch {self.marker}",))
+
+
+@pytest.mark.parametrize(
+    ("damage", "message"),
+    [
+        ("missing shard", "__0_0.distcp is missing: the checkpoint's .metadata needs it"),
+        ("code-running metadata", ".metadata: refused: a pickle that asks for posix.system"),
+    ],
+)
+def test_a_damaged_dcp_folder_to_resume_from_is_one_line(
+    damage: str,
+    message: str,
+    corpus: Path,
+    cache_dir: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Issue 30: a 50-line traceback (torch's CheckpointException derives from BaseException)."""
+    import warnings
+
+    import torch.distributed.checkpoint as dcp
+
+    src, marker = tmp_path / "dcp", tmp_path / "code-ran"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dcp.save({"model": {"w": torch.ones(4)}, "step": 3}, checkpoint_id=str(src), no_dist=True)
+    if damage == "missing shard":
+        (src / "__0_0.distcp").unlink()
+    else:
+        (src / ".metadata").write_bytes(pickle.dumps(_RunsCode(marker)))
+    ckpt = tmp_path / "ckpt"
+    argv = [*tiny_flags(corpus, cache_dir, ckpt), "--resume-from-checkpoint", str(src)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and str(src) in err and "Traceback" not in err, err
+    assert len(err.splitlines()) == 1
+    assert not ckpt.exists() and not marker.exists()
 
 
 def test_home_in_the_checkpoint_dir_puts_everything_under_home(

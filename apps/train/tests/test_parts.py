@@ -177,16 +177,14 @@ def test_progress_line() -> None:
 def test_the_save_schedule_takes_slurmclocks_young_daly_interval() -> None:
     """--checkpoint-interval-seconds: off, fixed, or auto = slurmclock.checkpoint_interval of the
     blocking costs this run measured (10 s assumed before the first)."""
-    import slurmclock
     from pyrecover_train.config import config_from_args
     from pyrecover_train.save_schedule import SaveSchedule
 
     now = [0.0]
-    budget = slurmclock.TimeBudget()
 
     def schedule(*argv: str) -> SaveSchedule:
         cfg = config_from_args(list(argv))
-        return SaveSchedule(cfg, budget, saved_step=None, clock=lambda: now[0])
+        return SaveSchedule(cfg, saved_step=None, clock=lambda: now[0])
 
     assert schedule().interval() is None
     assert schedule("--checkpoint-interval-seconds", "30").interval() == 30.0

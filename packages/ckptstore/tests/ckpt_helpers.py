@@ -213,3 +213,19 @@ def communicate_all(procs: list[subprocess.Popen[str]], timeout: float = 300) ->
                 p.kill()
                 p.wait()
     return outputs
+
+
+def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    """``ckptstore ARGV`` in this process: (exit code, stdout, stderr)."""
+    from ckptstore.cli import main
+
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def one_line(err: str) -> str:
+    """The one line of ``err`` (asserted: one line, no traceback)."""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in err, err
+    return lines[0]

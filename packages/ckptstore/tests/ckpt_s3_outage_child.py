@@ -2,7 +2,7 @@
 
 The store writes through a storage wrapper (its public seam) that stops the server when the
 upload asks for its third part, while the first parts are on the wire. Prints the one-line error
-the caller gets and exits 1.
+the caller gets (with its type: the store did not answer) and exits 1.
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ def main() -> int:
         store.save(2, {"w": torch.randn(16_000_000)}, blocking=False)  # 64 MB: 8 parts
         store.wait()
     except CheckpointError as e:
-        print(f"error: {e}", flush=True)
+        print(f"error: {type(e).__name__}: {e}", flush=True)
         return 1
     return 0
 

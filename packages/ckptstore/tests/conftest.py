@@ -46,7 +46,7 @@ def folder_backend(tmp_path_factory: pytest.TempPathFactory) -> Iterator[type[Fo
     with pytest.MonkeyPatch.context() as mp:
         mp.syspath_prepend(str(site))
         yield FolderStorage
-    registry._registry.pop("folder", None)
+    registry.STORAGES.loaded.pop("folder", None)
 
 
 @pytest.fixture

@@ -164,3 +164,114 @@ def test_reserve_prepares_the_snapshot_buffer(tmp_path: Path) -> None:
         assert torch.equal(loaded["w"], state["w"]) and torch.equal(
             loaded["opt"]["m"], state["opt"]["m"]
         )
+
+
+# -- what a save holds when the state changes right after it returns ----------------------------
+
+STAGE_GATE = threading.Event()
+
+
+class GatedStageFormat(TorchFormat):
+    """The 'torch' format whose background snapshot waits for STAGE_GATE: the copy of an
+    overlapped save is still to be made when save() returns."""
+
+    name = "gated-stage"
+
+    def stage(self, enc: Any, ctx: SaveContext) -> Any:
+        if ctx.background:
+            assert STAGE_GATE.wait(60)
+        return super().stage(enc, ctx)
+
+
+register_format("gated-stage", GatedStageFormat, clobber=True)
+
+
+def _model_and_optimizer() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Linear(64, 4))
+    opt = torch.optim.AdamW(model.parameters(), lr=0.1)
+    model(torch.randn(8, 64)).square().mean().backward()
+    opt.step()
+    return model, opt
+
+
+def _step(model: torch.nn.Module, opt: torch.optim.Optimizer) -> None:
+    model(torch.randn(8, 64)).square().mean().backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_an_async_save_holds_its_steps_state_when_training_goes_on_at_once(
+    tmp_path: Path, overlap: bool
+) -> None:
+    """The weights and the optimizer change right after save() returns (overlapped: right
+    after staged()), while the write is held back: the checkpoint has the old values, bitwise."""
+    EVENTS.clear()
+    GATE.clear()
+    model, opt = _model_and_optimizer()
+    saved_model = {k: t.clone() for k, t in model.state_dict().items()}
+    saved_moments = [s["exp_avg"].clone() for s in opt.state.values()]
+    store = CheckpointStore(str(tmp_path), format="gated")
+    handle = store.save(1, {"model": model, "optim": opt}, blocking=False, overlap=overlap)
+    handle.staged()
+    _step(model, opt)  # the next forward, backward and optimizer step
+    with torch.no_grad():
+        model[0].weight.add_(1.0)
+    GATE.set()
+    handle.result()
+    _, got = store.read(1)
+    store.close()
+    assert all(torch.equal(got["model"][k], t) for k, t in saved_model.items())
+    moments = [s["exp_avg"] for s in got["optim"]["state"].values()]
+    assert all(torch.equal(a, b) for a, b in zip(moments, saved_moments, strict=True))
+    assert [s["step"] for s in got["optim"]["state"].values()] == [torch.tensor(1.0)] * 4
+
+
+def test_an_overlapped_save_returns_before_its_snapshot_and_staged_waits_for_it(
+    tmp_path: Path,
+) -> None:
+    """save(overlap=True) returns while its copy is held back; staged() returns only once the
+    copy is made; the checkpoint is the state at save()."""
+    STAGE_GATE.clear()
+    w = torch.arange(1000, dtype=torch.float32)
+    store = CheckpointStore(str(tmp_path), format="gated-stage")
+    handle = store.save(1, {"w": w}, blocking=False, overlap=True)
+    assert not handle.done()  # returned with the copy still to make
+    waiting = threading.Thread(target=store.staged)
+    waiting.start()
+    waiting.join(0.3)
+    assert waiting.is_alive()  # staged() waits for the copy
+    STAGE_GATE.set()
+    waiting.join(60)
+    assert not waiting.is_alive()
+    w.add_(1.0)  # allowed now
+    handle.result()
+    assert torch.equal(store.read(1)[1]["w"], torch.arange(1000, dtype=torch.float32))
+    store.close()
+
+
+def test_a_change_before_staged_fails_the_save_and_writes_nothing(tmp_path: Path) -> None:
+    """The contract broken: the optimizer steps while the snapshot is still being taken. The
+    save fails (the error names what changed and what to call) instead of writing a mixture;
+    the store goes on."""
+    STAGE_GATE.clear()
+    model, opt = _model_and_optimizer()
+    store = CheckpointStore(str(tmp_path), format="gated-stage")
+    handle = store.save(1, {"model": model, "optim": opt}, blocking=False, overlap=True)
+    _step(model, opt)  # without staged()
+    STAGE_GATE.set()
+    store.staged()  # returns: a failed snapshot is never waited for forever
+    with pytest.raises(CheckpointError, match=r"changed while its snapshot was taken.*staged\(\)"):
+        handle.result()
+    assert store.latest_step() is None and not list(tmp_path.glob("step-*/manifest.json"))
+    store.save(2, {"model": model, "optim": opt})  # delivered once; the store goes on
+    assert store.latest_step() == 2
+    store.close()
+
+
+def test_staged_is_immediate_without_an_overlapped_save(tmp_path: Path) -> None:
+    with CheckpointStore(str(tmp_path)) as store:
+        store.staged()  # nothing in flight
+        store.save(1, {"w": torch.ones(3)}, blocking=False).staged()
+        store.staged()

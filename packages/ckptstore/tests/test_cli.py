@@ -11,7 +11,7 @@ from typing import Any
 import orjson
 import pytest
 import torch
-from ckpt_helpers import ROOT, corrupt, make_state
+from ckpt_helpers import ROOT, corrupt, make_state, run_cli
 
 from ckptstore import CheckpointStore, cli
 from ckptstore.cli import main
@@ -26,48 +26,42 @@ def ckpts(tmp_path: Path) -> Path:
     return root
 
 
-def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
 def test_list(ckpts: Path, capsys: Any) -> None:
-    code, out, _ = run(capsys, "list", str(ckpts))
+    code, out, _ = run_cli(capsys, "list", str(ckpts))
     assert code == 0
     lines = out.strip().splitlines()
     assert lines[0].split()[:3] == ["step", "time", "format"]
     assert [ln.split()[0] for ln in lines[1:]] == ["10", "9000", "10000"]
     assert "(latest)" in lines[-1]
-    code, out, _ = run(capsys, "list", str(ckpts), "--json")
+    code, out, _ = run_cli(capsys, "list", str(ckpts), "--json")
     assert [orjson.loads(ln)["step"] for ln in out.splitlines()] == [10, 9000, 10000]
 
 
 def test_verify_names_the_bad_file(ckpts: Path, capsys: Any) -> None:
-    assert run(capsys, "verify", str(ckpts))[0] == 0
+    assert run_cli(capsys, "verify", str(ckpts))[0] == 0
     bad = corrupt(str(ckpts / "step-00009000"), {}, "flip")
-    code, out, _ = run(capsys, "verify", str(ckpts), "--step", "9000")
+    code, out, _ = run_cli(capsys, "verify", str(ckpts), "--step", "9000")
     assert code == 1 and "CORRUPT" in out and f"BAD {bad}" in out and "checksum mismatch" in out
-    code, out, _ = run(capsys, "verify", str(ckpts), "--step", "all")
+    code, out, _ = run_cli(capsys, "verify", str(ckpts), "--step", "all")
     assert code == 1 and out.count("OK ") == 2
-    code, out, _ = run(capsys, "verify", str(ckpts / "step-00000010"))  # a step directory
+    code, out, _ = run_cli(capsys, "verify", str(ckpts / "step-00000010"))  # a step directory
     assert code == 0 and "step-00000010" in out
 
 
 def test_inspect_shows_shapes_and_dtypes(ckpts: Path, capsys: Any) -> None:
-    code, out, _ = run(capsys, "inspect", str(ckpts), "--step", "10")
+    code, out, _ = run_cli(capsys, "inspect", str(ckpts), "--step", "10")
     assert code == 0
     assert "model.body.weight  float32  [16, 16]" in out
     assert "val_loss" in out and "state." in out
-    code, out, _ = run(capsys, "inspect", str(ckpts), "--json")
+    code, out, _ = run_cli(capsys, "inspect", str(ckpts), "--json")
     info = orjson.loads(out)
     assert info["step"] == 10000 and any(t["key"] == "buf" for t in info["tensors"])
 
 
 def test_prune(ckpts: Path, capsys: Any) -> None:
-    code, out, _ = run(capsys, "prune", str(ckpts), "--keep-last", "1", "--dry-run")
+    code, out, _ = run_cli(capsys, "prune", str(ckpts), "--keep-last", "1", "--dry-run")
     assert code == 0 and "would delete 2" in out
-    code, out, _ = run(capsys, "prune", str(ckpts), "--keep-last", "1")
+    code, out, _ = run_cli(capsys, "prune", str(ckpts), "--keep-last", "1")
     assert code == 0 and "deleted 2 checkpoint(s): steps 10, 9000" in out
     assert sorted(p.name for p in ckpts.iterdir()) == ["latest", "step-00010000"]
 
@@ -78,7 +72,7 @@ def test_export_plain_weights(tmp_path: Path, capsys: Any, fmt: str) -> None:
     with CheckpointStore(str(tmp_path / "c"), format=fmt) as store:
         store.save(4, state)
     out_file = tmp_path / "weights.pt"
-    code, out, _ = run(
+    code, out, _ = run_cli(
         capsys,
         "export",
         str(tmp_path / "c"),
@@ -96,7 +90,7 @@ def test_export_plain_weights(tmp_path: Path, capsys: Any, fmt: str) -> None:
     for a, b in zip(fresh.state_dict().values(), state["model"].state_dict().values(), strict=True):
         assert torch.equal(a, b)
     assert out_file.stat().st_size < 64_000  # views were cloned: not the whole read buffer
-    code, _, _ = run(
+    code, _, _ = run_cli(
         capsys,
         "export",
         str(tmp_path / "c"),
@@ -122,13 +116,13 @@ def test_export_plain_weights(tmp_path: Path, capsys: Any, fmt: str) -> None:
     ],
 )
 def test_usage_errors_exit_2_with_one_line(argv: list[str], needle: str, capsys: Any) -> None:
-    code, out, err = run(capsys, *argv)
+    code, out, err = run_cli(capsys, *argv)
     assert code == 2 and out == ""
     assert len(err.strip().splitlines()) == 1 and needle in err
 
 
 def test_export_of_a_missing_key_is_a_usage_error(ckpts: Path, capsys: Any, tmp_path: Path) -> None:
-    code, _, err = run(
+    code, _, err = run_cli(
         capsys, "export", str(ckpts), "--step", "10", "--out", str(tmp_path / "x"), "--key", "nope"
     )
     assert code == 2 and "choose with --key" in err and "model" in err
@@ -136,7 +130,7 @@ def test_export_of_a_missing_key_is_a_usage_error(ckpts: Path, capsys: Any, tmp_
 
 
 def test_nothing_there_exits_1(tmp_path: Path, capsys: Any) -> None:
-    code, _, err = run(capsys, "verify", str(tmp_path / "empty"))
+    code, _, err = run_cli(capsys, "verify", str(tmp_path / "empty"))
     assert code == 1 and "no checkpoint" in err
 
 
@@ -166,7 +160,7 @@ def test_list_on_s3_with_storage_options(moto: Any, capsys: Any) -> None:
     with CheckpointStore(url, storage_options=moto.storage_options()) as store:
         store.save(3, {"w": torch.ones(2)})
     opts = orjson.dumps(moto.storage_options()).decode()
-    code, out, _ = run(capsys, "list", url, "--storage-options", opts)
+    code, out, _ = run_cli(capsys, "list", url, "--storage-options", opts)
     assert code == 0 and out.splitlines()[1].startswith("3")
 
 
@@ -203,7 +197,7 @@ def test_what_is_no_checkpoint_folder_is_one_line(
     (tmp_path / "w.pt").write_bytes(b"x")
     os.mkfifo(tmp_path / "fifo")
     (ckpts / "writer.lock").mkdir()
-    code, _, err = run(capsys, "list", "")
+    code, _, err = run_cli(capsys, "list", "")
     assert code == 2 and "the URL is empty" in err and len(err.splitlines()) == 1
     for argv, said in [
         (["list", str(tmp_path / "w.pt")], "w.pt is a file, not a folder of checkpoints"),
@@ -211,10 +205,10 @@ def test_what_is_no_checkpoint_folder_is_one_line(
         (["list", str(tmp_path / "fifo")], "fifo is a file, not a folder of checkpoints"),
         (["lock", str(ckpts)], "its writer.lock is a folder, not a lock file; if no run"),
     ]:
-        code, out, err = run(capsys, *argv)
+        code, out, err = run_cli(capsys, *argv)
         assert code == 1 and out == "" and said in err and len(err.splitlines()) == 1, err
     monkeypatch.setitem(
         cli._COMMANDS, "list", lambda args: (_ for _ in ()).throw(KeyboardInterrupt)
     )
-    assert run(capsys, "list", str(ckpts))[1:] == ("", "ckptstore: interrupted\n")
+    assert run_cli(capsys, "list", str(ckpts))[1:] == ("", "ckptstore: interrupted\n")
     assert main(["list", str(ckpts)]) == 130

@@ -83,3 +83,29 @@ def test_two_ranks(tmp_path: Path) -> None:
         loaded = blank_state()
         store.load(loaded, step=2)
         assert_same_state(make_state(2), loaded)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fmt", ["torch", "dcp"])
+def test_a_background_save_the_store_refused_reaches_every_rank(tmp_path: Path, fmt: str) -> None:
+    """Rank 0 alone learned that its background save failed (the store did not answer), at
+    the next save, and raised there while rank 1 waited for it in that save's agreement; now
+    every rank raises StoreUnreachableError, and the next save after the outage goes through."""
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(TESTS / "ckpt_outage_worker.py"), str(tmp_path), fmt],
+            env={**os.environ, **env},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for env in rank_envs(2)
+    ]
+    outputs = communicate_all(procs, timeout=120)
+    results = [json.loads((tmp_path / f"result-{r}.json").read_text()) for r in range(2)]
+    assert all(r["ok"] for r in results), (results, outputs)
+    assert results[0]["error"].startswith("the store did not answer at "), results
+    assert results[1]["error"].startswith(  # or of its own part, had DCP given it one to write
+        ("preparing step 3 failed on rank 0: the store did not answer", "the store did not")
+    ), results
+    assert results[0]["steps"] == [1, 4]

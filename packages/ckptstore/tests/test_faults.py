@@ -55,7 +55,10 @@ def test_a_dying_endpoint_gives_one_line(moto: Any) -> None:
         timeout=300,
     )
     assert r.returncode == 1, r.stdout + r.stderr
-    assert r.stdout.startswith("error: I/O error writing s3://outage/run/step-00000002/")
+    want = (
+        "error: StoreUnreachableError: the store did not answer at s3://outage/run/step-00000002/"
+    )
+    assert r.stdout.startswith(want), r.stdout
     assert len(r.stdout.splitlines()) == 1, r.stdout
     assert "Traceback" not in r.stderr and "never retrieved" not in r.stderr, r.stderr
 
@@ -87,3 +90,19 @@ def test_unretrieved_connection_errors_on_the_s3_loop_stay_quiet(
     shown = [r.getMessage() + repr(r.exc_info) for r in caplog.records if r.name == "asyncio"]
     assert any("a real bug" in s for s in shown), shown
     assert not any("closing transport" in s for s in shown), shown
+
+
+def test_a_refused_save_leaves_no_folder_behind(tmp_path: Path) -> None:
+    """The writer lock creates the experiment's folders; a store that committed nothing
+    removes them at close (an empty folder reads as a checkpoint to resume from: issue 30)."""
+    exp = tmp_path / "a" / "b"
+    with CheckpointStore(str(exp)) as store, pytest.raises(CheckpointError, match="builtins.set"):
+        store.save(1, {"hp": {1, 2}})
+    assert not (tmp_path / "a").exists()
+    (tmp_path / "kept").mkdir()
+    with CheckpointStore(str(tmp_path / "kept")) as store, pytest.raises(CheckpointError):
+        store.save(1, {"hp": {1, 2}})
+    assert (tmp_path / "kept").is_dir()  # not made by the store: not removed
+    with CheckpointStore(str(exp)) as store:
+        store.save(1, {"w": torch.ones(2)})
+    assert (exp / "step-00000001" / "manifest.json").is_file()

@@ -17,7 +17,14 @@ from typing import Any
 
 import pytest
 import torch
-from ckpt_helpers import TESTS, assert_same_state, communicate_all, make_state
+from ckpt_helpers import (
+    TESTS,
+    assert_same_state,
+    communicate_all,
+    make_state,
+    one_line,
+    run_cli,
+)
 
 from ckptstore import (
     CheckpointError,
@@ -28,21 +35,8 @@ from ckptstore import (
     import_checkpoint,
     read_foreign,
 )
-from ckptstore.cli import main
 
 WORKER = TESTS / "ckpt_foreign_worker.py"
-
-
-def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def one_line(err: str) -> str:
-    lines = err.strip().splitlines()
-    assert len(lines) == 1 and "Traceback" not in err, err
-    return lines[0]
 
 
 def read_back(root: Path, step: int) -> dict[str, Any]:
@@ -65,7 +59,9 @@ def model_and_optim() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
 def test_a_plain_state_dict_comes_in_as_the_model(tmp_path: Path, capsys: Any) -> None:
     model, _ = model_and_optim()
     torch.save(model.state_dict(), tmp_path / "w.pt")
-    code, out, _ = run(capsys, "import", str(tmp_path / "w.pt"), str(tmp_path / "c"), "--step", "0")
+    code, out, _ = run_cli(
+        capsys, "import", str(tmp_path / "w.pt"), str(tmp_path / "c"), "--step", "0"
+    )
     assert code == 0 and "took model (4 tensors" in out and "as step 0" in out
     values = read_back(tmp_path / "c", 0)
     assert_same_state({"model": model.state_dict()}, values)
@@ -117,7 +113,7 @@ def test_a_dcp_folder_comes_in(tmp_path: Path, ranks: int, capsys: Any) -> None:
     src = dcp_source(tmp_path, ranks)
     if ranks == 2:
         assert len(list(src.glob("*.distcp"))) == 2  # both ranks wrote
-    code, out, _ = run(capsys, "import", str(src), str(tmp_path / "c"))
+    code, out, _ = run_cli(capsys, "import", str(src), str(tmp_path / "c"))
     assert code == 0 and "imported dcp checkpoint" in out and "as step 21" in out, out
     expected = torch.load(f"{src}.expected.pt", weights_only=True)
     values = read_back(tmp_path / "c", 21)
@@ -155,9 +151,9 @@ def test_an_export_comes_back_whole(tmp_path: Path, capsys: Any) -> None:
     with CheckpointStore(str(tmp_path / "a")) as store:
         store.save(4, state)
     out = tmp_path / "all.safetensors"
-    code, said, _ = run(capsys, "export", str(tmp_path / "a"), "--out", str(out))
+    code, said, _ = run_cli(capsys, "export", str(tmp_path / "a"), "--out", str(out))
     assert code == 0 and "safetensors.torch.load_file" in said
-    code, said, _ = run(capsys, "import", str(out), str(tmp_path / "b"))
+    code, said, _ = run_cli(capsys, "import", str(out), str(tmp_path / "b"))
     assert code == 0, said
     assert_same_state(read_back(tmp_path / "a", 4), read_back(tmp_path / "b", 4))
 
@@ -196,7 +192,7 @@ def test_export_to_a_bad_out_says_what_is_wrong_with_it(
     (tmp_path / "afile").write_text("x")
     (tmp_path / "adir").mkdir()
     before = sorted(p.name for p in tmp_path.rglob("*"))
-    code, _, err = run(capsys, "export", str(tmp_path / "c"), "--out", str(tmp_path / out))
+    code, _, err = run_cli(capsys, "export", str(tmp_path / "c"), "--out", str(tmp_path / out))
     line = one_line(err)
     assert code == 2 and line.startswith(f"ckptstore: error: --out {tmp_path / out}"), line
     assert needle in line and ".tmp" not in line
@@ -231,7 +227,7 @@ def test_a_malformed_foreign_file_gets_one_line_and_exit_1(
     tmp_path: Path, capsys: Any, kind: str
 ) -> None:
     src = malformed(tmp_path, kind)
-    code, out, err = run(capsys, "import", str(src), str(tmp_path / "c"), "--step", "1")
+    code, out, err = run_cli(capsys, "import", str(src), str(tmp_path / "c"), "--step", "1")
     line = one_line(err)
     assert code == 1 and out == "" and str(src) in line, line
     assert not (tmp_path / "c").exists() or not list((tmp_path / "c").glob("step-*"))
@@ -241,17 +237,22 @@ def test_a_malformed_foreign_file_gets_one_line_and_exit_1(
 
 def test_a_source_without_a_step_asks_for_one(tmp_path: Path, capsys: Any) -> None:
     torch.save({"w": torch.ones(2)}, tmp_path / "w.pt")
-    code, _, err = run(capsys, "import", str(tmp_path / "w.pt"), str(tmp_path / "c"))
+    code, _, err = run_cli(capsys, "import", str(tmp_path / "w.pt"), str(tmp_path / "c"))
     assert code == 1 and "--step N" in one_line(err)
 
 
 def test_an_existing_step_is_not_replaced_unless_asked(tmp_path: Path, capsys: Any) -> None:
     torch.save({"w": torch.ones(2)}, tmp_path / "w.pt")
-    assert run(capsys, "import", str(tmp_path / "w.pt"), str(tmp_path / "c"), "--step", "3")[0] == 0
-    code, _, err = run(capsys, "import", str(tmp_path / "w.pt"), str(tmp_path / "c"), "--step", "3")
+    assert (
+        run_cli(capsys, "import", str(tmp_path / "w.pt"), str(tmp_path / "c"), "--step", "3")[0]
+        == 0
+    )
+    code, _, err = run_cli(
+        capsys, "import", str(tmp_path / "w.pt"), str(tmp_path / "c"), "--step", "3"
+    )
     assert code == 1 and "--overwrite" in one_line(err)
     argv = ["import", str(tmp_path / "w.pt"), str(tmp_path / "c"), "--step", "3", "--overwrite"]
-    assert run(capsys, *argv)[0] == 0
+    assert run_cli(capsys, *argv)[0] == 0
 
 
 # ------------------------------------------------------------ readers point at ckptstore import --
@@ -264,7 +265,7 @@ def test_load_and_read_of_a_foreign_folder_point_at_import(tmp_path: Path, capsy
             assert "is a dcp checkpoint, not a ckptstore one" in str(e.value)
             assert f"ckptstore import {src} DEST" in str(e.value)
     for cmd in ("verify", "inspect", "list"):
-        code, _, err = run(capsys, cmd, str(src))
+        code, _, err = run_cli(capsys, cmd, str(src))
         assert code == 1 and "ckptstore import" in one_line(err), (cmd, err)
 
 
@@ -276,7 +277,7 @@ def test_a_plain_torch_save_file_still_loads_through_the_api(tmp_path: Path, cap
         state: dict[str, Any] = {"model": fresh, "step": 0}
         store.load(state, str(tmp_path / "w.pt"))
     assert state["step"] == 9 and torch.equal(fresh[0].weight, model[0].weight)
-    code, _, err = run(capsys, "verify", str(tmp_path / "w.pt"))
+    code, _, err = run_cli(capsys, "verify", str(tmp_path / "w.pt"))
     assert code == 1 and "is a torch.save checkpoint" in one_line(err)
 
 

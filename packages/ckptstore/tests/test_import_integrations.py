@@ -4,6 +4,7 @@ and transformers: the integrations session installs them."""
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import warnings
@@ -119,6 +120,7 @@ def test_a_hugging_face_trainer_checkpoint_comes_in(tmp_path: Path) -> None:
     assert f.kind == "hf-trainer" and report.manifest.step == 3
     assert {"model", "optim", "scheduler", "rng", "trainer_state", "step"} <= set(f.took)
     assert "training_args.bin" in f.left and "never unpickled" in f.left["training_args.bin"]
+    assert f.missing == {} and "not exact" not in report.summary()  # a complete checkpoint
     values = read_back(tmp_path / "c", 3)
     assert_same_state({"model": load_file(src / "model.safetensors")}, values, keys=["model"])
     optim = torch.load(src / "optimizer.pt", weights_only=True)
@@ -135,3 +137,34 @@ def test_a_hugging_face_trainer_checkpoint_comes_in(tmp_path: Path) -> None:
     assert not unexpected and set(missing) <= {"lm_head.weight"}  # tied to wte
     assert torch.equal(fresh.transformer.wte.weight, values["model"]["transformer.wte.weight"])
     assert report.summary().startswith(f"imported hf-trainer checkpoint {src} as step 3")
+
+
+def test_a_hugging_face_checkpoint_without_its_state_says_the_resume_is_not_exact(
+    tmp_path: Path, capsys: Any
+) -> None:
+    """An HF folder without trainer_state.json and rng_state.pth imported as "verified", not a
+    word about what a resume from it would lack."""
+    src = hf_checkpoint(tmp_path)
+    (src / "trainer_state.json").unlink()
+    (src / "rng_state.pth").unlink()
+    capsys.readouterr()  # what the Trainer printed
+    assert main(["import", str(src), str(tmp_path / "c"), "--step", "3", "--json"]) == 0
+    row = json.loads(capsys.readouterr().out)
+    assert set(row["missing"]) == {"rng_state.pth", "trainer_state.json"}, row
+    report = import_checkpoint(str(src), str(tmp_path / "d"), step=3)
+    line = report.summary()
+    assert "not a complete hf-trainer checkpoint, a resume from it is not exact: no " in line
+    assert "trainer_state.json (no step, epoch or progress)" in line
+    assert "rng_state.pth (the random streams (dropout, data order) start anew)" in line
+
+
+def test_a_weights_only_lightning_ckpt_says_the_optimizer_starts_fresh(tmp_path: Path) -> None:
+    src = lightning_ckpt(tmp_path)
+    ckpt = torch.load(src, weights_only=True)
+    del ckpt["optimizer_states"], ckpt["lr_schedulers"]  # what save_weights_only=True writes
+    torch.save(ckpt, tmp_path / "weights.ckpt")
+    report = import_checkpoint(str(tmp_path / "weights.ckpt"), str(tmp_path / "c"))
+    assert report.foreign.missing == {
+        "optimizer_states": "the optimizer starts without its moments"
+    }
+    assert "a resume from it is not exact: no optimizer_states" in report.summary()

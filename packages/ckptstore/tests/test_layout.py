@@ -1,4 +1,4 @@
-"""Where an experiment lives and what names are valid there (DESIGN "Who owns what"), step
+"""Where an experiment lives and what names are valid there (DESIGN.md, "ckptstore"), step
 specs, a root holding several experiments (issue 17), and the save schedule's facts."""
 
 from __future__ import annotations

@@ -48,6 +48,9 @@ def loader() -> torch.utils.data.DataLoader:
     return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, x.sum(1, keepdim=True)), 8)
 
 
+QUIET: dict[str, Any] = {"enable_progress_bar": False, "enable_model_summary": False}
+
+
 def fit(
     dirpath: str,
     epochs: int,
@@ -149,6 +152,38 @@ def test_refuses_objects_that_need_pickle(tmp_path: Path) -> None:
         CkptStoreIO().save_checkpoint({}, str(tmp_path / "x"), storage_options={"a": 1})
     with pytest.raises(ValueError, match="keep_last must be"):
         CkptStoreIO(keep_last=0)
+
+
+class WithASet(Net):
+    def __init__(self) -> None:
+        super().__init__()
+        self.save_hyperparameters({"tags": {"a", "b"}})  # a set: not JSON, refused at save
+
+
+def test_a_refused_save_leaves_no_folder_for_a_resume_to_find(tmp_path: Path) -> None:
+    """A refused save left an empty `timeaware.ckpt/`: Lightning's exists() (what slurmclock's
+    resume_path() asks) said yes, and every later run that resumed from it failed."""
+    from lightning.fabric.utilities.cloud_io import get_filesystem
+
+    path = tmp_path / "ckpts" / "timeaware.ckpt"
+    trainer = L.Trainer(
+        max_steps=1, plugins=[CkptStoreIO()], logger=False, enable_checkpointing=False, **QUIET
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer.fit(WithASet(), loader())
+    with pytest.raises(CheckpointError, match=r"\['hyper_parameters'\]\['tags'\]"):
+        trainer.save_checkpoint(path)
+    assert not get_filesystem(str(path)).exists(str(path))
+    assert not (tmp_path / "ckpts").exists()  # its parent, made by the same save, too
+
+
+def test_a_folder_without_a_checkpoint_is_one_line_when_loaded(tmp_path: Path) -> None:
+    """What an older ckptstore left behind (or a save killed before its commit)."""
+    empty = tmp_path / "timeaware.ckpt"
+    empty.mkdir()
+    with pytest.raises(CheckpointError, match="holds no checkpoint .* remove it, or start"):
+        CkptStoreIO().load_checkpoint(empty)
 
 
 @pytest.mark.s3

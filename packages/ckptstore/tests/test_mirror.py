@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from ckpt_helpers import assert_same_state, blank_state, corrupt, fs_for, make_state
 
-from ckptstore import CheckpointStore, CheckpointWarning, MirrorError
+from ckptstore import CheckpointStore, CheckpointWarning, MirrorError, check_mirror
 
 
 @pytest.fixture(params=["memory", "s3"])
@@ -62,8 +62,8 @@ def test_mirror_receives_each_commit_and_restores(
 
 def test_mirror_failure_is_reported_not_fatal(tmp_path: Path) -> None:
     blocker = tmp_path / "not-a-dir"
-    blocker.write_text("a file where the mirror root should be")
     store = CheckpointStore(str(tmp_path / "p"), mirror=str(blocker / "m"))
+    blocker.write_text("a file where the mirror root should be")  # after the start's checks
     with pytest.warns(CheckpointWarning, match="mirroring step 1"):
         store.save(1, make_state(1))
         with pytest.raises(MirrorError, match="primary copy is fine"):
@@ -145,3 +145,49 @@ def test_an_unreachable_mirror_does_not_stop_a_resume(tmp_path: Path, moto: Any)
             assert store.latest_step() == 1
         with pytest.warns(CheckpointWarning, match="unreachable, using the primary alone"):
             assert store.load(blank_state()).step == 1
+
+
+@pytest.mark.parametrize(
+    ("where", "said"),
+    [
+        ("p", "is the checkpoint location itself: give a second location"),
+        ("p/m", "is inside the experiment's own folder"),
+        (".", "is around the experiment's own folder"),
+        ("link", "is the checkpoint location itself"),  # the same folder through a link
+    ],
+)
+def test_a_mirror_in_the_same_failure_domain_is_refused(
+    tmp_path: Path, where: str, said: str
+) -> None:
+    """Issue 30: a mirror inside the primary experiment was accepted; what loses one copy
+    loses both. Refused before anything is written."""
+    (tmp_path / "link").symlink_to(tmp_path / "p")
+    mirror = str(tmp_path / where)
+    with pytest.raises(ValueError, match=said):
+        check_mirror(str(tmp_path / "p"), mirror)
+    with pytest.raises(ValueError, match=said):
+        CheckpointStore(str(tmp_path / "p"), mirror=mirror)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["link"]
+
+
+def test_a_mirror_that_cannot_be_written_is_refused_at_start(tmp_path: Path, moto: Any) -> None:
+    """It was accepted, and the run ended exit 0 with nothing ever mirrored."""
+    (tmp_path / "afile").write_text("x")
+    for mirror, said in (
+        (tmp_path / "afile" / "m", "is a file, not a folder"),
+        (Path("/proc/1/m"), "/proc/1 cannot be written by this user"),
+    ):
+        with pytest.raises(ValueError, match=said):
+            CheckpointStore(str(tmp_path / "p"), mirror=str(mirror))
+    opts = moto.storage_options()
+    store = CheckpointStore(
+        str(tmp_path / "p"), mirror="s3://nosuchbucket/m", mirror_storage_options=opts
+    )
+    with pytest.raises(
+        MirrorError,
+        match=r"the mirror s3://nosuchbucket/m cannot be written .*"
+        r"does not exist: create it first.*: fix it, or drop the mirror",
+    ):
+        store.acquire()
+    store.close()
+    assert not (tmp_path / "p").exists()  # nothing was written

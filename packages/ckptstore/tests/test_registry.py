@@ -63,22 +63,23 @@ def test_a_third_party_format_is_found_through_its_entry_point(
     """A package that declares ``[project.entry-points."ckptstore.formats"]`` needs no import
     or register_format call by the user: the name alone works."""
     import ckptstore.formats as formats
+    import ckptstore.plugins as plugins
 
     ep = importlib.metadata.EntryPoint(
         name="thirdparty", value="ckptstore.formats.torchfile:TorchFormat", group=ENTRY_POINT_GROUP
     )
-    real = formats.entry_points
+    real = plugins.entry_points
 
     def fake(**kw: str) -> list[importlib.metadata.EntryPoint]:
         return [ep, *real(**kw)] if kw.get("group") == ENTRY_POINT_GROUP else list(real(**kw))
 
-    monkeypatch.setattr(formats, "entry_points", fake)
-    monkeypatch.delitem(formats._registry, "thirdparty", raising=False)
+    monkeypatch.setattr(plugins, "entry_points", fake)
+    monkeypatch.delitem(formats.FORMATS.loaded, "thirdparty", raising=False)
     assert "thirdparty" in available_formats()
     with CheckpointStore(str(tmp_path), format="thirdparty") as store:
         store.save(1, {"x": torch.ones(2)})
         assert store.manifest(1).format == "thirdparty"
-    assert formats._registry.pop("thirdparty") is TorchFormat  # imported once, then cached
+    assert formats.FORMATS.loaded.pop("thirdparty") is TorchFormat  # imported once, then cached
 
 
 # -- storage backends: the same registry, keyed by URL protocol ----------------------------------
@@ -107,7 +108,7 @@ def test_builtin_storages_are_registered_lazily() -> None:
     assert get_storage("file") is LocalStorage and get_storage("local") is LocalStorage
     assert get_storage("s3") is S3Storage and issubclass(S3Storage, FsspecStorage)
     assert get_storage("gcs") is FsspecStorage  # any other fsspec protocol: the generic one
-    assert "gcs" not in storage_registry._registry  # not cached: an entry point may come later
+    assert "gcs" not in storage_registry.STORAGES.loaded  # not cached: a plugin may come later
 
 
 def test_a_missing_extra_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -124,8 +125,9 @@ def test_a_missing_extra_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_lazy_string_registration_of_a_storage_with_install_hint(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(storage_registry, "known_storages", dict(storage_registry.known_storages))
-    monkeypatch.setattr(storage_registry, "_registry", dict(storage_registry._registry))
+    registry = storage_registry.STORAGES
+    monkeypatch.setattr(registry, "known", dict(registry.known))
+    monkeypatch.setattr(registry, "loaded", dict(registry.loaded))
     register_storage("ghost", "not_installed_pkg.st:Ghost", errtxt="pip install ghost-store")
     with pytest.raises(CheckpointError, match="ghost://: pip install ghost-store"):
         CheckpointStore("ghost://bucket/run")
@@ -161,6 +163,20 @@ def test_no_backend_branches_on_the_kind_of_filesystem() -> None:
     """S3's behaviour lives in S3Storage: neither the generic backend nor open_storage asks
     which filesystem it has (issue 23: eight `is_s3` branches and an if/else before)."""
     src = Path(storage_registry.__file__).parent
-    for name in ("remote.py", "registry.py", "__init__.py"):
+    for name in ("remote.py", "registry.py", "__init__.py", "../plugins.py"):
         text = (src / name).read_text()
         assert "is_s3" not in text and "S3FileSystem" not in text, name
+
+
+def test_formats_and_storages_share_one_registry_implementation() -> None:
+    """Issue 29: the registry code was written twice (formats and storage); both are now an
+    instance of ckptstore.plugins.Registry, and neither module imports importlib itself."""
+    from ckptstore import plugins
+    from ckptstore.formats import FORMATS
+
+    assert isinstance(FORMATS, plugins.Registry)
+    assert isinstance(storage_registry.STORAGES, plugins.Registry)
+    src = Path(storage_registry.__file__).parents[1]
+    for name in ("formats/__init__.py", "storage/registry.py"):
+        text = (src / name).read_text()
+        assert "import importlib" not in text and "entry_points(" not in text, name

@@ -13,9 +13,9 @@ from typing import Any
 import orjson
 import pytest
 import torch
+from ckpt_helpers import run_cli
 
 from ckptstore import CheckpointStore, CheckpointWarning
-from ckptstore.cli import main
 
 
 def invalid_json(root: Path) -> None:
@@ -60,12 +60,6 @@ def damaged(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[Path, str]:
     return root, WHY[request.param]
 
 
-def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
 def test_scan_reports_the_broken_folder(damaged: tuple[Path, str]) -> None:
     root, why = damaged
     with CheckpointStore(str(root)) as store:
@@ -77,25 +71,25 @@ def test_scan_reports_the_broken_folder(damaged: tuple[Path, str]) -> None:
 
 def test_cli_list_shows_it_as_broken(damaged: tuple[Path, str], capsys: Any) -> None:
     root, why = damaged
-    code, out, err = run(capsys, "list", str(root))
+    code, out, err = run_cli(capsys, "list", str(root))
     assert code == 1
     rows = {ln.split()[0]: ln for ln in out.splitlines()[1:]}
     assert list(rows) == ["1", "2", "3"] and "BROKEN" in rows["3"] and "(latest)" in rows["3"]
     assert "cannot be trusted" in err and why in err
-    code, out, _ = run(capsys, "list", str(root), "--json")
+    code, out, _ = run_cli(capsys, "list", str(root), "--json")
     lines = [orjson.loads(ln) for ln in out.splitlines()]
     assert [(r["step"], r["ok"]) for r in lines] == [(1, True), (2, True), (3, False)]
 
 
 def test_verify_fails_on_latest_and_on_all(damaged: tuple[Path, str], capsys: Any) -> None:
     root, why = damaged
-    code, out, _ = run(capsys, "verify", str(root))  # latest names the broken step
+    code, out, _ = run_cli(capsys, "verify", str(root))  # latest names the broken step
     assert code == 1 and "step-00000003" in out and "falls back to step 2" in out
-    code, out, _ = run(capsys, "verify", str(root), "--step", "all")
+    code, out, _ = run_cli(capsys, "verify", str(root), "--step", "all")
     assert code == 1 and out.count("OK ") == 2 and why in out
-    code, out, _ = run(capsys, "verify", str(root), "--step", "3")
+    code, out, _ = run_cli(capsys, "verify", str(root), "--step", "3")
     assert code == 1 and why in out
-    code, _, _ = run(capsys, "verify", str(root), "--step", "2")
+    code, _, _ = run_cli(capsys, "verify", str(root), "--step", "2")
     assert code == 0
 
 
@@ -125,12 +119,12 @@ def test_a_pointer_to_a_missing_step_is_reported(tmp_path: Path, capsys: Any) ->
     with CheckpointStore(str(root)) as store:
         store.save(1, {"w": torch.ones(2)})
     (root / "latest").write_text("step-00000007\n")
-    code, out, _ = run(capsys, "verify", str(root))
+    code, out, _ = run_cli(capsys, "verify", str(root))
     assert code == 1 and "latest names step 7, which does not exist" in out
-    code, out, _ = run(capsys, "verify", str(root), "--step", "all")
+    code, out, _ = run_cli(capsys, "verify", str(root), "--step", "all")
     assert code == 1 and "OK " in out and "BAD latest names step 7" in out
     (root / "latest").write_text("garbage\n")
-    code, _, err = run(capsys, "list", str(root))
+    code, _, err = run_cli(capsys, "list", str(root))
     assert code == 1 and "not a step folder name" in err
 
 
@@ -141,5 +135,5 @@ def test_an_interrupted_save_is_listed_by_verify_all_but_not_a_failure(
     with CheckpointStore(str(root)) as store:
         store.save(1, {"w": torch.ones(2)})
     (root / "step-00000002").mkdir()
-    code, out, _ = run(capsys, "verify", str(root), "--step", "all")
+    code, out, _ = run_cli(capsys, "verify", str(root), "--step", "all")
     assert code == 0 and "INCOMPLETE step 2" in out

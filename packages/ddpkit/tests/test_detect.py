@@ -7,6 +7,8 @@ import dataclasses
 import pytest
 
 from ddpkit import DistConfigError, DistInfo, detect, fallback_ports, master_port_for_job
+from ddpkit.env import LAUNCHERS
+from ddpkit.mpi import FAMILIES, Family
 
 TORCHRUN = {
     "RANK": "5",
@@ -258,6 +260,25 @@ PALS = {  # rank 5 of 8 on 2 nodes (HPE Cray PALS mpiexec)
 }
 
 
+def family_env(fam: Family) -> dict[str, str]:
+    """What ``fam``'s launcher exports to rank 3 of 4, the second of two on its node."""
+    env = {fam.rank: "3", fam.size: "4", fam.local_rank[0]: "1", fam.local_size[0]: "2"}
+    return env | {fam.job_ids[0]: "4242", "SLURM_JOB_NODELIST": "n[1-2]"}
+
+
+@pytest.mark.parametrize("fam", FAMILIES, ids=lambda f: f.launcher)
+def test_every_launcher_of_the_table_is_detected_from_its_variables(fam: Family) -> None:
+    """A launcher is one entry of ddpkit.mpi.FAMILIES: detection follows from its variables,
+    also under a batch job's leftover SLURM_PROCID=0 (mpirun inside sbatch)."""
+    for env in (family_env(fam), {**family_env(fam), "SLURM_PROCID": "0", "SLURM_NTASKS": "1"}):
+        info = detect(env)
+        assert (info.launcher, info.rank, info.world_size) == (fam.launcher, 3, 4)
+        assert (info.local_rank, info.local_world_size, info.node_rank) == (1, 2, 1)
+        assert (info.master_addr, info.master_port) == ("n1", master_port_for_job("4242"))
+    assert fam.launcher in LAUNCHERS
+    assert [f.launcher for f in FAMILIES].count(fam.launcher) == 1
+
+
 def test_open_mpi_on_one_node() -> None:
     info = detect(OMPI)
     assert (info.launcher, info.rank, info.world_size) == ("openmpi", 1, 2)
@@ -410,3 +431,46 @@ def test_fallback_ports() -> None:
     assert fallback_ports(40000) == [40000]  # not a derived port: nothing to fall back to
     assert detect(srun_env()).derived_port
     assert not detect(srun_env(MASTER_PORT="29400")).derived_port
+
+
+STALE = {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"}  # left exported in a shell (issue 30)
+
+
+@pytest.mark.parametrize(
+    ("env", "names"),
+    [
+        ({**OMPI, **STALE}, "Open MPI's OMPI_COMM_WORLD_RANK=1 OMPI_COMM_WORLD_SIZE=2"),
+        ({**srun_env(SLURM_PROCID="0"), **STALE}, "srun's SLURM_PROCID=0 SLURM_STEP_NUM_TASKS=7"),
+        ({**HYDRA, **STALE, "MASTER_PORT": "1"}, "MPICH/Intel MPI/PMI's PMI_RANK=3 PMI_SIZE=4"),
+    ],
+)
+def test_stale_torchrun_variables_under_another_launcher_are_an_error(
+    env: dict[str, str], names: str
+) -> None:
+    """`mpirun -x RANK=0 -x WORLD_SIZE=1` or `srun -n 2` from a shell exporting them: not N
+    silent worlds of one, one line naming both launchers' variables and the fix."""
+    with pytest.raises(DistConfigError) as e:
+        detect(env)
+    msg = str(e.value)
+    assert "RANK=0 WORLD_SIZE=1 (torchrun's variables" in msg and names in msg, msg
+    assert "unset RANK WORLD_SIZE LOCAL_RANK" in msg and "\n" not in msg
+
+
+def test_torchrun_variables_that_agree_with_the_launcher_or_come_from_torchrun_are_fine() -> None:
+    # A script that exports RANK=$SLURM_PROCID WORLD_SIZE=$SLURM_NTASKS itself: they agree.
+    mine = {"RANK": "4", "WORLD_SIZE": "7", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "2"}
+    info = detect({**srun_env(), **mine})
+    assert (info.launcher, info.rank, info.world_size) == ("torchrun", 4, 7)
+    # torchrun under mpirun or srun: its own numbers, whatever the outer launcher says.
+    assert detect({**OMPI, **TORCHRUN}).launcher == "torchrun"
+    # A launcher of one's own in each of 2 srun tasks, 4 processes each: task 1's third.
+    own = {"RANK": "6", "WORLD_SIZE": "8", "LOCAL_RANK": "2", "LOCAL_WORLD_SIZE": "4"}
+    two = srun_env(SLURM_PROCID="1", SLURM_NODEID="1", SLURM_STEP_NUM_TASKS="2")
+    two.update(SLURM_STEP_TASKS_PER_NODE="1(x2)", SLURM_STEP_NUM_NODES="2")
+    assert detect({**two, **own}).rank == 6
+    with pytest.raises(DistConfigError, match="SLURM_PROCID=1 SLURM_STEP_NUM_TASKS=2"):
+        detect({**two, **own, "RANK": "2"})  # task 0's block: the same export in every task
+    # An outer launcher of one process: torchrun's variables describe what it started.
+    one = {**OMPI, "OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "1"}
+    info = detect({**one, **TORCHRUN, "TORCHELASTIC_RUN_ID": ""})
+    assert (info.launcher, info.world_size) == ("torchrun", 8)

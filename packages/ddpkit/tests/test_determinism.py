@@ -11,7 +11,12 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from ddpkit import CUBLAS_DETERMINISTIC, set_determinism
+from ddpkit import (
+    CUBLAS_DETERMINISTIC,
+    attention_kernel,
+    attention_nondeterminism,
+    set_determinism,
+)
 
 CUDA = torch.backends.cuda
 
@@ -76,12 +81,67 @@ def test_cuda_on_sets_every_switch() -> None:
         "cudnn_benchmark": False,
         "tf32_matmul": False,
         "tf32_cudnn": False,
-        "sdp": (False, False, False, True),  # math attention only
+        # flash and memory-efficient (their deterministic backward), math; no cuDNN attention
+        "sdp": (True, True, False, True),
     }
     assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == CUBLAS_DETERMINISTIC == ":4096:8"
     assert got.describe() == (
-        "deterministic on on cuda, TF32 off, attention math, CUBLAS_WORKSPACE_CONFIG=:4096:8"
+        "deterministic on on cuda, TF32 off, attention flash or memory-efficient (deterministic "
+        "backward), cuDNN off, CUBLAS_WORKSPACE_CONFIG=:4096:8"
     )
+
+
+def test_math_attention_alone_on_request(monkeypatch: pytest.MonkeyPatch) -> None:
+    """attention="math" (or $DDPKIT_DETERMINISTIC_ATTENTION=math): the math backend alone, as
+    before the fast kernels' deterministic backward was used; a bad value is one line."""
+    got = set_determinism("cuda", True, attention="math")
+    assert switches()["sdp"] == (False, False, False, True)
+    assert "attention math only" in got.describe()
+    set_determinism("cuda", True)
+    monkeypatch.setenv("DDPKIT_DETERMINISTIC_ATTENTION", "math")
+    assert set_determinism("cuda", True).attention == "math only"
+    assert switches()["sdp"] == (False, False, False, True)
+    assert set_determinism("cuda").attention == "any"  # off: every kernel
+    assert switches()["sdp"] == (True, True, True, True)
+    monkeypatch.setenv("DDPKIT_DETERMINISTIC_ATTENTION", "flash")
+    with pytest.raises(ValueError, match="DDPKIT_DETERMINISTIC_ATTENTION='flash': pick one of"):
+        set_determinism("cuda", True)
+
+
+def test_warn_only_says_that_fast_attention_is_not_deterministic_then() -> None:
+    """torch runs flash / memory-efficient backward deterministically only when deterministic
+    algorithms are on without warn_only: the line says so."""
+    got = set_determinism("cuda", True, warn_only=True)
+    assert "attention flash or memory-efficient (backward NOT deterministic)" in got.describe()
+
+
+def test_the_attention_check_runs_backward_twice_and_compares_the_bits(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """None where two backward passes agree bitwise (CPU); else why not: the kernel's own
+    refusal, or the difference (a kernel whose sums come out in another order each time)."""
+    q = torch.empty(1, 4, 64, 16)
+    assert attention_nondeterminism(q) is None
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    calls = [0]
+
+    def wobbly(*args: object, **kwargs: object) -> torch.Tensor:
+        calls[0] += 1
+        return sdpa(*args, **kwargs) * (1 + calls[0] * 1e-3)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", wobbly)
+    assert attention_nondeterminism(q) == "two backward passes of the same inputs differed"
+
+    def refusing(*args: object, **kwargs: object) -> torch.Tensor:
+        raise RuntimeError("flash_bwd does not have a deterministic implementation\ndetails")
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", refusing)
+    assert attention_nondeterminism(q) == "flash_bwd does not have a deterministic implementation"
+
+
+def test_attention_kernel_names_what_torch_runs() -> None:
+    """torch's own choice for these inputs (on CPU, its flash kernel for these shapes)."""
+    assert attention_kernel(torch.empty(1, 4, 32, 16)) == "flash (cpu)"
 
 
 def test_cuda_default_is_off_with_tf32_and_fast_attention() -> None:

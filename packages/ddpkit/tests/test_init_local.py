@@ -140,6 +140,21 @@ def test_timeout_from_environment(launch: Any) -> None:
     assert 60 <= ddpkit.DEFAULT_TIMEOUT_S <= 300  # well under a typical SLURM kill grace + margin
 
 
+def test_watchdog_settings_are_checked_on_one_process_too() -> None:
+    """DDPKIT_WATCHDOG=banana was accepted by a single process (issue 30): said at once, not
+    first on the many-rank launch it was meant for."""
+    with pytest.raises(DistConfigError) as e:
+        init(env={"DDPKIT_WATCHDOG": "banana"})
+    assert (
+        str(e.value)
+        == "DDPKIT_WATCHDOG='banana' must be 1 (on, the default) or 0 (off); fix or unset it"
+    )
+    with pytest.raises(DistConfigError, match="DDPKIT_FROZEN_AFTER='soon' must be a positive"):
+        init(env={"DDPKIT_FROZEN_AFTER": "soon"})
+    assert init(env={"DDPKIT_WATCHDOG": "0", "DDPKIT_FROZEN_AFTER": "soon"}).world_size == 1
+    assert init(env={"DDPKIT_WATCHDOG": "off"}, watchdog=False).world_size == 1
+
+
 def test_unresolvable_master_fails_before_any_wait() -> None:
     env = {
         "SLURM_JOB_ID": "99",

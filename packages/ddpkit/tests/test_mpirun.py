@@ -55,6 +55,25 @@ def test_ddpkit_check_under_mpirun_is_one_world_of_two(launch: Any, tmp_path: Pa
     assert [d["local_rank"] for d in lines] == [0, 1]
 
 
+def test_stale_torchrun_variables_under_mpirun_are_refused(launch: Any, tmp_path: Path) -> None:
+    """`mpirun -x RANK=0 -x WORLD_SIZE=1 -x LOCAL_RANK=0` (issue 30): each rank said `ok: 1
+    rank(s) via torchrun`, two silent copies. Now every rank says one line and exits 2."""
+    stale = ["-x", "RANK=0", "-x", "WORLD_SIZE=1", "-x", "LOCAL_RANK=0"]
+    argv = mpirun(2, "-m", "ddpkit", "check", "--timeout", "60")
+    argv[3:3] = stale  # after `mpirun -n 2`
+    out = subprocess.run(
+        argv, env=mpi_env(launch, tmp_path), capture_output=True, text=True, timeout=START_S
+    )
+    assert out.returncode != 0, out.stdout + out.stderr
+    assert "ok:" not in out.stdout, out.stdout
+    lines = [x for x in out.stderr.splitlines() if x.startswith("ddpkit: error:")]
+    assert len(lines) == 2, out.stderr
+    for rank, line in zip((0, 1), sorted(lines), strict=True):
+        assert "RANK=0 WORLD_SIZE=1 (torchrun's variables" in line, line
+        assert f"Open MPI's OMPI_COMM_WORLD_RANK={rank} OMPI_COMM_WORLD_SIZE=2" in line, line
+        assert "unset RANK WORLD_SIZE LOCAL_RANK" in line, line
+
+
 def test_ddpkit_info_under_mpirun(launch: Any, tmp_path: Path) -> None:
     argv = mpirun(2, "-m", "ddpkit", "info", "--json")
     out = subprocess.run(

@@ -147,3 +147,55 @@ def test_a_console_whose_reader_left_says_so_once_and_the_file_goes_on(tmp_path:
     assert done.returncode == 0, done.stderr
     assert done.stderr == "ddpkit: stdout was closed by its reader; console logging stops\n"
     assert (tmp_path / "x.log").read_text().count(" INFO train: step ") == 3
+
+
+def test_a_log_file_or_stdout_on_a_full_disk_says_so_once_and_the_program_goes_on(
+    tmp_path: Path,
+) -> None:
+    """The log file, and stdout redirected to a file, on a real full tmpfs (tools/tmpfs.py):
+    one line on stderr for each, not a "--- Logging error ---" traceback per record (issue
+    30); the other one and the program go on."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "tmpfs", Path(__file__).resolve().parents[3] / "tools" / "tmpfs.py"
+    )
+    assert spec is not None and spec.loader is not None
+    tmpfs = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tmpfs)
+    script = (
+        "import logging, sys, ddpkit\n"
+        "logs = ddpkit.setup_logging('train', rank=0)\n"
+        "logs.add_file(sys.argv[1])\n"
+        "for i in range(300): logging.getLogger('train').info('step %d' + ' pad' * 20, i)\n"
+        "print('done', file=sys.stderr)\n"
+    )
+    try:
+        with tmpfs.mounted(tmp_path / "tiny", "16k") as tiny:
+            log = tiny / "x.log"
+            done = subprocess.run(
+                [sys.executable, "-c", script, str(log)], capture_output=True, text=True
+            )
+            assert done.returncode == 0, done.stderr
+            assert done.stderr.splitlines() == [
+                f"ddpkit: cannot write the log file {log}: No space left on device; logging to "
+                "it stops (the console goes on)",
+                "done",
+            ], done.stderr
+            assert done.stdout.count("step ") == 300
+            (tiny / "x.log").unlink()
+            with open(tiny / "out", "w") as out:  # stdout to the full disk, the file elsewhere
+                done = subprocess.run(
+                    [sys.executable, "-c", script, str(tmp_path / "x.log")],
+                    stdout=out,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                )
+            assert done.returncode == 0, done.stderr
+            assert done.stderr.splitlines() == [
+                "ddpkit: stdout cannot be written: No space left on device; console logging stops",
+                "done",
+            ], done.stderr
+            assert (tmp_path / "x.log").read_text().count(" INFO train: step ") == 300
+    except tmpfs.Unavailable as e:
+        pytest.skip(str(e))

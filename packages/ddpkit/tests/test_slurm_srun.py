@@ -93,6 +93,22 @@ def test_srun_two_ranks_all_reduce(cluster: Any) -> None:
     assert lines[0]["local_rank"] == 0 and lines[1]["local_rank"] == 1
 
 
+def test_srun_from_a_shell_with_stale_torchrun_variables_is_refused(cluster: Any) -> None:
+    """srun forwards the shell's environment: a leftover `export RANK=0 WORLD_SIZE=1
+    LOCAL_RANK=0` made both tasks say `ok: 1 rank(s) via torchrun` (issue 30)."""
+    argv = ["srun", "-n", "2", "--time=2", sys.executable, "-m", "ddpkit", "check"]
+    stale = {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"}
+    out = cluster.run(argv, env={**MASTER, **stale}, timeout=180, check=False)
+    assert out.returncode != 0, f"{out.stdout}\n{out.stderr}"
+    assert "ok:" not in out.stdout, out.stdout
+    lines = sorted(x for x in out.stderr.splitlines() if x.startswith("ddpkit: error:"))
+    assert len(lines) == 2, out.stderr
+    for rank, line in enumerate(lines):
+        assert "RANK=0 WORLD_SIZE=1 (torchrun's variables" in line, line
+        assert f"srun's SLURM_PROCID={rank} SLURM_STEP_NUM_TASKS=2" in line, line
+        assert "unset RANK WORLD_SIZE LOCAL_RANK" in line, line
+
+
 def test_batch_shell_is_single_and_its_step_is_srun(cluster: Any, tmp_path: Path) -> None:
     py = sys.executable
     script = f"""#!/bin/bash

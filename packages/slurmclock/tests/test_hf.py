@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import signal
 import warnings
 from pathlib import Path
@@ -68,6 +69,7 @@ def train(
     *callbacks: TrainerCallback,
     timer: TimeAwareCallback | None = None,
     clock: Any = None,
+    save_only_model: bool = False,
 ) -> tuple[Net, TimeAwareCallback, Trainer]:
     torch.manual_seed(0)
     timer = timer or TimeAwareCallback(deadline=Deadline(None, "none"))
@@ -86,6 +88,7 @@ def train(
         seed=0,
         disable_tqdm=True,
         remove_unused_columns=False,
+        save_only_model=save_only_model,
     )
     model = Net(clock)
     trainer = Trainer(
@@ -228,14 +231,74 @@ def test_an_extra_save_not_durable_in_time_is_abandoned_and_the_final_one_stands
 def test_last_checkpoint_skips_a_save_cut_short(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
+    """A save killed before trainer_state.json, or while writing it (empty or cut off: issue 30
+    found those taken), is skipped: the newest complete one is taken, and one line names it and
+    each folder skipped."""
     assert last_checkpoint(tmp_path / "missing") is None
-    (tmp_path / "checkpoint-5").mkdir()
-    (tmp_path / "checkpoint-5" / "trainer_state.json").write_text("{}")
-    (tmp_path / "checkpoint-10").mkdir()  # killed before trainer_state.json
+    for step, state in ((5, '{"global_step": 5}'), (10, None), (15, ""), (20, '{"global_st')):
+        (tmp_path / f"checkpoint-{step}").mkdir()
+        if state is not None:
+            (tmp_path / f"checkpoint-{step}" / "trainer_state.json").write_text(state)
     (tmp_path / "checkpoint-x").mkdir()
     with caplog.at_level(logging.WARNING, logger="slurmclock"):
         assert last_checkpoint(tmp_path) == str(tmp_path / "checkpoint-5")
-    assert "checkpoint-10: no trainer_state.json" in caplog.text
+    (line,) = caplog.messages
+    assert line.startswith("slurmclock: resuming from checkpoint-5, the newest complete"), line
+    assert "checkpoint-20 (trainer_state.json is not whole JSON: the save was cut short)" in line
+    assert "checkpoint-15 (trainer_state.json is empty" in line
+    assert "checkpoint-10 (no trainer_state.json" in line
+    caplog.clear()
+    (tmp_path / "checkpoint-5" / "trainer_state.json").write_text("[]")
+    with caplog.at_level(logging.WARNING, logger="slurmclock"):
+        assert last_checkpoint(tmp_path) is None
+    assert "no complete checkpoint in" in caplog.text and "has no global_step" in caplog.text
+
+
+def test_a_truncated_trainer_state_of_a_real_save_is_skipped_and_the_resume_is_exact(
+    straight: Net, tmp_path: Path
+) -> None:
+    """The real Trainer's checkpoint-7, then a checkpoint-9 whose trainer_state.json was cut
+    off mid-write: the resume starts from checkpoint-7 and ends bitwise equal."""
+    usr2 = At(7, lambda: os.kill(os.getpid(), signal.SIGUSR2))
+    _, timer, _ = train(tmp_path, usr2)
+    assert timer.exit_code == EXIT_STOPPED
+    cut = tmp_path / "checkpoint-9"
+    shutil.copytree(tmp_path / "checkpoint-7", cut)
+    state = (cut / "trainer_state.json").read_bytes()
+    (cut / "trainer_state.json").write_bytes(state[: len(state) // 2])
+    assert last_checkpoint(tmp_path) == str(tmp_path / "checkpoint-7")
+    resumed, timer2, _ = train(tmp_path)
+    assert timer2.exit_code == 0 and same_weights(resumed, straight)
+
+
+def test_save_only_model_is_said_not_to_resume_exactly(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """save_only_model=True: the Trainer's checkpoints hold no optimizer or RNG state and its
+    resume restarts them without a word (issue 30). The callback says so at the start, and
+    again when a run resumes from such a checkpoint."""
+    usr2 = At(7, lambda: os.kill(os.getpid(), signal.SIGUSR2))
+    with caplog.at_level(logging.WARNING, logger="slurmclock"):
+        _, timer, _ = train(tmp_path, usr2, save_only_model=True)
+    assert timer.exit_code == EXIT_STOPPED
+    said = [m for m in caplog.messages if "save_only_model" in m]
+    assert said == [
+        "slurmclock: save_only_model=True: the checkpoints a stop saves hold the weights only, "
+        "so the resume will not be exact (optimizer, LR schedule and RNG start over); set "
+        "save_only_model=False for exact resumes"
+    ]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="slurmclock"):
+        _, timer, _ = train(tmp_path)  # resumed with save_only_model=False: still not exact
+    assert timer.exit_code == 0
+    said = [m for m in caplog.messages if "save_only_model" in m]
+    assert len(said) == 1 and "checkpoint-7 holds no optimizer/RNG state" in said[0], said
+    assert "this resume is not exact" in said[0]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="slurmclock"):  # a whole checkpoint: silent
+        train(tmp_path / "whole", At(3, lambda: os.kill(os.getpid(), signal.SIGUSR2)))
+        train(tmp_path / "whole")
+    assert not [m for m in caplog.messages if "save_only_model" in m], caplog.messages
 
 
 def test_the_stop_save_is_marked_in_the_jobs_timeline(

@@ -158,3 +158,12 @@ def test_clusters_claiming_addresses_at_once_get_different_subnets(
     localslurm._edit_hosts(lambda old: [x for x in old if not localslurm._tagged(x, "t3")])
     lines = hosts.read_text().splitlines()
     assert len(lines) == 2 + 14 and not any(line.endswith("localslurm t3") for line in lines)
+
+    def busy(*_: object) -> None:  # a container's /etc/hosts is a mount point: no rename onto it
+        raise OSError(16, "Device or resource busy")
+
+    monkeypatch.setattr(localslurm.os, "replace", busy)
+    localslurm._edit_hosts(lambda old: [x for x in old if not localslurm._tagged(x, "t4")])
+    lines = hosts.read_text().splitlines()
+    assert len(lines) == 2 + 12 and not any(line.endswith("localslurm t4") for line in lines)
+    assert sorted(p.name for p in hosts.parent.iterdir()) == ["hosts"]  # no temp file left

@@ -3,7 +3,10 @@
 The store comes first: this run becomes the experiment's one writer before any work, so a second
 trainer on the same experiment is refused at once. Then the order matters for the bitwise
 guarantee (the RNGs are seeded first, then consumed in the same order by every run): seed ->
-precision -> data -> model -> optimizer -> schedule -> (resume) -> time budget. Every problem
+precision -> data -> where to start -> model -> optimizer -> schedule -> (resume) -> time budget.
+The model is built on the meta device and gets memory once cast and sharded: a fresh start
+initialises it, a resume materialises it from the checkpoint (nothing is initialised only to be
+overwritten; with FSDP no rank ever holds the whole model). Every problem
 found here is a :class:`UsageError`: one line, exit 2, nothing written yet.
 """
 
@@ -27,11 +30,12 @@ import ddpkit
 import slurmclock
 
 from . import data as data_mod
+from . import resume as resume_mod
 from . import state as state_mod
 from .config import TrainConfig, UsageError, first_line
 from .foreign import ForeignCheckpoint
 from .lr_schedule import warmup_cosine
-from .model import GPT, ModelConfig, build_model, preset_config
+from .model import GPT, ModelConfig, empty_model, materialise, preset_config
 from .precision import Precision, PrecisionError, resolve_precision
 
 log = logging.getLogger("pyrecover_train")
@@ -51,7 +55,7 @@ class Parts:
     state: state_mod.TrainState
     train_model: nn.Module  # the model as trained: DDP and/or torch.compile around state.model
     store: ckptstore.CheckpointStore
-    foreign: ForeignCheckpoint | None  # --resume-from-checkpoint of another tool's checkpoint
+    start: resume_mod.Start  # where --resume-from-checkpoint starts (checked, not yet loaded)
     new_folders: list[Path] = field(default_factory=list)  # made by the writer lock
 
     def undo(self) -> None:
@@ -146,13 +150,21 @@ def _parts(
 ) -> Parts:
     set_determinism(cfg, dist)
     precision = _precision(cfg, dist.device)
-    phase("setup")
+    _init_device(dist.device)
+    phase("device")
     data = _data(cfg, dist)
     phase("data")
     foreign = ForeignCheckpoint.find(cfg.resume_spec, cfg.storage_options)
     model_cfg = _model_config(cfg, data, foreign)
-    model = build_model(model_cfg, seed=cfg.seed, device=dist.device)
-    train_model = _train_model(cfg, model, dist, precision)
+    tokenizer = data.tokenizer.fingerprint()
+    start = resume_mod.plan(cfg, store, model_cfg=model_cfg, tokenizer=tokenizer, foreign=foreign)
+    phase("resume")  # what to resume from; the load itself is counted there too
+    # On the meta device first: cast, sharded or wrapped before any memory is allocated, then
+    # initialised only for a fresh start (a resume's weights come from the checkpoint).
+    model = empty_model(model_cfg)
+    seed = None if start.loads_weights else cfg.seed
+    train_model = _train_model(cfg, model, dist, precision, seed=seed)
+    compute = precision.autocast_dtype or DTYPES[cfg.storage_dtype]
     if cfg.parallelism == "fsdp":
         precision = replace(precision, autocast_dtype=None)  # FSDP casts (mixed precision)
     optimizer = _optimizer(cfg, model)  # after sharding: it must see the sharded parameters
@@ -164,7 +176,34 @@ def _parts(
         loader=data.train,
     )
     phase("model")
-    return Parts(precision, data, model_cfg, state, train_model, store, foreign)
+    if cfg.deterministic or dist.device.type != "cpu":
+        log.info("attention: %s", _attention(cfg, model_cfg, dist.device, compute))
+    return Parts(precision, data, model_cfg, state, train_model, store, start)
+
+
+def _attention(
+    cfg: TrainConfig, model_cfg: ModelConfig, device: torch.device, dtype: torch.dtype
+) -> str:
+    """The attention kernel torch runs for this model's shapes, e.g. "flash (deterministic
+    backward)": what --deterministic costs or saves is mostly here. With --deterministic on a
+    GPU the fast kernels' backward is checked first (twice the same bits, on these shapes);
+    where this torch build cannot, the math kernel takes over, and the log says why."""
+    q = torch.empty((1, model_cfg.n_heads, cfg.sequence_length, model_cfg.head_dim), dtype=dtype)
+    q = q.to(device)
+    if cfg.deterministic and device.type == "cuda":
+        why = ddpkit.attention_nondeterminism(q)
+        if why is not None:
+            ddpkit.set_determinism(device, True, attention="math")
+            log.warning("--deterministic: fast attention is not deterministic here (%s)", why)
+    return ddpkit.attention_kernel(q)
+
+
+def _init_device(device: torch.device) -> None:
+    """The GPU's context now (CUDA makes it at the first allocation), so that its start-up cost
+    is measured as its own part rather than inside the model's."""
+    if device.type == "cuda":
+        torch.zeros((), device=device)
+        torch.cuda.synchronize(device)
 
 
 def check_output_dirs(cfg: TrainConfig) -> None:
@@ -230,16 +269,20 @@ DTYPES = {
 
 
 def _train_model(
-    cfg: TrainConfig, model: GPT, dist: ddpkit.Dist, precision: Precision
+    cfg: TrainConfig, model: GPT, dist: ddpkit.Dist, precision: Precision, *, seed: int | None
 ) -> nn.Module:
     """The model as trained: sharded in place (FSDP2) or wrapped in DDP, then maybe compiled;
-    ``model`` stays the bare module (in its storage dtype) that checkpoints are made of."""
+    ``model`` (an :func:`empty_model`) stays the bare module, in its storage dtype, that
+    checkpoints are made of. It gets memory on the device once cast and sharded (each rank
+    only its shards), and weights from ``seed`` (None: a checkpoint fills them)."""
     storage = DTYPES[cfg.storage_dtype]
     train_model: nn.Module
     if cfg.parallelism == "fsdp":
         train_model = _shard(cfg, model, dist, storage, precision.autocast_dtype)
+        materialise(model, dist.device, seed=seed)
     else:
         model.to(storage)
+        materialise(model, dist.device, seed=seed)
         if cfg.activation_checkpointing:
             ddpkit.checkpoint_activations(model, blocks="layers")
         train_model = ddpkit.wrap_ddp(model, dist)
@@ -381,7 +424,9 @@ def open_store(cfg: TrainConfig) -> ckptstore.CheckpointStore:
         store.acquire()
     except Exception as e:
         store.close()
-        if isinstance(e, ckptstore.LockedError):
+        if isinstance(e, ckptstore.StoreUnreachableError):
+            raise  # not a usage error: exit 74, the start is retried once the store is back
+        if isinstance(e, (ckptstore.LockedError, ckptstore.MirrorError)):
             raise UsageError(f"{first_line(e)}") from None
         raise UsageError(
             f"cannot write the checkpoint location {cfg.experiment_url}: {first_line(e)}"

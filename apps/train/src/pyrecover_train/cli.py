@@ -2,9 +2,11 @@
 ``pyrecover-train import-checkpoint SOURCE [FLAGS]``.
 
 Exit status of ``train``: 0 finished all --training-steps; 75 (EX_TEMPFAIL) stopped early for
-time or by a signal, a checkpoint was saved and a requeue is wanted; 1 error; 2 usage error
-(nothing written); every command: 141 quietly when the reader of stdout left early (``| head
--1``), as SIGPIPE gives. ``python -m pyrecover_train`` is the same command.
+time or by a signal, a checkpoint was saved and a requeue is wanted; 74 (EX_IOERR) the checkpoint
+store did not answer, at the start or at the final save (nothing durable was lost: start again
+once it is back); 1 error; 2 usage error (nothing written); every command: 141 quietly when the
+reader of stdout left early (``| head -1``), as SIGPIPE gives. ``python -m pyrecover_train`` is
+the same command.
 
 Only the standard library and slurmclock (stdlib only) are imported before :func:`main` runs:
 the stop signals' flag-only handlers are armed first thing, then torch is imported (seconds). A
@@ -43,6 +45,7 @@ PEER_NOTE = (
     "the checkpoints are untouched; the traceback is in train.log: resume with "
     "--resume-from-checkpoint latest (slurmclock supervise requeues the job by itself)"
 )
+STORE_NOTE = "exit 74: nothing durable was lost; run it again once the store answers"
 DATA_ERROR_NOTE = (
     "no batch of it was trained on and the checkpoints are untouched: fix it, then resume with "
     "--resume-from-checkpoint latest"
@@ -57,9 +60,9 @@ def main(argv: list[str] | None = None) -> int:
     startup = Startup.at_process_start() if entry else Startup.now()
     try:
         code = _main(sys.argv[1:] if argv is None else list(argv), signals, startup)
-        sys.stdout.flush()  # a closed pipe shows here, not as a message at interpreter exit
+        _flush_stdout()  # a closed pipe shows here, not as a message at interpreter exit
     except BrokenPipeError:  # `report ... | head -1`: the reader left early; quiet, as SIGPIPE
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing left to flush
+        _stdout_to_devnull()  # nothing left to flush
         code = 141
     except KeyboardInterrupt:  # Ctrl-C while torch is imported, before the run took it over
         print(f"{PROG}: {INTERRUPTED}", file=sys.stderr)
@@ -103,13 +106,13 @@ def _run(
     cfg: TrainConfig, command: str, signals: slurmclock.StopSignals | None, startup: Startup
 ) -> int:
     import ddpkit
-    from ckptstore import CheckpointError
+    from ckptstore import CheckpointError, StoreUnreachableError
     from parquetlm import ParquetLMError
 
     from .config import UsageError
     from .corpus import CorpusMissingError
     from .session import import_checkpoint, train
-    from .trainer import OutOfMemory, TrainingDiverged
+    from .trainer import EXIT_STORE_UNAVAILABLE, OutOfMemory, TrainingDiverged
 
     startup.mark("imports")
     try:
@@ -117,6 +120,9 @@ def _run(
         return run(cfg, signals=signals, startup=startup).exit_code
     except (UsageError, CorpusMissingError) as e:  # no default corpus: its install line
         return _usage(e)
+    except StoreUnreachableError as e:  # not the run's fault: the same start works later
+        print(f"{PROG}: error: {e} ({STORE_NOTE})", file=sys.stderr)
+        return EXIT_STORE_UNAVAILABLE
     except (TrainingDiverged, CheckpointError, OutOfMemory) as e:
         # Their messages say what happened and what to do; the traceback is in train.log.
         print(f"{PROG}: error: {e}", file=sys.stderr)
@@ -134,6 +140,21 @@ def _run(
         logging.getLogger("pyrecover_train").addHandler(logging.StreamHandler(sys.stderr))
         log.exception("%s: error: %s: %s", PROG, type(e).__name__, e)
         return 1
+
+
+def _flush_stdout() -> None:
+    """Raises BrokenPipeError when the reader left; stdout written to a full disk loses its
+    tail, but not the exit status of what ran (a saved run's 75 must stay 75)."""
+    try:
+        sys.stdout.flush()
+    except BrokenPipeError:
+        raise
+    except OSError:
+        _stdout_to_devnull()
+
+
+def _stdout_to_devnull() -> None:
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
 def _arm_stop_signals() -> slurmclock.StopSignals:

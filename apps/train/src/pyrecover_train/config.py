@@ -532,11 +532,8 @@ class TrainConfig:
             raise ValueError("--eval-every needs a held-out split: pass --val-fraction > 0")
         if self.keep_best and not self.eval_every:
             raise ValueError("--keep-best ranks checkpoints by validation loss: set --eval-every N")
-        if self.checkpoint_mirror and _same_place(self, self.checkpoint_mirror):
-            raise ValueError(
-                f"--checkpoint-mirror {self.checkpoint_mirror} is the checkpoint location "
-                "itself: give a second location (another disk or bucket), or drop the mirror"
-            )
+        if self.checkpoint_mirror:
+            _check_mirror(self)
 
     def warnings(self) -> list[str]:
         """Contradictions between flags that still leave a sane run (a short test run, say):
@@ -685,14 +682,23 @@ def _check_store(cfg: TrainConfig) -> None:
             raise ValueError(f"{flag} {url}: {first_line(e)}") from None
 
 
-def _same_place(cfg: TrainConfig, mirror: str) -> bool:
-    """Does the mirror resolve to the experiment's own folder? (No I/O; a URL that cannot be
-    resolved is left to :func:`_check_store`.)"""
+def _check_mirror(cfg: TrainConfig) -> None:
+    """ckptstore's check of the mirror (not the experiment's own folder, nor inside or around
+    it; a local folder this user can write), before any work. A URL that cannot be opened is
+    left to :func:`_check_store`."""
+    assert cfg.checkpoint_mirror is not None
     try:
-        there = ckptstore.experiment_location(mirror, cfg.experiment_name, cfg.storage_options)
-        return there.url == cfg.experiment_url
-    except (ValueError, ImportError, ckptstore.CheckpointError):
-        return False
+        ckptstore.check_mirror(
+            cfg.store_url,
+            cfg.checkpoint_mirror,
+            experiment=cfg.experiment_name,
+            storage_options=cfg.storage_options,
+            mirror_storage_options=cfg.storage_options,
+        )
+    except ckptstore.CheckpointError:
+        return
+    except ValueError as e:
+        raise ValueError(f"--checkpoint-mirror {first_line(e)}") from None
 
 
 def first_line(e: BaseException) -> str:

@@ -5,13 +5,16 @@ other ranks get a console whose writers are no-ops."""
 from __future__ import annotations
 
 import csv
+import io
 import logging
 import os
 import signal
+import socket
 import time
 import zlib
+from collections.abc import Iterable
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import torch
 
@@ -20,7 +23,7 @@ import slurmclock
 from . import logs
 from .config import TrainConfig
 from .data import Data
-from .metrics import MetricsLog, fmt_duration, progress_line
+from .metrics import AppendFile, MetricsLog, fmt_duration, progress_line
 from .perf import mfu
 from .startup import Startup
 
@@ -35,7 +38,7 @@ class Console:
         self.cfg, self.rank, self.world_size = cfg, rank, world_size
         self.metrics = MetricsLog(None)
         self.wandb: Any = None
-        self._csv: IO[str] | None = None
+        self._csv: AppendFile | None = None
         self._flops_per_token = 0.0
         self._peak: float | None = None
 
@@ -43,8 +46,8 @@ class Console:
         cfg = self.cfg
         self._flops_per_token, self._peak = flops_per_token, peak
         if self.rank == 0:
-            self.metrics = MetricsLog(cfg.metrics_path)
-            logs.add_file(cfg.exp_dir / "train.log")
+            logs.add_file(cfg.exp_dir / "train.log")  # first: the lines below may go there
+            self.metrics = MetricsLog(cfg.metrics_path, say=logs.say_warning)
             if cfg.log_loss_to_csv:
                 name = cfg.experiment_name.rsplit("/", 1)[-1]  # GROUP/NAME: its own folder
                 self._csv = _open_csv(cfg.exp_dir / f"{name}_loss_log.csv")
@@ -76,6 +79,7 @@ class Console:
             "deadline_source": None if d is None else d.source,
             "process_start": slurmclock.process_start_time(),
             "pid": os.getpid(),
+            "host": socket.gethostname(),  # with pid: report tells a live run from a killed one
         }
         self.metrics.log(
             "start",
@@ -178,8 +182,7 @@ class Console:
         if self._csv is None or not each:
             return
         first = step - len(each) + 1
-        csv.writer(self._csv).writerows((first + i, x) for i, x in enumerate(each))
-        self._csv.flush()
+        self._csv.write(_csv_rows((first + i, x) for i, x in enumerate(each)))
 
     def evaluation(self, step: int, val_loss: float, seconds: float) -> None:
         self.metrics.log("eval", step=step, val_loss=val_loss, seconds=seconds)
@@ -233,16 +236,29 @@ class Console:
         elif done:
             log.info("finished: step %d/%d (%s)%s", step, cfg.training_steps, reason, losses_text)
         else:
+            # Not "requeue": after scancel or `slurmclock stop` (a SIGTERM, as a preemption's)
+            # the job script does not requeue, and this process cannot tell which it was.
             log.info(
-                "stopped at step %d/%d (%s); exit %d = requeue and resume",
+                "stopped at step %d/%d (%s); exit %d = saved, %d steps left: the next run with "
+                "--resume-from-checkpoint latest goes on from here",
                 step,
                 cfg.training_steps,
                 reason,
                 exit_code,
+                cfg.training_steps - step,
             )
         log.info("  checkpoints: %s", cfg.experiment_url)
         log.info("  resume:      pyrecover-train --resume-from-checkpoint latest [same flags]")
         log.info("  plot:        pyrecover-train report %s", cfg.exp_dir)
+        for file in (self.metrics.file, self._csv):
+            if file is not None and file.failure is not None:  # said when it began; again here
+                log.warning(
+                    "  not written: %d line(s) of the %s %s (%s)",
+                    file.lost,
+                    file.what,
+                    file.path,
+                    file.failure,
+                )
 
     def close(self) -> None:
         self.metrics.close()
@@ -256,15 +272,19 @@ class Console:
                 log.debug("--wandb: finish failed: %s", e)
 
 
-def _open_csv(path: Path) -> IO[str]:
+def _open_csv(path: Path) -> AppendFile:
     """The original's ``--log-loss-to-csv`` file (``Step,Loss``), appended to on a resume."""
-    path.parent.mkdir(parents=True, exist_ok=True)
     new = not path.exists() or path.stat().st_size == 0
-    f = open(path, "a", newline="", encoding="utf-8")  # noqa: SIM115 - held open for the run
+    f = AppendFile(path, "loss CSV", say=logs.say_warning)
     if new:
-        csv.writer(f).writerow(["Step", "Loss"])
-        f.flush()
+        f.write(_csv_rows([("Step", "Loss")]))
     return f
+
+
+def _csv_rows(rows: Iterable[tuple[Any, Any]]) -> bytes:
+    text = io.StringIO(newline="")
+    csv.writer(text).writerows(rows)
+    return text.getvalue().encode()
 
 
 def _wandb(cfg: TrainConfig, rank: int, model_config: dict[str, Any]) -> Any:

@@ -61,7 +61,22 @@ def prepare(cfg: TrainConfig) -> tuple[ParquetSource, Tokenizer, TokenCache, str
         cache = TokenCache.build(source, tokenizer, root / "tokens")
     except ParquetLMError as e:
         raise UsageError(f"--dataset/--tokenizer: {e}") from None
+    except OSError as e:  # the corpus or a trained tokenizer written into the cache folder
+        raise UsageError(_cache_problem(e, root)) from None
     return source, tokenizer, cache, dataset
+
+
+def _cache_problem(e: OSError, root: Path) -> str:
+    """One line for a file of the cache that cannot be written (a read-only or full disk) or
+    a dataset that cannot be read."""
+    where, why = e.filename or root, e.strerror or str(e)
+    if Path(where).resolve().is_relative_to(root.resolve()):
+        return (
+            f"--cache-dir {root}: cannot write {where}: {why}; point --cache-dir (or "
+            "PYRECOVER_CACHE) at a folder you can write with room to spare (a read-only cache "
+            "serves once it holds what the run needs)"
+        )
+    return f"--dataset/--tokenizer: cannot read {where}: {why}"
 
 
 def _tokenizer(spec: str, source: ParquetSource, root: Path) -> Tokenizer:

@@ -5,6 +5,7 @@ too, instead of Python's two lines with a source line."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
 import warnings
@@ -37,9 +38,17 @@ def setup(rank: int) -> None:
 
 
 def add_file(path: Path) -> None:
-    """Also append to ``path`` (rank 0 only; called once the run is known to start)."""
-    if _installed.logging is not None:
+    """Also append to ``path`` (rank 0 only; called once the run is known to start). A file
+    that cannot be opened (a full disk) is said in one line, and the run goes on without it."""
+    if _installed.logging is None:
+        return
+    try:
         _installed.logging.add_file(path)
+    except OSError as e:
+        say_warning(
+            f"cannot write the log file {path}: {e.strerror or e}; training goes on "
+            "without it (the console has every line)"
+        )
 
 
 def exception_to_file(message: str) -> None:
@@ -55,7 +64,8 @@ def exception_to_file(message: str) -> None:
 def say_warning(message: str) -> None:
     """A warning about the user's input (rank 0): one line on stderr, where rank 0's progress
     on stdout does not bury it, and the same line in train.log."""
-    print(f"pyrecover-train: warning: {message}", file=sys.stderr, flush=True)
+    with contextlib.suppress(OSError):  # stderr on a full disk too: train.log may still take it
+        print(f"pyrecover-train: warning: {message}", file=sys.stderr, flush=True)
     handler = None if _installed.logging is None else _installed.logging.file
     if handler is not None:
         handler.handle(log.makeRecord(log.name, logging.WARNING, __file__, 0, message, (), None))

@@ -13,6 +13,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.overrides import TorchFunctionMode
+
+import ddpkit
 
 from .sizes import SIZES
 
@@ -140,8 +143,12 @@ class RMSNorm(nn.Module):
 
 
 def rope_tables(head_dim: int, seq_len: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
-    angles = torch.outer(torch.arange(seq_len, dtype=torch.float64), inv_freq)
+    """(cos, sin), each (seq_len, head_dim / 2), computed in float64 on CPU whatever the default
+    device: the same bits everywhere."""
+    cpu = torch.device("cpu")
+    steps = torch.arange(0, head_dim, 2, dtype=torch.float64, device=cpu)
+    inv_freq = 1.0 / (theta ** (steps / head_dim))
+    angles = torch.outer(torch.arange(seq_len, dtype=torch.float64, device=cpu), inv_freq)
     return angles.cos().float(), angles.sin().float()
 
 
@@ -169,12 +176,20 @@ class Attention(nn.Module):
         v = self.wv(x).view(b, t, self.n_kv_heads, self.head_dim).transpose(1, 2)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if self.n_kv_heads != self.n_heads:
-            # Expanding kv heads explicitly works on every backend and torch version; SDPA's
-            # enable_gqa is not supported by all kernels.
-            rep = self.n_heads // self.n_kv_heads
-            k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+            # Expanding kv heads explicitly works on every backend and torch version (SDPA's
+            # enable_gqa is not supported by all kernels). expand + reshape, not
+            # repeat_interleave: the same values, but its backward is a sum over the copies
+            # (deterministic and fast everywhere), not an index_add (atomics on CUDA, a slower
+            # sorted kernel in deterministic mode).
+            k, v = self._expand_kv(k), self._expand_kv(v)
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         return self.wo(y.transpose(1, 2).reshape(b, t, -1))
+
+    def _expand_kv(self, t: torch.Tensor) -> torch.Tensor:
+        """(b, kv heads, t, d) -> (b, heads, t, d), each kv head repeated for its group."""
+        b, kv, n, d = t.shape
+        rep = self.n_heads // kv
+        return t[:, :, None].expand(b, kv, rep, n, d).reshape(b, kv * rep, n, d)
 
 
 class FeedForward(nn.Module):
@@ -214,13 +229,17 @@ class GPT(nn.Module):
         self.layers = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
         self.norm = RMSNorm(cfg.dim, cfg.norm_eps)
         self.output = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
-        cos, sin = rope_tables(cfg.head_dim, cfg.max_seq_len, cfg.rope_theta)
         # Not persistent: derived from the config, so checkpoints hold weights only.
-        self.register_buffer("cos", cos, persistent=False)
-        self.register_buffer("sin", sin, persistent=False)
+        half = (cfg.max_seq_len, cfg.head_dim // 2)
+        self.register_buffer("cos", torch.empty(half), persistent=False)
+        self.register_buffer("sin", torch.empty(half), persistent=False)
+        if not self.cos.is_meta:  # on meta: filled by init_rope() once it has memory
+            self.init_rope()
 
     def init_weights(self, seed: int) -> None:
-        """Seeded init, independent of the global RNG: same seed, same weights on any device."""
+        """Seeded init, independent of the global RNG: same seed, same weights on any device and
+        any sharding (each whole tensor is drawn on CPU, in parameter order; a sharded
+        parameter keeps its own part of it)."""
         gen = torch.Generator(device="cpu").manual_seed(seed)
         residual_std = 0.02 / math.sqrt(2 * self.cfg.n_layers)
         with torch.no_grad():
@@ -230,7 +249,16 @@ class GPT(nn.Module):
                     continue
                 std = residual_std if name.endswith(("wo.weight", "w2.weight")) else 0.02
                 # Drawn on CPU so the weights do not depend on the device's RNG implementation.
-                p.copy_(torch.empty(p.shape, dtype=torch.float32).normal_(0.0, std, generator=gen))
+                whole = torch.empty(p.shape, dtype=torch.float32).normal_(0.0, std, generator=gen)
+                ddpkit.copy_whole_(p, whole)
+
+    def init_rope(self) -> None:
+        """The RoPE tables (derived, never saved), computed on CPU: the same bits on any device,
+        in the buffers' dtype (a model stored in bf16 keeps them in bf16, as ``.to()`` casts)."""
+        cos, sin = rope_tables(self.cfg.head_dim, self.cfg.max_seq_len, self.cfg.rope_theta)
+        with torch.no_grad():
+            self.cos.copy_(cos)
+            self.sin.copy_(sin)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         if tokens.shape[1] > self.cfg.max_seq_len:
@@ -243,9 +271,43 @@ class GPT(nn.Module):
         return self.output(self.norm(h))
 
 
+def empty_model(cfg: ModelConfig) -> GPT:
+    """The model's structure on the meta device: no memory, nothing initialised. Cast it, shard
+    it, then :func:`materialise` it: only what each rank keeps is ever allocated."""
+    with torch.device("meta"), _NoInit():
+        return GPT(cfg)
+
+
+class _NoInit(TorchFunctionMode):
+    """The modules' default initialisers (``torch.nn.init``) skipped: a meta tensor has nothing
+    to initialise, and some of them (``normal_``) run on meta through a Python reference that
+    imports torch's compiler stack (seconds of every start-up)."""
+
+    def __torch_function__(
+        self,
+        func: Any,
+        types: Any,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
+        if getattr(func, "__module__", None) == "torch.nn.init":
+            return args[0] if args else (kwargs or {})["tensor"]  # the tensor, as it was
+        return func(*args, **(kwargs or {}))
+
+
+def materialise(model: GPT, device: torch.device | str, *, seed: int | None) -> None:
+    """Memory on ``device`` for an :func:`empty_model` (each rank its own shards, when sharded),
+    then the RoPE tables; ``seed``: the weights as :func:`build_model` initialises them. None:
+    the weights are left unset, for a checkpoint to fill (a resume initialises nothing only to
+    overwrite it)."""
+    model.to_empty(device=device)
+    model.init_rope()
+    if seed is not None:
+        model.init_weights(seed)
+
+
 def build_model(cfg: ModelConfig, *, seed: int, device: torch.device | str = "cpu") -> GPT:
     """A freshly initialised model on ``device`` (weights in fp32)."""
-    with torch.device(device):
-        model = GPT(cfg)
-    model.init_weights(seed)
+    model = empty_model(cfg)
+    materialise(model, device, seed=seed)
     return model

@@ -16,23 +16,32 @@ Definitions (each process start is one "run" in the metrics file):
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import os
+import socket
 import sys
+import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import orjson
 
+import slurmclock
+
 from .config import _Parser
 from .metrics import fmt_duration, read_events
 
 PLOT_HINT = "pip install 'pyrecover-train[plot]' (matplotlib)"
 NOTHING_TO_DO = "nothing to do"
+RUNNING = "running"  # no stop event yet, and still going (Liveness)
 # How each run's end is marked on the timeline, and the legend that says so.
-MARKERS = {"done": "*", NOTHING_TO_DO: "o", "time": "v", "signal": "x"}
+MARKERS = {"done": "*", NOTHING_TO_DO: "o", "time": "v", "signal": "x", RUNNING: ">"}
 LEGEND = (
     "timeline: | durable checkpoint, ^ resume, v stop (time), x signal, X killed/error, "
-    "* done, o nothing to do"
+    "* done, o nothing to do, > running"
 )
 
 
@@ -55,6 +64,12 @@ class RunSummary:
     resumed: bool = False
     startup_s: float | None = None  # start -> end of the first step
     startup_parts: dict[str, float] = field(default_factory=dict)
+    # Who ran it (the start event), to tell a run still going from a killed one.
+    host: str | None = None
+    pid: int | None = None
+    job_id: str | None = None
+    process_start: float | None = None
+    longest_gap_s: float = 0.0  # between two of its events
 
     @property
     def wall_s(self) -> float:
@@ -70,6 +85,11 @@ class RunSummary:
 
     @property
     def lost_steps(self) -> int:
+        """Computed but not in a checkpoint a later run resumed from; none while it runs."""
+        return 0 if self.outcome == RUNNING else self.unsaved_steps
+
+    @property
+    def unsaved_steps(self) -> int:
         return self.steps_done - self.persisted_steps
 
 
@@ -97,13 +117,21 @@ class Summary:
         return d
 
 
-def summarize(events: list[dict[str, Any]]) -> Summary:
-    """The numbers above, from the events of one metrics file."""
+def summarize(
+    events: list[dict[str, Any]], running: Callable[[RunSummary], str | None] | None = None
+) -> Summary:
+    """The numbers above, from the events of one metrics file. ``running``: why the last run,
+    if it has no stop event, is still going (None: it is not; see :class:`Liveness`)."""
     by_run: dict[str, list[dict[str, Any]]] = {}
     for e in events:
         by_run.setdefault(str(e.get("run", "?")), []).append(e)
     runs = [_run_summary(rid, evs) for rid, evs in by_run.items()]
     runs.sort(key=lambda r: r.started)
+    last = runs[-1] if runs else None  # only the newest run can still be going
+    if last is not None and last.outcome == "killed" and running is not None:
+        why = running(last)
+        if why is not None:
+            last.outcome, last.reason = RUNNING, why
     for run, nxt in zip(runs, runs[1:], strict=False):
         run.persisted_until = nxt.start_step if nxt.resumed else run.persisted_until
     wall = sum(r.wall_s for r in runs)
@@ -148,7 +176,13 @@ def _run_summary(rid: str, evs: list[dict[str, Any]]) -> RunSummary:
         end_step=max([start_step, *steps]),
         persisted_until=start_step,
         resumed=any(e["event"] == "resume" for e in evs),
+        host=start.get("host"),
+        pid=start.get("pid") if isinstance(start.get("pid"), int) else None,
+        job_id=None if start.get("job_id") is None else str(start["job_id"]),
+        process_start=start.get("process_start"),
     )
+    times = sorted(float(e["time"]) for e in evs)
+    run.longest_gap_s = max((b - a for a, b in zip(times, times[1:], strict=False)), default=0.0)
     timed = [(e["step_time_s"], e.get("steps", 1)) for e in evs if e["event"] == "step"]
     if timed:
         run.step_time_s = sum(t * n for t, n in timed) / sum(n for _, n in timed)
@@ -169,6 +203,77 @@ def _run_summary(rid: str, evs: list[dict[str, Any]]) -> RunSummary:
     if run.outcome == "done" and not timed and run.end_step == run.start_step:
         run.outcome = NOTHING_TO_DO  # e.g. a requeued job that found the training finished
     return run
+
+
+# A run whose last event is younger than this (or than 3 of its longest silences) may still be
+# going, when neither its process nor SLURM can be asked.
+FRESH_S = 120.0
+
+
+@dataclass(slots=True)
+class Liveness:
+    """Is a run without a stop event still going? Asked in order:
+
+    1. its process, when it ran on this host: alive and holding ``metrics`` open (the trainer
+       keeps it open for the whole run), or gone;
+    2. SLURM, when it ran in a job: the job's current allocation began before the process did
+       (``slurmclock.allocation_start``: one squeue), or the job moved on to a new allocation;
+    3. else its last event: recent for its own pace -- a guess, and said as one.
+    """
+
+    metrics: Path
+    now: float
+    host: str = field(default_factory=socket.gethostname)
+    runner: slurmclock.Runner | None = None  # squeue's (tests inject one)
+
+    def __call__(self, run: RunSummary) -> str | None:
+        if run.host == self.host and run.pid is not None:
+            holds = _holds_open(run.pid, self.metrics)
+            if holds is not None:
+                return f"its process {run.pid} on this host writes the metrics" if holds else None
+        if run.job_id is not None and run.process_start is not None:
+            began = self._allocation_start(run.job_id)
+            if began is not None:  # SLURM answered
+                if began <= float(run.process_start) + 1:
+                    return f"SLURM job {run.job_id} is still in the allocation it started in"
+                return None  # requeued since: this run's allocation is over
+        quiet = self.now - run.ended
+        if quiet <= max(FRESH_S, 3 * run.longest_gap_s):
+            return f"its last event was {quiet:.0f} s ago (or it was killed just now)"
+        return None
+
+    def _allocation_start(self, job_id: str) -> float | None:
+        said = logging.getLogger("slurmclock")
+        level = said.level
+        said.setLevel(logging.ERROR)  # a job SLURM no longer lists is an answer, not a warning
+        try:
+            found = slurmclock.allocation_start(
+                env={"SLURM_JOB_ID": job_id}, runner=self.runner, timeout=5.0
+            )
+        finally:
+            said.setLevel(level)
+        return found.at if found.source == "squeue" else None
+
+
+def _holds_open(pid: int, path: Path) -> bool | None:
+    """True when process ``pid`` has ``path`` open, False when it is gone, None when this
+    cannot be told (no /proc, another user's process, or it holds other files: the pid taken
+    again, or a metrics file it could not open)."""
+    if not Path("/proc/self/fd").is_dir():
+        return None
+    folder = Path(f"/proc/{pid}/fd")
+    try:
+        fds = list(folder.iterdir())
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return None
+    target = os.path.realpath(path)
+    for fd in fds:
+        with contextlib.suppress(OSError):  # closed meanwhile
+            if os.readlink(fd) == target:
+                return True
+    return None
 
 
 def format_summary(s: Summary) -> str:
@@ -196,9 +301,12 @@ def format_summary(s: Summary) -> str:
     for i, r in enumerate(s.runs):
         durable = f", durable in {max(r.durable_s):.2f} s max" if r.durable_s else ""
         started = "" if r.startup_s is None else f", first step after {r.startup_s:.1f} s"
+        lost = (
+            f"{r.unsaved_steps} not saved yet" if r.outcome == RUNNING else f"lost {r.lost_steps}"
+        )
         lines.append(
             f"  run {i + 1}: steps {r.start_step}->{r.end_step} in {fmt_duration(r.wall_s)}"
-            f"{started}, {r.saves} saves{durable}, lost {r.lost_steps}; {r.outcome}: {r.reason}"
+            f"{started}, {r.saves} saves{durable}, {lost}; {r.outcome}: {r.reason}"
         )
     return "\n".join(lines)
 
@@ -275,7 +383,7 @@ def _plot_timeline(ax: Any, events: list[dict[str, Any]], summary: Summary) -> N
         ax.legend(loc="upper left", fontsize=8)
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> _Parser:
     p = _Parser(
         prog="pyrecover-train report",
         description="Summarise an experiment (goodput, lost steps, checkpoint overhead) and plot "
@@ -286,28 +394,35 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, help="PNG to write (default EXP_DIR/report.png)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.add_argument("--no-plot", action="store_true", help="summary only")
-    args = p.parse_args(argv)
-    path = args.metrics or args.exp_dir / "metrics.jsonl"
+    return p
+
+
+def _read(path: Path) -> tuple[list[dict[str, Any]], Summary] | str:
+    """The events and their summary, or the one line that says why there are none."""
     if not path.is_file():
-        print(
-            f"pyrecover-train report: error: {path} not found: give the experiment folder "
-            "(e.g. checkpoints/default-exp) or --metrics FILE",
-            file=sys.stderr,
+        return (
+            f"{path} not found: give the experiment folder (e.g. checkpoints/default-exp) or "
+            "--metrics FILE"
         )
-        return 2
     events = list(read_events(path))
     if not events:
-        print(f"pyrecover-train report: error: {path} holds no events", file=sys.stderr)
-        return 2
+        return f"{path} holds no events"
     try:
-        summary = summarize(events)
+        return events, summarize(events, Liveness(path, time.time()))
     except (KeyError, TypeError, ValueError) as e:  # events of another program, or hand-edited
-        print(
-            f"pyrecover-train report: error: {path} is not a metrics file of pyrecover-train "
-            f"(an event lacks or mangles {e}): give the experiment folder of a run",
-            file=sys.stderr,
+        return (
+            f"{path} is not a metrics file of pyrecover-train (an event lacks or mangles {e}): "
+            "give the experiment folder of a run"
         )
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    found = _read(args.metrics or args.exp_dir / "metrics.jsonl")
+    if isinstance(found, str):
+        print(f"pyrecover-train report: error: {found}", file=sys.stderr)
         return 2
+    events, summary = found
     if args.json:
         sys.stdout.write(
             orjson.dumps(summary.to_dict(), option=orjson.OPT_INDENT_2).decode() + "\n"

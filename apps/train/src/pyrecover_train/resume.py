@@ -6,6 +6,7 @@ is said too."""
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -21,8 +22,146 @@ from .state import TrainState
 log = logging.getLogger("pyrecover_train")
 
 
+@dataclass(frozen=True, slots=True)
+class Start:
+    """Where a run starts, known before its model is built (:func:`plan`): step 0 (fresh
+    weights), one of the experiment's checkpoints (``which``, its ``metadata`` read: the model
+    is materialised from it, never initialised first), or another tool's (``foreign``)."""
+
+    which: int | str | None = None
+    metadata: dict[str, Any] = field(default_factory=dict)
+    foreign: ForeignCheckpoint | None = None
+
+    @property
+    def loads_weights(self) -> bool:
+        """Does a checkpoint of this experiment fill every weight (so none is initialised)?"""
+        return self.which is not None
+
+
+def plan(
+    cfg: TrainConfig,
+    store: ckptstore.CheckpointStore,
+    *,
+    model_cfg: ModelConfig,
+    tokenizer: str,
+    foreign: ForeignCheckpoint | None,
+) -> Start:
+    """Where ``--resume-from-checkpoint`` starts, or one line (UsageError) saying why not --
+    before anything is built or written. ``latest`` is the newest commit on the primary or the
+    mirror (ckptstore's)."""
+    target = cfg.resume_spec
+    if foreign is not None:
+        _check_foreign(cfg, store, foreign)
+        return Start(foreign=foreign)
+    if target is not None and not target.latest:  # a step or a folder, named
+        _latest_step(cfg, store, newer_ok=True)  # the location answers (credentials, bucket)
+        which: int | str = _resolve(target)
+    else:
+        latest = _latest_step(cfg, store)
+        if target is None:
+            if latest is not None:
+                raise UsageError(
+                    f"{_where_latest(cfg, store)} already holds checkpoints (latest step "
+                    f"{latest}): pass --resume-from-checkpoint latest to continue, or pick "
+                    "another --experiment_name / --checkpoint-dir (nothing was changed)"
+                )
+            return Start()
+        if latest is None:
+            log.info("--resume-from-checkpoint latest: no checkpoint yet, starting at step 0")
+            return Start()
+        which = "latest"
+    meta = _peek(store, which)
+    _check_compatible(meta, model_cfg, tokenizer)
+    return Start(which=which, metadata=meta)
+
+
+def _check_foreign(
+    cfg: TrainConfig, store: ckptstore.CheckpointStore, foreign: ForeignCheckpoint
+) -> None:
+    """Another tool's checkpoint starts a new experiment (a run's own steps would mix with
+    the checkpoints already there)."""
+    if cfg.parallelism == "fsdp":
+        raise UsageError(
+            f"--resume-from-checkpoint {foreign.source}: another tool's checkpoint is "
+            "imported with --parallelism ddp (its weights and optimizer are whole tensors): "
+            "drop --parallelism fsdp"
+        )
+    latest = _latest_step(cfg, store)
+    if latest is not None:
+        raise UsageError(
+            f"{_where_latest(cfg, store)} already holds checkpoints (latest step {latest}): "
+            f"start from {foreign.source} in a new --experiment_name, or continue this one "
+            "with --resume-from-checkpoint latest (nothing was changed)"
+        )
+
+
+def _latest_step(
+    cfg: TrainConfig, store: ckptstore.CheckpointStore, *, newer_ok: bool = False
+) -> int | None:
+    """The newest step; ``newer_ok``: None when a newer ckptstore wrote it (a step named
+    by the user is loaded without it, as ckptstore's refusal of "latest" suggests)."""
+    try:
+        return store.latest_step()
+    except ckptstore.IncompatibleCheckpointError as e:  # its line says it all
+        if newer_ok:
+            return None
+        raise UsageError(first_line(e)) from None
+    except ckptstore.StoreUnreachableError:
+        raise  # not a usage error: exit 74, the start is retried once the store is back
+    except ckptstore.CheckpointError as e:
+        raise UsageError(
+            f"cannot read the checkpoint location {cfg.experiment_url}: {first_line(e)}"
+        ) from None
+    except Exception as e:  # no credentials, no bucket, no permission: fix and retry
+        raise UsageError(
+            f"cannot read the checkpoint location {cfg.experiment_url}: "
+            f"{type(e).__name__}: {first_line(e)}"
+        ) from None
+
+
+def _where_latest(cfg: TrainConfig, store: ckptstore.CheckpointStore) -> str:
+    """The folder of the newest checkpoint: the experiment's, or its mirror's."""
+    try:
+        return store.manifest("latest").url.rsplit("/", 1)[0]
+    except Exception:  # only for the message
+        return cfg.experiment_url
+
+
+def _peek(store: ckptstore.CheckpointStore, which: int | str) -> dict[str, Any]:
+    """The checkpoint's metadata, read before anything is built or loaded."""
+    try:
+        return dict(store.manifest(which).metadata)
+    except ckptstore.StoreUnreachableError:
+        raise  # not a usage error: exit 74, the start is retried once the store is back
+    except ckptstore.CheckpointError as e:
+        raise UsageError(f"--resume-from-checkpoint: {first_line(e)}") from None
+    except FileNotFoundError:
+        raise UsageError(
+            f"--resume-from-checkpoint {which}: no manifest.json there (not a committed checkpoint)"
+        ) from None
+
+
+def _check_compatible(meta: dict[str, Any], model_cfg: ModelConfig, tokenizer: str) -> None:
+    saved = meta.get("model")
+    if isinstance(saved, dict):
+        diffs = model_cfg.differences(saved)
+        if diffs:
+            raise UsageError(
+                "the checkpoint is of another model shape ("
+                + "; ".join(diffs)
+                + "): resume with the same --model-size/--tokenizer or start a new "
+                "--experiment_name"
+            )
+    saved_tokenizer = meta.get("tokenizer")
+    if saved_tokenizer and saved_tokenizer != tokenizer:
+        raise UsageError(
+            "the checkpoint was trained with another tokenizer: pass the same --tokenizer "
+            "and --dataset as the run that wrote it"
+        )
+
+
 class Resume:
-    """Restores ``state`` as ``--resume-from-checkpoint`` asks; ``run()`` says from where."""
+    """Restores ``state`` from where :func:`plan` said to start; ``run()`` says from where."""
 
     def __init__(
         self,
@@ -30,97 +169,40 @@ class Resume:
         store: ckptstore.CheckpointStore,
         state: TrainState,
         dist: ddpkit.Dist,
-        *,
-        model_cfg: ModelConfig,
-        tokenizer: str,
     ) -> None:
         self.cfg, self.store, self.state, self.dist = cfg, store, state, dist
-        self.model_cfg, self.tokenizer = model_cfg, tokenizer
         self.metadata: dict[str, Any] = {}  # of the checkpoint resumed from (e.g. time_budget)
 
-    def run(self, foreign: ForeignCheckpoint | None) -> str | None:
-        """Resume (or refuse to clobber); returns what it resumed from, None for step 0.
-        ``latest`` is the newest commit on the primary or the mirror (ckptstore's)."""
-        target = self.cfg.resume_spec
-        if foreign is not None:
-            return self._start_from(foreign)
-        if target is not None and not target.latest:  # a step or a folder, named
-            self._latest_step(newer_ok=True)  # the location answers (credentials, bucket)
-            return self._load(_resolve(target))
-        latest = self._latest_step()
-        if target is None:
-            if latest is not None:
-                raise UsageError(
-                    f"{self._where_latest()} already holds checkpoints (latest step {latest}): "
-                    "pass --resume-from-checkpoint latest to continue, or pick another "
-                    "--experiment_name / --checkpoint-dir (nothing was changed)"
-                )
+    def run(self, start: Start) -> str | None:
+        """Load what ``start`` names; returns what it resumed from, None for step 0."""
+        if start.foreign is not None:
+            return self._start_from(start.foreign)
+        if start.which is None:
             return None
-        if latest is None:
-            log.info("--resume-from-checkpoint latest: no checkpoint yet, starting at step 0")
-            return None
-        return self._load("latest")
+        return self._load(start.which, start.metadata)
 
     def _start_from(self, foreign: ForeignCheckpoint) -> str:
-        """Another tool's checkpoint, into a new experiment (a run's own steps would mix with
-        the checkpoints already there)."""
-        if self.state.sharded:
-            raise UsageError(
-                f"--resume-from-checkpoint {foreign.source}: another tool's checkpoint is "
-                "imported with --parallelism ddp (its weights and optimizer are whole tensors): "
-                "drop --parallelism fsdp"
-            )
-        latest = self._latest_step()
-        if latest is not None:
-            raise UsageError(
-                f"{self._where_latest()} already holds checkpoints (latest step {latest}): "
-                f"start from {foreign.source} in a new --experiment_name, or continue this one "
-                "with --resume-from-checkpoint latest (nothing was changed)"
-            )
         foreign.apply(self.state, self.cfg.model_size)  # logs its one line: the RNGs too
         ddpkit.reseed_rng(self.cfg.seed, self.state.step, self.dist.rank, self.dist.device)
         reapply_flags(self.state, self.cfg)
         return f"step {self.state.step} ({foreign.label})"
 
-    def _latest_step(self, *, newer_ok: bool = False) -> int | None:
-        """The newest step; ``newer_ok``: None when a newer ckptstore wrote it (a step named
-        by the user is loaded without it, as ckptstore's refusal of "latest" suggests)."""
-        try:
-            return self.store.latest_step()
-        except ckptstore.IncompatibleCheckpointError as e:  # its line says it all
-            if newer_ok:
-                return None
-            raise UsageError(first_line(e)) from None
-        except ckptstore.CheckpointError as e:
-            raise UsageError(
-                f"cannot read the checkpoint location {self.cfg.experiment_url}: {first_line(e)}"
-            ) from None
-        except Exception as e:  # no credentials, no bucket, no permission: fix and retry
-            raise UsageError(
-                f"cannot read the checkpoint location {self.cfg.experiment_url}: "
-                f"{type(e).__name__}: {first_line(e)}"
-            ) from None
-
-    def _where_latest(self) -> str:
-        """The folder of the newest checkpoint: the experiment's, or its mirror's."""
-        try:
-            return self.store.manifest("latest").url.rsplit("/", 1)[0]
-        except Exception:  # only for the message
-            return self.cfg.experiment_url
-
-    def _load(self, which: int | str) -> str:
-        meta = self._peek(which)
-        self._check_compatible(meta)
+    def _load(self, which: int | str, meta: dict[str, Any]) -> str:
         args = meta.get("args")
         old_args: dict[str, Any] = args if isinstance(args, dict) else {}
         changes = schedule_changes(
             old_args, self.cfg, meta.get("world_size"), self.dist.world_size, meta.get("step")
         )
-        template = self.state.template(with_scaler=old_args.get("model_dtype", "fp16") == "fp16")
+        template = self.state.template(
+            with_scaler=old_args.get("model_dtype", "fp16") == "fp16",
+            saved_as=old_args.get("parallelism", "ddp"),
+        )
         try:
             # Restores model, optimizer, scheduler, scaler and loader in place; "rng" and
             # "step" come back as values.
             manifest = self.store.load(template, which)
+        except ckptstore.StoreUnreachableError:
+            raise  # not a usage error: exit 74, the start is retried once the store is back
         except ckptstore.CheckpointError as e:
             raise UsageError(f"--resume-from-checkpoint: {first_line(e)}") from None
         self.state.step = int(template["step"])
@@ -130,44 +212,6 @@ class Resume:
             log.info("%s", line)
         reapply_flags(self.state, self.cfg)
         return f"step {self.state.step} ({manifest.url or which})"
-
-    def _peek(self, which: int | str) -> dict[str, Any]:
-        """The checkpoint's metadata, read before anything is loaded."""
-        try:
-            return dict(self.store.manifest(which).metadata)
-        except ckptstore.CheckpointError as e:
-            raise UsageError(f"--resume-from-checkpoint: {first_line(e)}") from None
-        except FileNotFoundError:
-            raise UsageError(
-                f"--resume-from-checkpoint {which}: no manifest.json there (not a committed "
-                "checkpoint)"
-            ) from None
-
-    def _check_compatible(self, meta: dict[str, Any]) -> None:
-        saved = meta.get("model")
-        if isinstance(saved, dict):
-            diffs = self.model_cfg.differences(saved)
-            if diffs:
-                raise UsageError(
-                    "the checkpoint is of another model shape ("
-                    + "; ".join(diffs)
-                    + "): resume with the same --model-size/--tokenizer or start a new "
-                    "--experiment_name"
-                )
-        args = meta.get("args")
-        was = args.get("parallelism", "ddp") if isinstance(args, dict) else "ddp"
-        if was != self.cfg.parallelism:
-            raise UsageError(
-                f"the checkpoint was written with --parallelism {was} (its optimizer state is "
-                f"laid out for it): resume with --parallelism {was}, or start a new "
-                "--experiment_name"
-            )
-        tokenizer = meta.get("tokenizer")
-        if tokenizer and tokenizer != self.tokenizer:
-            raise UsageError(
-                "the checkpoint was trained with another tokenizer: pass the same --tokenizer "
-                "and --dataset as the run that wrote it"
-            )
 
     def _restore_rng(self, saved: dict[str, Any], saved_world: int) -> None:
         """Each rank's own RNG states back (same world size: bitwise), else re-seeded."""
@@ -238,7 +282,7 @@ def schedule_changes(
             )
     at = step if isinstance(step, int) else 0
     lines = [*_tokens_change(old, cfg, old_world, world), *_lr_change(old, cfg, at)]
-    return lines + _dtype(old, cfg) + _storage(old, cfg)
+    return lines + _dtype(old, cfg) + _storage(old, cfg) + _parallelism(old, cfg)
 
 
 def _differs(old: dict[str, Any], cfg: TrainConfig, *names: str) -> list[str]:
@@ -324,4 +368,18 @@ def _storage(old: dict[str, Any], cfg: TrainConfig) -> list[str]:
         f"resume with --param-dtype {was} -> {cfg.storage_dtype}: the weights and AdamW moments "
         f"are cast to {cfg.storage_dtype} as they load (the numbers are no longer bitwise those "
         "of a run that kept one dtype)"
+    ]
+
+
+def _parallelism(old: dict[str, Any], cfg: TrainConfig) -> list[str]:
+    """A DDP checkpoint resumed with FSDP, or the other way (:meth:`TrainState.template`)."""
+    was = old.get("parallelism", "ddp")
+    if was == cfg.parallelism:
+        return []
+    how = "each rank keeps its shard of them" if cfg.parallelism == "fsdp" else "whole"
+    return [
+        f"resume with --parallelism {was} -> {cfg.parallelism}: the weights and AdamW moments "
+        f"load as saved ({how}), the data position exactly; the steps from here are "
+        f"{cfg.parallelism.upper()}'s arithmetic (other reduction orders: not bitwise those of "
+        "a run that kept one --parallelism)"
     ]

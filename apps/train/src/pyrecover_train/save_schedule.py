@@ -1,8 +1,9 @@
-"""When to save: "is a periodic save due?" and "may one start now?", with the state that needs.
+"""When to save: "is a periodic save due?", with the state that needs.
 
 The schedule owns the step of the last save, its time, and the measured blocking cost of every
-save (for ``--checkpoint-interval-seconds auto``, Young/Daly). The deadline part of "may one
-start" is the time budget's (slurmclock): a save that cannot finish before the kill is skipped.
+save (for ``--checkpoint-interval-seconds auto``, Young/Daly). Whether a save may start before
+the deadline is the time budget's (slurmclock's ``TimeLoop``): a save that cannot finish before
+the kill is skipped there.
 """
 
 from __future__ import annotations
@@ -26,18 +27,14 @@ class SaveSchedule:
     def __init__(
         self,
         cfg: TrainConfig,
-        budget: slurmclock.TimeBudget,
         *,
         saved_step: int | None,
-        background: bool = False,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.every_steps = cfg.checkpoint_frequency
-        self.background = background  # periodic saves are written while training goes on
         self.interval_setting = cfg.checkpoint_interval_seconds
         self.mtbf = cfg.mtbf
         self.save_at_eval = bool(cfg.keep_best)  # the best must have a measured val loss
-        self.budget = budget
         self.clock = clock
         self.last_step = saved_step  # the step a checkpoint holds (None: none yet)
         self.last_time = clock()
@@ -50,11 +47,6 @@ class SaveSchedule:
             return True
         interval = self.interval()
         return interval is not None and self.clock() - self.last_time >= interval
-
-    def may_start(self) -> slurmclock.Decision:
-        """Can a save started now be durable before the deadline (with the margin)? A
-        background save also before the stop comes due, so the final save never waits for it."""
-        return self.budget.can_save(background=self.background)
 
     def interval(self) -> float | None:
         """Seconds between time-based saves: fixed, Young/Daly (auto), or None (off)."""

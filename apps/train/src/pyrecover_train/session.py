@@ -55,17 +55,18 @@ def _session(
     # Armed first: SLURM's warning signal may come while the corpus is still being prepared.
     own = signals is None
     flag = slurmclock.StopSignals(slurmclock.STOP_SIGNALS).install() if signals is None else signals
+    stop = stop_flag(flag, cfg)
     startup = Startup.now() if startup is None else startup
     try:
         info = build.check_launcher(cfg)
         logs.setup(info.rank)
         try:  # a stop signal ends the wait for the other ranks at once
-            dist = build.join(cfg, abort=_stop_requested(flag))
+            dist = build.join(cfg, abort=_stop_requested(stop))
         except ddpkit.InitInterrupted as e:
-            return _interrupted(e, flag)
+            return _interrupted(e, stop)
         with dist:
             startup.mark("setup")
-            trainer = Trainer(cfg, dist, flag, startup=startup)
+            trainer = Trainer(cfg, dist, stop, startup=startup)
             try:
                 return body(trainer)
             except Exception as e:
@@ -84,14 +85,21 @@ def _session(
             flag.restore()
 
 
-def _stop_requested(flag: slurmclock.StopSignals) -> Callable[[], bool]:
+def stop_flag(signals: slurmclock.StopSignals, cfg: TrainConfig) -> slurmclock.StopFlag:
+    """Every source of "stop" as one flag, which the wait at the rendezvous and the trainer's
+    loop both read. A new source (a file to watch, a cloud's preemption notice: any
+    :class:`slurmclock.StopFlag`, set up from ``cfg``) is one more argument here."""
+    return slurmclock.AnyFlag(signals)
+
+
+def _stop_requested(flag: slurmclock.StopFlag) -> Callable[[], bool]:
     """For the wait at the rendezvous: a stop signal ends it; SLURM's warning only when its lead
     is unknown (with PYRECOVER_SIGNAL_LEAD it is information for the time budget)."""
     meaning = slurmclock.SignalMeaning.from_env()
     return lambda: meaning.stop_now(flag) is not None
 
 
-def _interrupted(e: ddpkit.InitInterrupted, signals: slurmclock.StopSignals) -> RunResult:
+def _interrupted(e: ddpkit.InitInterrupted, signals: slurmclock.StopFlag) -> RunResult:
     """A stop signal came while waiting for the other ranks: one line, exit 128 + signal
     (as if the signal had ended the process; nothing was written)."""
     signum = e.signum

@@ -9,17 +9,21 @@ part           from -> to
 =============  ================================================================================
 launch         the allocation's start (SLURM) -> this process's start: batch script, ``srun``
 imports        process start -> torch and the packages imported
-setup          launcher, process group, logging, determinism, precision
+setup          launcher, process group (with NCCL: the GPU's context too), logging
 store          the checkpoint store and its writer lock (first: a second writer is refused at once)
+device         determinism switches, precision, the GPU's context (CUDA init; ~0 on CPU)
 data           corpus, tokenizer, token cache, loaders
-model          model, wrappers, optimizer, LR schedule
-resume         finding and loading the checkpoint (with the time budget's state)
-first step     the first training step (torch.compile compiles here)
+model          model (on the meta device, then memory for it), wrappers, optimizer, LR schedule
+resume         where to start, then the checkpoint's load (the model materialised from it)
+compile        torch.compile's compilation during the first step (its own timers; the cache in
+               the experiment's folder makes a requeued allocation's compile warm)
+first step     the rest of the first training step
 =============  ================================================================================
 """
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -28,7 +32,28 @@ import slurmclock
 
 __all__ = ["PARTS", "Startup"]
 
-PARTS = ("launch", "imports", "setup", "store", "data", "model", "resume", "first step")
+PARTS = (
+    "launch",
+    "imports",
+    "setup",
+    "store",
+    "device",
+    "data",
+    "model",
+    "resume",
+    "compile",
+    "first step",
+)
+COMPILE_TIMERS = ("_compile.compile_inner", "backward._backward_impl")  # torch._dynamo's
+
+
+def compile_seconds() -> float:
+    """Seconds torch.compile has spent compiling in this process so far, by dynamo's own timers
+    (each compiled frame, and the backward compiled at its first call); 0 when torch's compiler
+    was never imported."""
+    utils = sys.modules.get("torch._dynamo.utils")
+    timers = getattr(utils, "compilation_time_metrics", None) or {}
+    return float(sum(sum(timers.get(name, ())) for name in COMPILE_TIMERS))
 
 
 @dataclass(slots=True)
@@ -41,6 +66,8 @@ class Startup:
     clock: Callable[[], float] = time.time
     marks: list[tuple[str, float]] = field(default_factory=list)
     allocation: slurmclock.AllocationStart | None = None
+    compiled_before: float = field(default_factory=compile_seconds)
+    compile_s: float = 0.0  # compiling inside the first step
 
     @classmethod
     def at_process_start(cls) -> Startup:
@@ -52,8 +79,10 @@ class Startup:
 
     def mark(self, part: str) -> None:
         """``part`` (one of :data:`PARTS`) ended now; a part marked twice adds up."""
-        if part not in PARTS:
+        if part not in PARTS or part == "compile":  # compile: torch's timers measure it
             raise ValueError(f"unknown start-up part {part!r}: one of {', '.join(PARTS)}")
+        if part == "first step":
+            self.compile_s = compile_seconds() - self.compiled_before
         self.marks.append((part, self.clock()))
 
     def locate(self) -> None:
@@ -89,6 +118,9 @@ class Startup:
         for part, at in self.marks:
             out[part] = out.get(part, 0.0) + max(0.0, at - previous)
             previous = max(previous, at)
+        if self.compile_s > 0 and "first step" in out:
+            out["compile"] = min(self.compile_s, out["first step"])
+            out["first step"] -= out["compile"]
         return {p: out[p] for p in PARTS if p in out}
 
     def launch(self) -> float | None:

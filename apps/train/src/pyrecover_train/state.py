@@ -18,6 +18,7 @@ loading; "rng" and "step" come back as values.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,14 +46,39 @@ class TrainState:
         ``state_dict()``, so an optimizer needs no state before its first step."""
         return {**self._objects(), "rng": rng_by_rank, "step": self.step}
 
-    def template(self, *, with_scaler: bool = True) -> dict[str, Any]:
+    def template(self, *, with_scaler: bool = True, saved_as: str | None = None) -> dict[str, Any]:
         """What a load fills: the objects in place; "rng" and "step" come back as values.
         ``with_scaler=False`` for a checkpoint written without fp16 (it holds no scaler
-        state): the scaler then starts fresh."""
+        state): the scaler then starts fresh. ``saved_as``: the --parallelism that wrote the
+        checkpoint, when it is not this run's: a DDP checkpoint (whole tensors, the optimizer
+        by parameter position) loads into FSDP shards, an FSDP one (by parameter name,
+        sharded) into whole tensors; either way the values are the saved ones, bitwise."""
         objects = self._objects()
         if not with_scaler:
             objects["scaler"] = {}
+        if saved_as == "ddp" and self.sharded:
+            objects["model"] = FromWhole(objects["model"])
+            objects["optim"] = FromWhole(objects["optim"], rename=self._named_optim_state)
+        elif saved_as == "fsdp" and not self.sharded:
+            objects["optim"] = OptimizerState(self.model, self.optimizer)
         return {**objects, "rng": {}, "step": -1}
+
+    def _named_optim_state(self, saved: dict[str, Any]) -> dict[str, Any]:
+        """torch's optimizer state dict (parameters by position in the param groups) keyed by
+        parameter name instead. The positions are this optimizer's: the run that saved built
+        its optimizer in the same order (build.py)."""
+        names = {id(p): n for n, p in self.model.named_parameters()}
+        order = [names[id(p)] for g in self.optimizer.param_groups for p in g["params"]]
+        try:
+            return {
+                "state": {order[int(i)]: v for i, v in saved["state"].items()},
+                "param_groups": [
+                    {**g, "params": [order[int(i)] for i in g["params"]]}
+                    for g in saved["param_groups"]
+                ],
+            }
+        except (KeyError, IndexError, TypeError, ValueError) as e:
+            raise ValueError(f"not an optimizer state of this model ({e!r})") from None
 
     @property
     def sharded(self) -> bool:
@@ -83,6 +109,28 @@ class TrainState:
             "scaler": self.scaler if self.scaler is not None else {},
             "data": self.loader,
         }
+
+
+class FromWhole:
+    """A checkpoint's "model" or "optim" of whole tensors (written without FSDP) loaded into
+    the sharded ``target`` (ckptstore's ``ModelState``/``OptimizerState``). The checkpoint's
+    tensors are read as they are (a local file: mapped, so each rank touches only its part),
+    ``rename`` brings them into the target's layout, then every rank copies its own shard
+    (``ddpkit.fill_shards``): no whole model on any device, no communication."""
+
+    __slots__ = ("rename", "target")
+
+    def __init__(
+        self, target: ModelState | OptimizerState, rename: Callable[[Any], Any] | None = None
+    ) -> None:
+        self.target, self.rename = target, rename
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}  # nothing to read into in place: the whole tensors come as they are
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        whole = self.rename(state_dict) if self.rename is not None else state_dict
+        self.target.load_state_dict(ddpkit.fill_shards(self.target.state_dict(), whole))
 
 
 def count_bytes(obj: Any) -> int:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 import torch.nn.functional as F
@@ -25,9 +25,18 @@ class Stepper:
     """Forward, backward and the optimizer step over ``--grad-accum`` micro-batches."""
 
     def __init__(
-        self, cfg: TrainConfig, state: TrainState, train_model: nn.Module, precision: Precision
+        self,
+        cfg: TrainConfig,
+        state: TrainState,
+        train_model: nn.Module,
+        precision: Precision,
+        *,
+        before_update: Callable[[], None] = lambda: None,
     ) -> None:
         self.cfg, self.state, self.train_model, self.precision = cfg, state, train_model, precision
+        # Before the optimizer changes the state: an overlapped async save's snapshot is
+        # taken beside this step's forward and backward, and waited for here.
+        self.before_update = before_update
         self.device = next(state.model.parameters()).device
         self.grad_norm: torch.Tensor | None = None  # of the last step, when clipping
         # What reduces the gradients: FSDP shards in place (the bare module is the FSDP root,
@@ -51,6 +60,7 @@ class Stepper:
                 loss = lm_loss(logits, y) / cfg.grad_accum
                 (s.scaler.scale(loss) if s.scaler is not None else loss).backward()
             total += loss.detach()
+        self.before_update()
         if s.scaler is not None:
             s.scaler.unscale_(s.optimizer)
         if cfg.grad_clip > 0:

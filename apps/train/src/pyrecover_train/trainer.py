@@ -8,6 +8,10 @@
                  one (blocking), or, after a stop for time, an extra one after more training
     exit 75 after a stop with steps left, 0 when --training-steps are done
 
+A store that does not answer (ckptstore's StoreUnreachableError) does not end the run: periodic
+saves wait for it (retried with a doubling pause, ckptstore's Outage), the final save is retried
+while the time allows, then the run exits 74 with the last durable checkpoint intact.
+
 The protocol -- when to stop, the final save, extra saves and their abandon (exit 75 at once,
 the last durable save stands), the exit codes, the job timeline's marks -- is slurmclock's
 :class:`~slurmclock.TimeLoop`, shared with the Lightning and Hugging Face callbacks. This module
@@ -25,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import ckptstore
 import ddpkit
 import slurmclock
 
@@ -39,12 +44,20 @@ from .save_schedule import SaveSchedule
 from .startup import Startup
 from .step import OutOfMemory, Stepper, memory_guard
 
-__all__ = ["EXIT_ERROR", "OutOfMemory", "RunResult", "Trainer", "TrainingDiverged"]
+__all__ = [
+    "EXIT_ERROR",
+    "EXIT_STORE_UNAVAILABLE",
+    "OutOfMemory",
+    "RunResult",
+    "Trainer",
+    "TrainingDiverged",
+]
 
 log = logging.getLogger("pyrecover_train")
 
 
 EXIT_ERROR = 1  # and 2: a usage error; 0 and 75: slurmclock.EXIT_FINISHED, EXIT_STOPPED
+EXIT_STORE_UNAVAILABLE = 74  # the store did not answer at the start or the final save (EX_IOERR)
 
 
 @dataclass(slots=True)
@@ -72,7 +85,7 @@ class Trainer:
         self,
         cfg: TrainConfig,
         dist: ddpkit.Dist,
-        signals: slurmclock.StopSignals,
+        signals: slurmclock.StopFlag,
         *,
         clock: Callable[[], float] = time.time,
         startup: Startup | None = None,
@@ -85,7 +98,9 @@ class Trainer:
         parts = build.parts(cfg, dist, phase=self.startup.mark)
         self.precision, self.data, self.model_cfg = parts.precision, parts.data, parts.model_cfg
         self.state, self.store = parts.state, parts.store
-        self.stepper = Stepper(cfg, self.state, parts.train_model, self.precision)
+        self.stepper = Stepper(
+            cfg, self.state, parts.train_model, self.precision, before_update=self.store.staged
+        )
         try:  # may raise UsageError: nothing has been written yet
             self._resume(parts)
         except BaseException:
@@ -95,11 +110,7 @@ class Trainer:
         self.start_step = self.state.step
         self.async_saves = build.async_saves(cfg, self.device)
         self.schedule = SaveSchedule(
-            cfg,
-            self.budget,
-            saved_step=self.state.step if self.resumed_from else None,
-            background=self.async_saves,
-            clock=clock,
+            cfg, saved_step=self.state.step if self.resumed_from else None, clock=clock
         )
         self.loop = slurmclock.TimeLoop(  # rank 0 decides; one agreement per step
             self.budget,
@@ -112,6 +123,7 @@ class Trainer:
             launch=self.startup.launch,  # measured after the first step (one squeue)
         )
         self.profiler = StepProfiler(cfg, self.device, dist.rank)
+        self.outage = ckptstore.Outage()  # the store not answering: each rank alike
         self.last_loss: float | None = None
         self.last_val: float | None = None
         self.evaluated_at: int | None = None
@@ -120,11 +132,9 @@ class Trainer:
     def _resume(self, parts: build.Parts) -> None:
         """The checkpoint to resume from (if any) loaded, and the time budget with the figures
         the earlier allocations measured."""
-        cfg, tokenizer = self.cfg, self.data.tokenizer.fingerprint()
-        resume = Resume(
-            cfg, self.store, self.state, self.dist, model_cfg=self.model_cfg, tokenizer=tokenizer
-        )
-        self.resumed_from = resume.run(parts.foreign)
+        cfg = self.cfg
+        resume = Resume(cfg, self.store, self.state, self.dist)
+        self.resumed_from = resume.run(parts.start)
         self.budget = build.budget(cfg, self.state.model, self.stop_flag, resumed=resume.metadata)
 
     # -- the loop ---------------------------------------------------------------------------
@@ -145,6 +155,8 @@ class Trainer:
             evaluated = self._evaluate_if_due()
             self._record_finished_saves()
             due, last = self.schedule.due(s.step, evaluated), s.step >= cfg.training_steps
+            if self.outage.active:  # the store did not answer: tried again after a pause
+                due = self.outage.due()
             act = self.loop.after_step(s.step, seconds=seconds, save_due=due, last=last)
             if act.save:
                 self._save_as_asked(act)
@@ -171,10 +183,15 @@ class Trainer:
         if act.durable:
             self._say_stop(act)
         with self.loop.saving(act):  # an extra save: abandoned if not durable in time
-            if act.save != "final" or self.schedule.unsaved(step):
-                self.save(kind=str(act.save), blocking=act.durable or not self.async_saves)
+            t0 = time.perf_counter()
+            try:
+                if act.save != "final" or self.schedule.unsaved(step):
+                    self.save(kind=str(act.save), blocking=act.durable or not self.async_saves)
+                if act.durable:
+                    self.store.wait()
+            except ckptstore.StoreUnreachableError as e:
+                self._store_down(act, e, time.perf_counter() - t0)
             if act.durable:
-                self.store.wait()
                 self._record_finished_saves()
 
     def save(self, *, kind: str, blocking: bool) -> None:
@@ -182,7 +199,12 @@ class Trainer:
         self._check_finite()
         t0 = time.perf_counter()
         payload, metadata = self._checkpoint()
-        self.store.save(self.state.step, payload, metadata=metadata, blocking=blocking)
+        blocking = blocking or self.outage.active  # a try in an outage: known at once
+        self.store.save(
+            self.state.step, payload, metadata=metadata, blocking=blocking, overlap=True
+        )  # async: the snapshot is taken beside the next forward and backward
+        if (line := self.outage.saved(self.state.step)) and self.dist.rank == 0:
+            log.warning("%s", line)
         blocking_s = time.perf_counter() - t0
         self.schedule.saved(self.state.step, blocking_s)
         extra: dict[str, Any] = {}
@@ -193,6 +215,49 @@ class Trainer:
         log.debug("step %d: %s save started (%.2f s blocking)", self.state.step, kind, blocking_s)
         if kind == "periodic":  # the others are recorded by their caller, once durable
             self._record_finished_saves()
+
+    def _store_down(self, act: slurmclock.Action, error: BaseException, seconds: float) -> None:
+        """A save the store did not take (it did not answer): a periodic one waits for the
+        store while training goes on; the final one is tried again while the time allows;
+        then (and for an extra save) exit 74, the last durable checkpoint intact."""
+        line = self.outage.failed(self.state.step, error, seconds)
+        if line and self.dist.rank == 0:
+            log.warning("%s", line)
+        if act.save == "final":
+            self._retry_final()
+        elif act.save != "periodic":
+            raise ckptstore.StoreUnreachableError(self._gave_up()) from error
+
+    def _retry_final(self) -> None:
+        """The final save again, after the outage's pause, while a try still fits before the
+        exit (rank 0 decides for every rank: each try is a collective)."""
+        while True:
+            pause = self.outage.final_pause(self._time_for_a_try()) if self.dist.rank == 0 else None
+            pause = self.dist.broadcast_object(pause)
+            if pause is None:
+                raise ckptstore.StoreUnreachableError(self._gave_up())
+            time.sleep(pause)
+            t0 = time.perf_counter()
+            try:
+                self.save(kind="final", blocking=True)
+                self.store.wait()
+                return
+            except ckptstore.StoreUnreachableError as e:
+                self.outage.failed(self.state.step, e, time.perf_counter() - t0)
+
+    def _time_for_a_try(self) -> float | None:
+        """Seconds a final save may still take (None: no deadline): what is left, less the
+        exit's share and a save's measured length."""
+        left = self.budget.seconds_left()
+        if left is None:
+            return None
+        return left - self.budget.needed_after_save() - (self.budget.save_estimate or 0.0)
+
+    def _gave_up(self) -> str:
+        durable = self.loop.durable_step
+        if durable is None and self.resumed_from:
+            durable = self.start_step
+        return self.outage.gave_up(self.state.step, durable)
 
     def _say_stop(self, act: slurmclock.Action) -> None:
         """Before a final or extra save: why, and the losses since the last progress line."""
@@ -386,7 +451,9 @@ class Trainer:
                 step=self.state.step,
                 reason=f"{type(e).__name__}: {first_line(e)}",
                 cause="error",
-                exit_code=EXIT_ERROR,
+                exit_code=EXIT_STORE_UNAVAILABLE
+                if isinstance(e, ckptstore.StoreUnreachableError)
+                else EXIT_ERROR,
             )
         except Exception as again:  # the metrics file itself may be what failed
             log.debug("could not record the error: %s", again)

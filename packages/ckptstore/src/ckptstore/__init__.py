@@ -9,6 +9,8 @@ from .errors import (
     LockedError,
     MirrorError,
     NoCheckpointError,
+    StoreUnreachableError,
+    unreachable,
 )
 from .exporting import ExportReport, export_checkpoint
 from .foreign import Foreign, foreign_kind, read_foreign
@@ -37,7 +39,9 @@ from .manifest import (
     SaveTimings,
     VerifyReport,
 )
-from .retention import RetentionPolicy
+from .mirror import check_mirror
+from .outage import Outage
+from .retention import Pruning, RetentionPolicy
 from .storage import (
     IOOptions,
     Storage,
@@ -71,6 +75,8 @@ __all__ = [
     "MirrorError",
     "NoCheckpointError",
     "OptimizerState",
+    "Outage",
+    "Pruning",
     "RetentionPolicy",
     "SaveContext",
     "SaveHandle",
@@ -79,10 +85,12 @@ __all__ = [
     "Scan",
     "StepSpec",
     "Storage",
+    "StoreUnreachableError",
     "VerifyReport",
     "__version__",
     "available_formats",
     "available_storages",
+    "check_mirror",
     "experiment_location",
     "export_checkpoint",
     "foreign_kind",
@@ -94,6 +102,7 @@ __all__ = [
     "read_foreign",
     "register_format",
     "register_storage",
+    "unreachable",
     "validate_experiment_name",
 ]
 

@@ -65,7 +65,12 @@ def _parser() -> argparse.ArgumentParser:
     sp.add_argument("--dry-run", action="store_true", help="say what would go; delete nothing")
     sp = _command(sub, "export", "the whole state (or --key entries) as torch.save or safetensors")
     sp.add_argument("--step", default=None, help="N or latest (default)")
-    sp.add_argument("--out", required=True, help="output file (written atomically)")
+    sp.add_argument(
+        "--out",
+        required=True,
+        help="output file (written atomically; through a link, the file it names), or a FIFO, a "
+        "character device or - (standard output), written into",
+    )
     sp.add_argument(
         "--key", action="append", default=None, help="an entry to export (repeat; default: all)"
     )
@@ -75,6 +80,13 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         help="torch.save or safetensors (default: from the --out suffix, else torch)",
     )
+    _import_command(sub)
+    sp = _command(sub, "lock", "who writes this experiment (the one-writer lock)")
+    sp.add_argument("--break", dest="break_", action="store_true", help="remove the lock")
+    return p
+
+
+def _import_command(sub: Any) -> None:
     sp = sub.add_parser(
         "import",
         help="a torch.save, DCP, safetensors, Lightning or Hugging Face Trainer checkpoint as a "
@@ -87,15 +99,18 @@ def _parser() -> argparse.ArgumentParser:
     sp.add_argument("--format", choices=("torch", "dcp"), default="torch")
     sp.add_argument("--overwrite", action="store_true", help="replace that step if it exists")
     sp.add_argument(
+        "--rewind",
+        action="store_true",
+        help="import below the experiment's latest step (it becomes the latest: a resume goes "
+        "back to it)",
+    )
+    sp.add_argument(
         "--storage-options", type=_json_dict, default=None, help="fsspec options of URL"
     )
     sp.add_argument(
         "--source-storage-options", type=_json_dict, default=None, help="fsspec options of SOURCE"
     )
     sp.add_argument("--json", action="store_true", help="the report as one JSON object")
-    sp = _command(sub, "lock", "who writes this experiment (the one-writer lock)")
-    sp.add_argument("--break", dest="break_", action="store_true", help="remove the lock")
-    return p
 
 
 def _command(sub: Any, name: str, help: str) -> argparse.ArgumentParser:
@@ -348,20 +363,25 @@ def cmd_prune(args: argparse.Namespace) -> int:
     with store:
         if not store.scan().checkpoints:
             raise _nothing(store)
-        gone = store.prune(dry_run=args.dry_run)
-        kept = "(dry run)" if args.dry_run else ", ".join(map(str, store.steps()))
-    verb = "would delete" if args.dry_run else "deleted"
-    listed = f": steps {', '.join(map(str, gone))}" if gone else ""
-    print(f"{verb} {len(gone)} checkpoint(s){listed}")
-    print(f"kept: steps {kept}")
+        done = store.pruning(dry_run=args.dry_run)
+    verb, keep = ("would delete", "would keep") if args.dry_run else ("deleted", "kept")
+    listed = f": steps {', '.join(map(str, done.deleted))}" if done.deleted else ""
+    print(f"{verb} {len(done.deleted)} checkpoint(s){listed}")
+    print(f"{keep} {len(done.kept)}:")
+    for step, why in done.kept.items():
+        print(f"  step {step}: {why}")
     return 0
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from .exporting import check_out, export_checkpoint
+    from .exporting import check_out, export_checkpoint, export_format
 
     try:
-        check_out(args.out)
+        export_format(args.out, args.format)
+    except ValueError as e:
+        raise _UsageError(str(e)) from None
+    try:
+        target = check_out(args.out)
     except ValueError as e:
         raise _UsageError(f"--out {e}") from None
     store, url_step = _open(args)
@@ -383,7 +403,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         experiment=args.experiment,
         storage_options=args.storage_options,
     )
-    print(report.summary())
+    print(report.summary(), file=sys.stderr if target.stdout else sys.stdout)
     return 0
 
 
@@ -399,11 +419,13 @@ def cmd_import(args: argparse.Namespace) -> int:
         storage_options=args.storage_options,
         source_storage_options=args.source_storage_options,
         overwrite=args.overwrite,
+        rewind=args.rewind,
     )
     if args.json:
         f = report.foreign
         row = {"source": f.source, "kind": f.kind, "step": report.manifest.step, "url": report.url}
-        row |= {"took": f.took, "left": f.left, "bytes": report.manifest.bytes}
+        row |= {"took": f.took, "left": f.left, "missing": f.missing}
+        row |= {"bytes": report.manifest.bytes}
         sys.stdout.write(orjson.dumps(row).decode() + "\n")
     else:
         print(report.summary())

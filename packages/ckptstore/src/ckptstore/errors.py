@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import socket
 import warnings
 
 log = logging.getLogger("ckptstore")
@@ -44,12 +45,76 @@ class LockedError(CheckpointError):
 
 def disk_error(e: OSError, what: str) -> CheckpointError:
     """A write failure as one line that says whether anything was lost and what to do."""
+    if unreachable(e):
+        return unreachable_error(e, what)
     if e.errno in (errno.ENOSPC, errno.EDQUOT):
         return CheckpointError(
             f"no space left writing {what} ({e.strerror}); nothing was committed and the previous "
             "checkpoint is intact: free space, lower keep_last, or point the store elsewhere"
         )
     return CheckpointError(f"I/O error writing {what}: {e}")
+
+
+class StoreUnreachableError(CheckpointError, ConnectionError):
+    """The storage did not answer: connection refused or reset, timed out, a name that does
+    not resolve, a stale network file handle. The call that raised it committed nothing, and
+    the same call may succeed once the store is back (a training run goes on and saves later;
+    pyrecover-train exits 74 when it cannot start or end for it). Also an OSError, so code
+    that handles storage failures as OSError keeps doing so."""
+
+
+# What "the store did not answer" looks like below ckptstore: errno values of the socket layer
+# and of network file systems, and the connection errors of botocore and aiohttp (by name: no
+# import of libraries the store may not use).
+_UNREACHABLE_ERRNOS = {
+    errno.ECONNREFUSED,
+    errno.ECONNRESET,
+    errno.ECONNABORTED,
+    errno.ETIMEDOUT,
+    errno.EHOSTUNREACH,
+    errno.EHOSTDOWN,
+    errno.ENETUNREACH,
+    errno.ENETDOWN,
+    errno.ENOTCONN,
+    errno.ESTALE,
+}
+_UNREACHABLE_TYPES = {
+    "EndpointConnectionError",  # botocore: its ConnectionError family
+    "ConnectTimeoutError",
+    "ReadTimeoutError",
+    "ConnectionClosedError",
+    "ClientConnectionError",  # aiohttp: refused, reset, server disconnected, timed out
+    "ServerTimeoutError",
+}
+
+
+def unreachable(e: BaseException | None) -> bool:
+    """Whether ``e``, or an exception it was raised from, means the storage did not answer."""
+    seen: set[int] = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, (ConnectionError, TimeoutError, socket.gaierror)):
+            return True
+        if isinstance(e, OSError) and e.errno in _UNREACHABLE_ERRNOS:
+            return True
+        if any(c.__name__ in _UNREACHABLE_TYPES for c in type(e).__mro__):
+            return True
+        e = e.__cause__ or e.__context__
+    return False
+
+
+def unreachable_error(e: BaseException, what: str) -> StoreUnreachableError:
+    """``e`` (for which :func:`unreachable` holds) as one line about ``what``; a new error
+    each time (``raise unreachable_error(e, ...) from e`` must not make ``e`` its own cause)."""
+    if isinstance(e, StoreUnreachableError):
+        err = StoreUnreachableError(str(e))
+    else:
+        err = StoreUnreachableError(
+            f"the store did not answer at {what} ({type(e).__name__}: {e}); nothing was "
+            "committed, what is committed is intact"
+        )
+    err.__cause__ = e
+    return err
 
 
 class CheckpointWarning(UserWarning):

@@ -6,15 +6,20 @@
   state tree as JSON in ``__metadata__``): ``safetensors.torch.load_file`` reads the tensors,
   and ``ckptstore import`` brings the whole state back.
 
-The file is written beside its final name and renamed into place once complete and fsynced.
+A file is written beside the file ``out`` names (through symbolic links: a link stays a link)
+and renamed into place once complete and fsynced. A character device or a FIFO (``/dev/null``,
+a named pipe) and standard output (``-``, ``/dev/stdout``) are written into as they are, never
+replaced; anything else that is not a file is refused.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+import stat
+import sys
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import IO, Any
 
 import torch
 
@@ -22,6 +27,9 @@ from .buffers import as_bytes, memview
 from .errors import CheckpointError
 
 EXPORT_FORMATS = ("torch", "safetensors")
+SUFFIXES = {"safetensors": (".safetensors",), "torch": (".pt", ".pth", ".bin", ".ckpt")}
+STDOUT = ("-", "/dev/stdout", "/dev/fd/1", "/proc/self/fd/1")
+_STREAMS = ("/proc/", "/dev/fd/", "/dev/stdout", "/dev/stderr")  # another process's open files
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,22 +53,77 @@ class ExportReport:
 
 
 def export_format(out: str, fmt: str | None) -> str:
-    """The format asked for, else the one ``out``'s suffix names (``.safetensors``), else
-    ``torch``."""
+    """The format asked for, else the one ``out``'s suffix names, else ``torch``; ValueError
+    when the two disagree (a pickle under a ``.safetensors`` name)."""
+    named = next((f for f, suffixes in SUFFIXES.items() if out.lower().endswith(suffixes)), None)
     if fmt is None:
-        return "safetensors" if out.endswith(".safetensors") else "torch"
+        return named or "torch"
     if fmt not in EXPORT_FORMATS:
         raise ValueError(f"export format {fmt!r} is not one of {', '.join(EXPORT_FORMATS)}")
+    if named is not None and named != fmt:
+        stem = out[: out.rfind(".")]
+        raise ValueError(
+            f"--format {fmt} writes a {_WHAT[fmt]}, but --out {out} names a {_WHAT[named]}: name "
+            f"it {stem}{SUFFIXES[fmt][0]}, or leave --format out (the suffix then picks {named})"
+        )
     return fmt
 
 
-def check_out(out: str) -> str:
-    """``out`` as an absolute path, if a file can be written there; ValueError saying what is
+_WHAT = {"torch": "torch.save file", "safetensors": "safetensors file"}
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """Where an export goes: ``path``, and whether it is written into as it is (``stream``:
+    a character device, a FIFO, standard output) rather than beside and renamed over."""
+
+    path: str
+    stream: bool = False
+    stdout: bool = False
+
+
+def check_out(out: str) -> Target:
+    """Where ``out`` writes, if something can be written there; ValueError saying what is
     wrong with it otherwise (one line, naming ``out``, not a temporary file)."""
+    if out in STDOUT:
+        if sys.stdout.isatty():
+            raise ValueError(f"{out} is a terminal: redirect it (> FILE, or | COMMAND)")
+        return Target("/dev/stdout", stream=True, stdout=True)
     path = os.path.abspath(os.path.expanduser(out))
-    parent = os.path.dirname(path)
-    if os.path.isdir(path):
+    if _an_open_file(path):
+        return Target(path, stream=True)
+    real = os.path.realpath(path)  # a link's file is replaced, the link stays
+    try:
+        mode = os.stat(real).st_mode
+    except (FileNotFoundError, NotADirectoryError):
+        mode = None
+    if mode is not None and stat.S_ISDIR(mode):
         raise ValueError(f"{out} is a folder: give the file to write, e.g. {out}/state.pt")
+    if mode is not None and (stat.S_ISCHR(mode) or stat.S_ISFIFO(mode)):
+        return Target(path, stream=True)  # /dev/null, a named pipe: written into
+    if mode is not None and not stat.S_ISREG(mode):
+        kind = "block device" if stat.S_ISBLK(mode) else "socket"
+        raise ValueError(
+            f"{out} is a {kind}: export writes a file, a FIFO or a character device such as "
+            "/dev/null; give a file"
+        )
+    _check_folder(out, os.path.dirname(real))
+    return Target(real)
+
+
+def _an_open_file(path: str) -> bool:
+    """Does ``path`` (or a link on the way) name a file of a process (``/dev/stderr``,
+    ``/proc/self/fd/3``)? Then it is written into, never replaced."""
+    for _ in range(40):
+        if path.startswith(_STREAMS):
+            return True
+        if not os.path.islink(path):
+            return False
+        path = os.path.normpath(os.path.join(os.path.dirname(path), os.readlink(path)))
+    return False
+
+
+def _check_folder(out: str, parent: str) -> None:
     probe = parent
     while probe and not os.path.exists(probe):
         probe = os.path.dirname(probe)
@@ -70,7 +133,6 @@ def check_out(out: str) -> str:
         raise ValueError(f"{out}: its folder {parent} does not exist (create it first)")
     if not os.access(parent, os.W_OK):
         raise ValueError(f"{out}: the folder {parent} is not writable")
-    return path
 
 
 def export_checkpoint(
@@ -89,7 +151,7 @@ def export_checkpoint(
     from .store import CheckpointStore
 
     fmt = export_format(out, format)
-    path = check_out(out)
+    target = check_out(out)
     with CheckpointStore(
         url, experiment=experiment, storage_options=storage_options, distributed=False
     ) as store:
@@ -105,12 +167,10 @@ def export_checkpoint(
     names = tuple(values)
     if fmt == "torch":
         one = keys is not None and len(keys) == 1
-        size = _write_atomically(
-            path, lambda f: _torch_save(values[names[0]] if one else values, f)
-        )
+        size = _write(target, lambda f: _torch_save(values[names[0]] if one else values, f))
     else:
-        size = _write_atomically(path, lambda f: write_safetensors(values, f))
-    return ExportReport(path, fmt, manifest.step, names, size)
+        size = _write(target, lambda f: write_safetensors(values, f))
+    return ExportReport(target.path, fmt, manifest.step, names, size)
 
 
 def _torch_save(value: Any, f: Any) -> None:
@@ -134,7 +194,45 @@ def write_safetensors(values: dict[str, Any], f: Any) -> None:
     assert pos == size
 
 
-def _write_atomically(path: str, write: Any) -> int:
+def _write(target: Target, write: Callable[[Any], None]) -> int:
+    if not target.stream:
+        return _write_atomically(target.path, write)
+    try:
+        if target.stdout:
+            sys.stdout.flush()
+            return _write_stream(sys.stdout.buffer, write)
+        with open(target.path, "wb") as f:
+            if f.isatty():
+                raise CheckpointError(f"{target.path} is a terminal: give a file, or redirect")
+            return _write_stream(f, write)
+    except OSError as e:
+        raise CheckpointError(f"cannot write {target.path}: {e.strerror or e}") from None
+
+
+def _write_stream(f: IO[bytes], write: Callable[[Any], None]) -> int:
+    counted = _Counting(f)
+    write(counted)
+    f.flush()
+    return counted.bytes
+
+
+class _Counting:
+    """A write-only stream that counts (a pipe or a device has no ``tell``)."""
+
+    def __init__(self, f: IO[bytes]) -> None:
+        self.f, self.bytes = f, 0
+
+    def write(self, data: Any) -> int:
+        n = memoryview(data).nbytes
+        self.f.write(data)
+        self.bytes += n
+        return n
+
+    def flush(self) -> None:
+        self.f.flush()
+
+
+def _write_atomically(path: str, write: Callable[[Any], None]) -> int:
     tmp = f"{os.path.dirname(path)}/.{os.path.basename(path)}.tmp-{os.getpid()}"
     try:
         with open(tmp, "wb") as f:

@@ -29,16 +29,16 @@ import json
 import os
 import pickle
 import re
-import struct
+import warnings
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from .buffers import memview
 from .errors import CheckpointError, CorruptCheckpointError
 from .manifest import MANIFEST_NAME
+from .stfile import read_safetensors
 
 ROLES: dict[str, tuple[str, ...]] = {  # a training state's entries, and how others spell them
     "model": ("model", "model_state_dict", "state_dict", "model_state", "module", "net"),
@@ -55,6 +55,20 @@ _HF_PARTS = {
     "scheduler.pt": "scheduler",
     "scaler.pt": "scaler",
 }
+_HF_EXPECTED = {  # what the Trainer writes into every checkpoint-N (file -> entry)
+    "model weights": "model",
+    "optimizer.pt": "optim",
+    "scheduler.pt": "scheduler",
+    "rng_state.pth": "rng",
+    "trainer_state.json": "trainer_state",
+}
+_FRESH = {  # what a resume loses without an entry
+    "model": "the weights start from scratch",
+    "optim": "the optimizer starts without its moments",
+    "scheduler": "the LR schedule starts over",
+    "rng": "the random streams (dropout, data order) start anew",
+    "trainer_state": "no step, epoch or progress",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,7 +78,8 @@ class Foreign:
     ``state``: ``{entry: value}`` ready for ``CheckpointStore.save`` (model and optimizer as
     state dicts); ``step``: the step the source recorded (None if it did not); ``took``: entry ->
     what it holds and where it came from; ``left``: what the source holds that ``state`` does
-    not, and why."""
+    not, and why; ``missing``: what a complete checkpoint of its kind holds and this one lacks,
+    and what a resume from it loses for want of it (a resume is then not exact)."""
 
     source: str
     kind: str
@@ -72,6 +87,7 @@ class Foreign:
     step: int | None
     took: dict[str, str] = field(default_factory=dict)
     left: dict[str, str] = field(default_factory=dict)
+    missing: dict[str, str] = field(default_factory=dict)
 
     @property
     def has_model(self) -> bool:
@@ -86,7 +102,15 @@ class Foreign:
         step = "no step" if self.step is None else f"step {self.step}"
         took = ", ".join(f"{k} ({v})" for k, v in self.took.items()) or "nothing"
         left = "; ".join(f"{k}: {v}" for k, v in self.left.items()) or "nothing"
-        return f"{self.kind} checkpoint {self.source} ({step}): took {took}; left out {left}"
+        line = f"{self.kind} checkpoint {self.source} ({step}): took {took}; left out {left}"
+        return line + (f"; {self.incomplete()}" if self.missing else "")
+
+    def incomplete(self) -> str:
+        """What is missing, in words ("" when nothing is)."""
+        if not self.missing:
+            return ""
+        what = "; ".join(f"{k} ({v})" for k, v in self.missing.items())
+        return f"not a complete {self.kind} checkpoint, a resume from it is not exact: no {what}"
 
 
 # -- entry points ------------------------------------------------------------------------------
@@ -183,9 +207,9 @@ def _lightning(ckpt: Mapping[str, Any], source: str) -> Foreign:
         if values:
             state[role] = values[0] if len(values) == 1 else values
             took[role] = f"from '{key}'" + (f" ({len(values)} of them)" if len(values) > 1 else "")
-    if isinstance(ckpt.get("global_step"), int):
-        state["step"] = ckpt["global_step"]
-        took["step"] = f"{ckpt['global_step']} from 'global_step'"
+    if "global_step" in ckpt:
+        state["step"] = _step_value(ckpt["global_step"])
+        took["step"] = f"{_step_said(ckpt['global_step'])} from 'global_step'"
     rest = {
         k: v
         for k, v in ckpt.items()
@@ -193,13 +217,17 @@ def _lightning(ckpt: Mapping[str, Any], source: str) -> Foreign:
     }
     state["lightning"] = rest
     took["lightning"] = ", ".join(sorted(rest))
-    return Foreign(source, "lightning", state, _step(state), took)
+    missing = {} if "optim" in state else {"optimizer_states": _FRESH["optim"]}
+    return Foreign(source, "lightning", state, _step(state), took, missing=missing)
 
 
 def _torch_load(fs: Any, path: str, source: str) -> Any:
     """``torch.load(weights_only=True)`` (numpy arrays allowed); one line if it refuses."""
     try:
-        with _numpy_allowed():
+        with _numpy_allowed(), warnings.catch_warnings():
+            # torch's notes on its own internals (TypedStorage, quantized tensors) say nothing
+            # about the checkpoint; what cannot be imported gets a line of its own later
+            warnings.filterwarnings("ignore", category=UserWarning, module=r"torch(\.|$)")
             if type(fs).__name__ == "LocalFileSystem":
                 return torch.load(path, map_location="cpu", weights_only=True)
             with fs.open(path, "rb") as f:
@@ -268,56 +296,6 @@ def _read_safetensors_file(fs: Any, path: str, source: str) -> Foreign:
     return Foreign(source, "safetensors", {"model": tensors}, None, took, left)
 
 
-def read_safetensors(
-    fs: Any, path: str, source: str
-) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
-    """Every tensor of a safetensors file (dtypes it cannot name come back as saved by
-    ckptstore: reinterpreted from ``U8``) and its ``__metadata__``."""
-    from .formats.torchfile import SAFETENSORS_DTYPES
-
-    names = {v: k for k, v in SAFETENSORS_DTYPES.items()}
-    with fs.open(path, "rb") as f:
-        size = fs.size(path)
-        head = f.read(8)
-        (n,) = struct.unpack("<Q", head) if len(head) == 8 else (-1,)
-        if not 0 < n <= min(size - 8, 100_000_000):
-            raise CorruptCheckpointError(f"{source}: not a safetensors file (header length {n})")
-        try:
-            header = json.loads(f.read(n))
-        except ValueError as e:
-            raise CorruptCheckpointError(
-                f"{source}: safetensors header is not JSON ({e})"
-            ) from None
-        data = torch.empty(size - 8 - n, dtype=torch.uint8)
-        if data.numel():
-            got = f.readinto(memview(data))
-            if got != data.numel():
-                raise CorruptCheckpointError(f"{source}: truncated ({got} of {data.numel()} bytes)")
-    meta = header.pop("__metadata__", None) or {}
-    raw = _raw_dtypes(meta)
-    tensors: dict[str, torch.Tensor] = {}
-    for name, spec in header.items():
-        try:
-            dtype, shape = names[spec["dtype"]], [int(x) for x in spec["shape"]]
-            a, b = (int(x) for x in spec["data_offsets"])
-            if not 0 <= a <= b <= data.numel():
-                raise ValueError(f"bytes {a}-{b} outside the data")
-            t = data[a:b].clone().view(dtype).view(shape)
-            if name in raw:
-                t = t.view(getattr(torch, raw[name]["dtype"])).view(raw[name]["shape"])
-        except (KeyError, TypeError, ValueError, RuntimeError, AttributeError) as e:
-            raise CorruptCheckpointError(f"{source}: tensor {name!r}: {e}") from None
-        tensors[name] = t
-    return tensors, {str(k): str(v) for k, v in meta.items()}
-
-
-def _raw_dtypes(meta: Mapping[str, Any]) -> dict[str, Any]:
-    try:
-        return dict(json.loads(meta["ckptstore"]).get("dtypes") or {})
-    except (KeyError, ValueError, TypeError, AttributeError):
-        return {}
-
-
 # -- torch.distributed.checkpoint ---------------------------------------------------------------
 _DCP_METADATA_CLASSES = {
     ("torch", "Size"),
@@ -344,6 +322,10 @@ _DCP_METADATA_CLASSES = {
 }
 
 
+class _Refused(pickle.UnpicklingError):
+    """The pickle asked for a global that DCP's metadata never holds."""
+
+
 class _MetadataUnpickler(pickle.Unpickler):
     """DCP's ``.metadata``: its own classes, torch dtypes and sizes, nothing else."""
 
@@ -352,69 +334,142 @@ class _MetadataUnpickler(pickle.Unpickler):
             return getattr(torch, name)
         if (module, name) in _DCP_METADATA_CLASSES:
             return super().find_class(module, name)
-        raise pickle.UnpicklingError(f"{module}.{name} is not part of DCP's metadata")
+        raise _Refused(f"{module}.{name}")
 
 
+# Read through DCP's public API: ``dcp.load`` into a template built from the checkpoint's own
+# metadata, with DCP's reader and ``DefaultLoadPlanner``. Not through DCP's public converter
+# ``format_utils.dcp_to_torch_save``: it reads ``.metadata`` with ``pickle.load`` and every
+# non-tensor value with ``torch.load(weights_only=False)``, and both run whatever the file asks
+# for; the reader and planner below replace exactly those two reads. Two private names remain,
+# for want of public ones: the fsspec reader (``_fsspec_filesystem.FsspecReader``, in that
+# module's ``__all__``) and ``_traverse.set_element``, which puts a flat key back at the path
+# ``DefaultSavePlanner`` recorded for it in ``Metadata.planner_data``.
 def _read_dcp(
     fs: Any, path: str, source: str, storage_options: dict[str, Any] | None = None
 ) -> Foreign:
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
-    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
+    from torch.distributed.checkpoint._traverse import set_element
 
-    local = type(fs).__name__ == "LocalFileSystem"
-    if local:
-        base: Any = dcp.FileSystemReader
-    else:
-        from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader as base
-
-    class Reader(base):
-        def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
-            with fs.open(f"{path.rstrip('/')}/.metadata", "rb") as f:
-                try:
-                    metadata = _MetadataUnpickler(f).load()
-                except (pickle.UnpicklingError, EOFError, AttributeError, ValueError) as e:
-                    raise CorruptCheckpointError(
-                        f"{source}/.metadata: not DCP metadata ({why_refused(e)})"
-                    ) from None
-            from torch.distributed.checkpoint.metadata import StorageMeta
-
-            if getattr(metadata, "storage_meta", None) is None:
-                metadata.storage_meta = StorageMeta()
-            metadata.storage_meta.load_id = self.load_id
-            return metadata
-
-    class Planner(_EmptyStateDictLoadPlanner):
-        def load_bytes(self, read_item: Any, value: io.BytesIO) -> None:
-            with _numpy_allowed():
-                obj = torch.load(value, weights_only=True)
-            fqn = read_item.dest_index.fqn
-            from torch.distributed.checkpoint._traverse import set_element
-
-            set_element(self.original_state_dict, self.mappings[fqn], obj)
-
+    metadata = _dcp_metadata(fs, path, source)
+    _check_dcp_files(fs, path.rstrip("/"), source, metadata)
+    flat = _dcp_load(_dcp_reader(fs, path, source, storage_options, metadata), source, metadata)
+    paths = metadata.planner_data if isinstance(metadata.planner_data, Mapping) else {}
     state: dict[str, Any] = {}
-    reader = Reader(path) if local else Reader(source, **dict(storage_options or {}))
-    try:
-        with _quiet_dcp():
-            # dcp.load() keeps only the keys the caller's dict has: an empty one gets nothing.
-            # DCP's own dcp_to_torch_save goes through this function for that reason.
-            _load_state_dict(state, storage_reader=reader, planner=Planner(), no_dist=True)
-    except CheckpointError:
-        raise
-    except Exception as e:
-        inner = _dcp_failure(e)
-        if isinstance(inner, CheckpointError):
-            raise type(inner)(str(inner)) from None
-        raise CorruptCheckpointError(
-            f"{source}: cannot read this DCP checkpoint ({why_refused(inner)})"
-        ) from None
+    for fqn, value in flat.items():
+        set_element(state, paths.get(fqn, (fqn,)), value)
     state = {k: _int_keys(v) for k, v in state.items()}
     if state and all(isinstance(v, torch.Tensor) for v in state.values()):
         state = {"model": state}  # a bare model state dict
         return Foreign(source, "dcp", state, None, {"model": _tensors(state["model"])})
     state, took = _roles(state)
     return Foreign(source, "dcp", state, _step(state), took)
+
+
+def _dcp_metadata(fs: Any, path: str, source: str) -> Any:
+    """``.metadata`` through the unpickler that runs nothing; one line when it cannot be."""
+    from torch.distributed.checkpoint.metadata import Metadata
+
+    where = f"{source}/.metadata"
+    try:
+        with fs.open(f"{path.rstrip('/')}/.metadata", "rb") as f:
+            metadata = _MetadataUnpickler(f).load()
+    except _Refused as e:
+        raise CorruptCheckpointError(
+            f"{where}: refused: a pickle that asks for {e}, which DCP's metadata never holds "
+            "(loading it would run code); ckptstore never runs it: take the checkpoint again "
+            "from where it was written"
+        ) from None
+    except (pickle.UnpicklingError, EOFError, AttributeError, ValueError, TypeError) as e:
+        raise CorruptCheckpointError(
+            f"{where}: truncated or damaged ({why_refused(e)}): copy the checkpoint folder "
+            "again from where it was written"
+        ) from None
+    if not isinstance(metadata, Metadata):
+        raise CorruptCheckpointError(f"{where}: not DCP metadata (a {type(metadata).__name__})")
+    return metadata
+
+
+def _check_dcp_files(fs: Any, base: str, source: str, metadata: Any) -> None:
+    """Every file ``.metadata`` names is there, inside the folder and long enough: a missing
+    or truncated shard is one line before DCP reads anything."""
+    storage = getattr(metadata, "storage_data", None)
+    need: dict[str, int] = {}
+    for info in storage.values() if isinstance(storage, Mapping) else ():
+        rel = getattr(info, "relative_path", None)
+        if isinstance(rel, str):
+            need[rel] = max(need.get(rel, 0), int(info.offset) + int(info.length))
+    for rel, size in sorted(need.items()):
+        if rel.startswith("/") or ".." in rel.split("/"):
+            raise CorruptCheckpointError(
+                f"{source}/.metadata names {rel!r}, a file outside the checkpoint folder: refused"
+            )
+        try:
+            have = fs.size(f"{base}/{rel}")
+        except FileNotFoundError:
+            have = None
+        if have is None or have < size:
+            what = "is missing" if have is None else f"is truncated ({have} of {size} bytes)"
+            raise CorruptCheckpointError(
+                f"{source}/{rel} {what}: the checkpoint's .metadata needs it (every rank of the "
+                "save wrote one such file); copy the whole folder again from where it was written"
+            )
+
+
+def _dcp_reader(
+    fs: Any, path: str, source: str, storage_options: dict[str, Any] | None, metadata: Any
+) -> Any:
+    """DCP's reader for ``fs``, handing out the metadata already read (never ``pickle.load``)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.metadata import StorageMeta
+
+    base: Any = dcp.FileSystemReader
+    if type(fs).__name__ != "LocalFileSystem":
+        from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader as base
+
+    class Reader(base):
+        def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
+            if getattr(metadata, "storage_meta", None) is None:
+                metadata.storage_meta = StorageMeta()
+            metadata.storage_meta.load_id = self.load_id
+            return metadata
+
+    if base is dcp.FileSystemReader:
+        return Reader(path)
+    return Reader(source, **dict(storage_options or {}))
+
+
+def _dcp_load(reader: Any, source: str, metadata: Any) -> dict[str, Any]:
+    """``{fqn: value}``: ``dcp.load`` into tensors of the saved shapes and dtypes (and a slot
+    for each non-tensor value, read with ``weights_only=True``)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    class Planner(dcp.DefaultLoadPlanner):
+        def load_bytes(self, read_item: Any, value: io.BytesIO) -> None:
+            with _numpy_allowed():
+                self.state_dict[read_item.dest_index.fqn] = torch.load(value, weights_only=True)
+
+    flat: dict[str, Any] = {
+        fqn: torch.empty(md.size, dtype=md.properties.dtype)
+        if isinstance(md, TensorStorageMetadata)
+        else None
+        for fqn, md in metadata.state_dict_metadata.items()
+    }
+    planner = Planner(flatten_state_dict=False, flatten_sharded_tensors=False)
+    try:
+        with _quiet_dcp():
+            dcp.load(flat, storage_reader=reader, planner=planner, no_dist=True)
+    except CheckpointError:
+        raise
+    except (Exception, dcp.CheckpointException) as e:  # DCP's is a BaseException
+        inner = _dcp_failure(e)
+        if isinstance(inner, CheckpointError):
+            raise type(inner)(str(inner)) from None
+        raise CorruptCheckpointError(
+            f"{source}: cannot read this DCP checkpoint ({why_refused(inner)}); copy the whole "
+            "folder again from where it was written"
+        ) from None
+    return flat
 
 
 def _dcp_failure(e: BaseException) -> BaseException:
@@ -426,8 +481,6 @@ def _dcp_failure(e: BaseException) -> BaseException:
 
 @contextlib.contextmanager
 def _quiet_dcp() -> Iterator[None]:
-    import warnings
-
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=r"torch\.distributed is disabled")
         yield
@@ -487,12 +540,13 @@ def _read_hf(fs: Any, path: str, source: str) -> Foreign:
                     raise CorruptCheckpointError(f"{source}/{name}: not JSON ({e})") from None
             took[entry] = f"from {name}"
             used.add(name)
-    step = state.get("trainer_state", {}).get("global_step")
-    if isinstance(step, int):
-        state["step"] = step
-        took["step"] = f"{step} from trainer_state.json"
+    trainer_state = state.get("trainer_state")
+    if isinstance(trainer_state, dict) and "global_step" in trainer_state:
+        state["step"] = _step_value(trainer_state["global_step"])
+        took["step"] = f"{_step_said(trainer_state['global_step'])} from trainer_state.json"
     left = {n: _hf_left_reason(n) for n in names if n not in used}
-    return Foreign(source, "hf-trainer", state, _step(state), took, left)
+    missing = {name: _FRESH[role] for name, role in _HF_EXPECTED.items() if role not in state}
+    return Foreign(source, "hf-trainer", state, _step(state), took, left, missing)
 
 
 def _hf_left_reason(name: str) -> str:
@@ -562,7 +616,7 @@ def _roles(obj: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
         state[role] = obj[key]
         what = _tensors(obj[key]) if role == "model" else ""
         if role == "step":
-            what = str(_as_int(obj[key]))
+            what = _step_said(obj[key])
         took[role] = " ".join(x for x in (what, "" if key == role else f"from {key!r}") if x)
     for key, value in obj.items():
         if key not in used:
@@ -572,24 +626,47 @@ def _roles(obj: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
             state[name] = value
             took[name] = "as it was"
     if "step" in state:
-        step = _as_int(state["step"])
-        if step is not None:
-            state["step"] = step
+        state["step"] = _step_value(state["step"])
     return state, took
 
 
 def _as_int(v: Any) -> int | None:
-    if isinstance(v, bool):
-        return None
-    if isinstance(v, int):
-        return v
-    if isinstance(v, torch.Tensor) and v.numel() == 1 and not v.is_floating_point():
-        return int(v.item())
-    return None
+    """A step as a whole number >= 0: an int, a whole float (``5.0``), a string of digits or a
+    one-value tensor holding one; None for anything else."""
+    if isinstance(v, torch.Tensor) and v.numel() == 1 and not v.is_complex():
+        v = v.item()
+    if isinstance(v, str) and v.strip().isdigit():
+        v = int(v.strip())
+    if isinstance(v, float) and v.is_integer():
+        v = int(v)
+    return v if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else None
+
+
+def _step_said(v: Any) -> str:
+    """What ``took`` says of a step entry: the number, and what it was written as if not an
+    int."""
+    step = _as_int(v)
+    if step is None:
+        return f"{v!r}, not a step number"
+    return str(step) if type(v) is int else f"{step}, written as {type(v).__name__} {v!r}"
+
+
+def step_problem(state: Mapping[str, Any]) -> str:
+    """Why ``state`` gives no step: none recorded, or what its step entry holds instead."""
+    if "step" not in state:
+        return "records no step"
+    v = state["step"]
+    return f"records its step as {v!r} ({type(v).__name__}), not a whole number >= 0"
 
 
 def _step(state: Mapping[str, Any]) -> int | None:
     return _as_int(state.get("step"))
+
+
+def _step_value(v: Any) -> Any:
+    """The step entry to keep: the whole number, or the value as it was if it is none."""
+    step = _as_int(v)
+    return v if step is None else step
 
 
 def _tensors(value: Any) -> str:

@@ -13,7 +13,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import CheckpointError, CorruptCheckpointError, IncompatibleCheckpointError
+from .errors import (
+    CheckpointError,
+    CorruptCheckpointError,
+    IncompatibleCheckpointError,
+    unreachable,
+    unreachable_error,
+)
 from .manifest import LATEST_NAME, MANIFEST_NAME, Manifest, parse_step_dir, step_dir_name
 from .storage import Storage, open_storage
 
@@ -215,6 +221,8 @@ class Location:
         except IncompatibleCheckpointError:
             raise  # not broken: written by a newer ckptstore (the scan keeps it apart)
         except (CheckpointError, OSError) as e:
+            if unreachable(e):
+                raise unreachable_error(e, self.storage.url(step_dir)) from e  # not broken
             return str(e)
 
     def scan(self) -> Scan:
@@ -243,7 +251,9 @@ class Location:
         """(the step `latest` names or None, what is wrong with the pointer file or "")."""
         try:
             text = self.storage.read_small(self.path(LATEST_NAME))
-        except OSError:
+        except OSError as e:
+            if unreachable(e):
+                raise unreachable_error(e, self.storage.url(self.path(LATEST_NAME))) from e
             return None, ""
         name = text.decode(errors="replace").strip()
         step = parse_step_dir(name)

@@ -31,6 +31,7 @@ from typing import Any
 import torch
 
 from .errors import CheckpointError
+from .foreign import foreign_kind
 from .manifest import SaveStats
 from .storage import IOOptions
 from .store import CheckpointStore
@@ -103,7 +104,21 @@ class CkptStoreIO(CheckpointIO):
             )
         step = int(checkpoint.get("global_step", 0))
         metadata = {"lightning_path": os.fspath(path), "epoch": checkpoint.get("epoch")}
-        self._store(path).save(step, checkpoint, metadata=metadata, blocking=self.blocking)
+        store = self._store(path)
+        try:
+            store.save(step, checkpoint, metadata=metadata, blocking=self.blocking)
+        except BaseException:
+            if not store.steps():  # refused (e.g. a set in the hyper-parameters): no folder
+                self._forget(os.fspath(path))  # stays behind for resume_path() to find
+            raise
+
+    def _forget(self, url: str) -> None:
+        """Close the store of ``url`` now (a store that committed nothing removes the folders
+        its lock created)."""
+        with self._lock:
+            store = self._stores.pop(url, None)
+        if store is not None:
+            _close(store)
 
     def load_checkpoint(
         self, path: _Path, map_location: Any | None = None, weights_only: bool | None = None
@@ -112,6 +127,11 @@ class CkptStoreIO(CheckpointIO):
         store = self._store(path)
         url = os.fspath(path)
         step = "latest" if store.steps() else url  # a store root, else a plain torch.save file
+        if step == url and os.path.isdir(url) and not foreign_kind(url)[0]:
+            raise CheckpointError(
+                f"{url} holds no checkpoint (a folder that a save never committed to, e.g. one "
+                "killed or refused): remove it, or start without ckpt_path"
+            )
         _, values = store.read(step)
         return _own_small(values if map_location is None else _to(values, map_location))
 

@@ -7,15 +7,72 @@ thread copies; when it falls behind, only the newest commit waits (older ones ar
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from .errors import CorruptCheckpointError, MirrorError, warn
-from .layout import Location
+from .layout import ExperimentLocation, Location
 from .manifest import MANIFEST_NAME, Manifest
 from .storage import FilePayload, IOEngine, IOOptions
+
+
+def check_mirror(
+    url: str,
+    mirror: str,
+    *,
+    experiment: str | None = None,
+    storage_options: dict[str, Any] | None = None,
+    mirror_storage_options: dict[str, Any] | None = None,
+) -> None:
+    """Whether ``mirror`` can be the second copy of the experiment at ``url[/experiment]``, as
+    ``CheckpointStore(url, mirror=mirror, ...)`` checks it: ValueError (one line, with the fix)
+    if not. For an application's own checks before it starts (no I/O but looking at local
+    folders)."""
+    primary = Location.open(url, experiment, storage_options)
+    second = Location.open(mirror, experiment, mirror_storage_options)
+    check_locations(primary, second, said=mirror)
+
+
+def check_locations(primary: Location, mirror: Location, *, said: str | None = None) -> None:
+    """ValueError (one line, with the fix) for a mirror that cannot be a second copy: the
+    experiment's own folder, a folder inside it or around it (one failure domain: what loses
+    one copy loses both), or a local folder this user cannot create or write. Looks at local
+    folders only (an object store answers when the store takes the mirror's lock). ``said``:
+    the mirror as the user gave it, for the message."""
+    p, m = _comparable(primary.where), _comparable(mirror.where)
+    name, fix = said or mirror.url, "give a second location (another disk, node or bucket)"
+    if p == m:
+        raise ValueError(f"{name} is the checkpoint location itself: {fix}, or drop the mirror")
+    for inner, outer, where in ((m, p, "inside"), (p, m, "around")):
+        if inner.startswith(outer.rstrip("/") + "/"):
+            raise ValueError(
+                f"{name} is {where} the experiment's own folder {primary.url}: what loses the "
+                f"checkpoints would lose the mirror too; {fix}, or drop the mirror"
+            )
+    local = mirror.where.local_path
+    if local is not None:
+        _check_writable(local, name)
+
+
+def _comparable(where: ExperimentLocation) -> str:
+    return os.path.realpath(where.local_path) if where.local_path else where.url
+
+
+def _check_writable(folder: str, url: str) -> None:
+    existing = folder
+    while not os.path.exists(existing) and existing != os.path.dirname(existing):
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        raise ValueError(f"{url}: {existing} is a file, not a folder: give a folder for the mirror")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ValueError(
+            f"{url}: {existing} cannot be written by this user (read-only, or its permissions): "
+            "give a folder the run can write, or drop the mirror"
+        )
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,8 +13,17 @@ import math
 import threading
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class Pruning:
+    """What retention did (or, in a dry run, would do): the steps deleted, and each step kept
+    with why."""
+
+    deleted: list[int] = field(default_factory=list)
+    kept: dict[int, str] = field(default_factory=dict)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -52,19 +61,45 @@ class RetentionPolicy:
         protected: Iterable[int] = (),
     ) -> list[int]:
         """Steps to delete, oldest first. ``steps`` maps step -> its save() metadata."""
-        if not self.active or not steps:
-            return []
+        kept = self.kept(steps, head=head, protected=dict.fromkeys(protected, "in use"))
+        return [s for s in sorted(steps) if s not in kept]
+
+    def kept(
+        self,
+        steps: Mapping[int, Mapping[str, Any]],
+        *,
+        head: int | None,
+        protected: Mapping[int, str] | None = None,
+    ) -> dict[int, str]:
+        """Each step the policy keeps, with why (``protected``: steps kept for reasons of the
+        caller's); every other step goes."""
+        if not steps:
+            return {}
+        if not self.active:
+            return dict.fromkeys(steps, "no retention policy")
         if head is None or head not in steps:
             head = max(steps)
         considered = sorted(s for s in steps if s <= head)
-        keep = set(protected) | {head}
+        why: dict[int, list[str]] = {head: ["latest"]}
+        for s, reason in (protected or {}).items():
+            why.setdefault(s, []).append(reason)
+        newer = f"above the latest step {head} (a timeline given up, or a save in flight): kept"
+        for s in steps:
+            if s > head:
+                why.setdefault(s, []).append(f"{newer} until training overwrites it")
         if self.keep_last is not None:
-            keep.update(considered[-self.keep_last :])
+            for s in considered[-self.keep_last :]:
+                why.setdefault(s, []).append(f"one of the last {self.keep_last}")
         if self.keep_every is not None:
-            keep.update(s for s in considered if s % self.keep_every == 0)
+            for s in considered:
+                if s % self.keep_every == 0:
+                    why.setdefault(s, []).append(f"a multiple of {self.keep_every}")
         if self.keep_best is not None:
-            keep.update(self.best(steps, considered))
-        return [s for s in considered if s not in keep]
+            for s in self.best(steps, considered):
+                why.setdefault(s, []).append(
+                    f"one of the {self.keep_best} best by {self.best_metric}"
+                )
+        return {s: "; ".join(dict.fromkeys(r)) for s, r in sorted(why.items()) if s in steps}
 
     def best(self, steps: Mapping[int, Mapping[str, Any]], candidates: Iterable[int]) -> list[int]:
         """The ``keep_best`` steps by ``best_metric``; steps without a finite number are ignored."""

@@ -4,6 +4,13 @@ A ``Saver`` owns the save pipeline of one store: the per-save file token, the on
 flight and its failure (delivered once). Whether this process may write at all, and what a
 commit means to the rest of the store (record it, tidy up, mirror, prune), reach it as
 ``SaveHooks``.
+
+An *overlapped* save (``overlap=True``) returns before its snapshot is taken: the copy runs
+while the caller computes (CPU: in the save's thread; CUDA: on a side stream, so the next
+forward and backward run beside the device-to-host copies), and ``staged()`` is where the
+caller waits before it changes the state (the optimizer step). A change made during the copy
+(torch's version counters; an optimizer step bumps its step counts at least) fails the save
+before anything is written.
 """
 
 from __future__ import annotations
@@ -15,7 +22,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import orjson
 import torch
@@ -23,13 +30,13 @@ import torch
 from ._dist import all_gather
 from ._version import __version__
 from .buffers import Arena, align_up
-from .errors import CheckpointError
+from .errors import CheckpointError, StoreUnreachableError, unreachable, unreachable_error
 from .formats import CheckpointFormat, SaveContext
 from .layout import Location, check_step
 from .manifest import MANIFEST_NAME, FileEntry, Manifest, SaveStats
 from .retention import InUse
 from .storage import IOEngine
-from .tree import encode_state
+from .tree import EncodedState, encode_state
 
 
 def check_metadata(metadata: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -62,16 +69,28 @@ class SaveHandle:
     """What ``save()`` returns; ``result()`` waits for durability and re-raises a failure."""
 
     def __init__(
-        self, step: int, blocking_s: float, on_delivered: Callable[[BaseException], None]
+        self,
+        step: int,
+        blocking_s: float,
+        on_delivered: Callable[[BaseException], None],
+        snapshot: Snapshot | None = None,
     ) -> None:
         self.step, self.blocking_s = step, blocking_s
         self._done = threading.Event()
         self._stats: SaveStats | None = None
         self._error: BaseException | None = None
         self._on_delivered = on_delivered
+        self._snapshot = snapshot
 
     def done(self) -> bool:
         return self._done.is_set()
+
+    def staged(self) -> None:
+        """Return once the state may change: its snapshot is taken (an overlapped save on
+        CUDA: the current stream waits for the copies, the host does not). At once for a
+        save that took its snapshot before returning."""
+        if self._snapshot is not None:
+            self._snapshot.wait()
 
     def result(self, timeout: float | None = None) -> SaveStats:
         if not self._done.wait(timeout):
@@ -139,6 +158,7 @@ class Saver:
         self._clock, self._wall = clock, wall
         self._mutex = threading.Lock()
         self._thread: threading.Thread | None = None
+        self._snapshot: Snapshot | None = None  # of the overlapped save in flight
         self._pending: BaseException | None = None
 
     @property
@@ -152,31 +172,91 @@ class Saver:
         state: Mapping[str, Any],
         metadata: Mapping[str, Any] | None,
         blocking: bool,
+        overlap: bool = False,
     ) -> SaveHandle:
         self._seq += 1  # before validation, so every rank derives the same file token
         token = f"{self._session}{self._seq:05x}"
         step, meta = check_step(step), check_metadata(metadata)
-        self.wait()
+        self._join()
         save = _Save(t0=self._clock())
         save.ctx = self._context(step, token, blocking, functools.partial(self._commit, save, meta))
         self.hooks.in_use.add(step)
-        staged, error = self._stage(state, save.ctx)
-        # Every rank learns whether every rank staged: otherwise a rank that failed here would
-        # leave the others waiting forever in the collectives of the write.
+        pending = self._take_pending()  # a background save that failed: every rank hears
+        if overlap and not blocking:
+            return self._overlapped(state, save, pending)
+        enc, error = self._encode(state, save.ctx)
+        staged, error = self._stage(enc, save.ctx, pending or error)
+        # Every rank learns whether every rank staged, and whether the previous (background)
+        # save failed on any: otherwise a rank that failed would leave the others waiting
+        # forever in the collectives of the write.
         self._agree_ok(step, "preparing", error)
         handle = SaveHandle(step, self._clock() - save.t0, self._delivered)
         if blocking:
             self._persist(staged, save, handle)
             self._agree_ok(step, "writing", handle.error)
             return handle
+        self._start(step, self._persist, staged, save, handle)
+        return handle
+
+    def _start(self, step: int, target: Callable[..., None], *args: Any) -> None:
         self._thread = threading.Thread(
-            target=self._persist,
-            args=(staged, save, handle),
+            target=target,
+            args=args,
             name=f"ckptstore-save-{step}",
             daemon=False,  # a durable last checkpoint matters more than a prompt exit
         )
         self._thread.start()
+
+    def _overlapped(
+        self, state: Mapping[str, Any], save: _Save, pending: BaseException | None
+    ) -> SaveHandle:
+        """Encode now (``state_dict()`` calls, no copies), snapshot in the background: CUDA
+        copies are queued on a side stream at once, CPU copies run in the save's thread.
+        ``pending``: a failed background save, which fails this one on every rank."""
+        enc, error = self._encode(state, save.ctx)
+        error = pending or error
+        snap = Snapshot(enc.tensors if enc is not None else {})
+        staged = None
+        if error is None and snap.cuda:
+            try:
+                staged, error = snap.on_side_stream(lambda: self._stage(enc, save.ctx, None))
+            except Exception as e:  # e.g. no stream to be had: this save fails, as any
+                error = e
+        step = save.ctx.step
+        handle = SaveHandle(step, self._clock() - save.t0, self._delivered, snap)
+        self._snapshot = snap
+        self._start(step, self._snapshot_then_persist, enc, staged, error, snap, save, handle)
         return handle
+
+    def _snapshot_then_persist(
+        self,
+        enc: EncodedState | None,
+        staged: Any,
+        error: BaseException | None,
+        snap: Snapshot,
+        save: _Save,
+        handle: SaveHandle,
+    ) -> None:
+        """The thread of an overlapped save: the snapshot (CPU copies, or the wait for the
+        CUDA ones), the check that nothing changed meanwhile, the agreement, the write."""
+        try:
+            if error is None and not snap.cuda:
+                staged, error = self._stage(enc, save.ctx, None)
+            error = snap.taken(save.ctx.step) or error
+        finally:
+            snap.release()  # staged() never waits for a snapshot that failed
+        try:
+            self._agree_ok(save.ctx.step, "preparing", error)
+        except BaseException as e:
+            self._failed(save, handle, e)
+            return
+        self._persist(staged, save, handle)
+
+    def staged(self) -> None:
+        """Wait until the save in flight (if any) has its snapshot: see SaveHandle.staged."""
+        snap = self._snapshot
+        if snap is not None:
+            snap.wait()
 
     def _context(
         self,
@@ -199,18 +279,30 @@ class Saver:
             commit=commit,
         )
 
-    def _stage(
+    def _encode(
         self, state: Mapping[str, Any], ctx: SaveContext
-    ) -> tuple[Any, BaseException | None]:
-        """(what the format staged, or the error that stops this save)."""
+    ) -> tuple[EncodedState | None, BaseException | None]:
+        """(the state's tree and tensors, as this rank writes them, or the error that stops
+        this save): ``state_dict()`` is called now, nothing is copied yet."""
         error = self.hooks.writer_error() if self.rank == 0 else None
+        if error is not None or not self.fmt.writes_on(self.rank, self.world_size):
+            return None, error
+        try:
+            return encode_state(state, allow_dtensor=self.format_name != "torch"), None
+        except Exception as e:
+            return None, e
+
+    def _stage(
+        self, enc: EncodedState | None, ctx: SaveContext, error: BaseException | None
+    ) -> tuple[Any, BaseException | None]:
+        """(what the format staged -- for a background save, the snapshot --, or the error
+        that stops this save)."""
         if error is not None:
             return None, error
         try:
-            enc = None
-            if self.fmt.writes_on(self.rank, self.world_size):
-                enc = encode_state(state, allow_dtensor=self.format_name != "torch")
             return self.fmt.stage(enc, ctx), None
+        except CheckpointError as e:  # StoreUnreachableError is an OSError too: kept as it is
+            return None, e
         except OSError as e:
             return None, CheckpointError(f"cannot save step {ctx.step} under {self.loc.url}: {e}")
         except Exception as e:
@@ -232,18 +324,23 @@ class Saver:
             self.fmt.persist(staged, save.ctx)
             handle.finish(self._outcome(save, handle), None)
         except BaseException as e:
-            err = e
-            if not isinstance(e, CheckpointError):
-                err = CheckpointError(
-                    f"save of step {save.ctx.step} to {self.loc.url} failed: {e!r}"
-                )
-                err.__cause__ = e
-            if save.ctx.background:
-                with self._mutex:
-                    self._pending = err
-            handle.finish(None, err)
+            self._failed(save, handle, e)
         finally:
             self.hooks.in_use.discard(save.ctx.step)
+
+    def _failed(self, save: _Save, handle: SaveHandle, e: BaseException) -> None:
+        """A save that will not commit: its error to the handle (a background one's also to
+        the saver, which re-raises it at the next call)."""
+        err = e
+        if unreachable(e) and not isinstance(e, CheckpointError):
+            err = unreachable_error(e, f"the save of step {save.ctx.step} to {self.loc.url}")
+        elif not isinstance(e, CheckpointError):
+            err = CheckpointError(f"save of step {save.ctx.step} to {self.loc.url} failed: {e!r}")
+            err.__cause__ = e
+        if save.ctx.background:
+            with self._mutex:
+                self._pending = err
+        handle.finish(None, err)
 
     def _outcome(self, save: _Save, handle: SaveHandle) -> SaveStats:
         if save.stats is None or save.manifest is None:  # another rank committed
@@ -271,14 +368,16 @@ class Saver:
                 self.hooks.in_use.discard(step)
                 raise error
             return
-        outcomes = all_gather(self.group, None if error is None else str(error))
+        said = None if error is None else (str(error), unreachable(error))
+        outcomes = all_gather(self.group, said)
         failed = [(r, o) for r, o in enumerate(outcomes) if o is not None]
         if failed:
             self.hooks.in_use.discard(step)
             if error is not None and failed[0][0] == self.rank:
                 raise error
-            r, msg = failed[0]
-            raise CheckpointError(f"{what} step {step} failed on rank {r}: {msg}")
+            r, (msg, down) = failed[0]  # every rank raises the same kind of error
+            kind = StoreUnreachableError if down else CheckpointError
+            raise kind(f"{what} step {step} failed on rank {r}: {msg}")
 
     def _commit(
         self,
@@ -323,17 +422,99 @@ class Saver:
 
     def wait(self) -> None:
         """Block until the save in flight is durable; re-raise a background failure."""
+        self._join()
+        self.raise_pending()
+
+    def _join(self) -> None:
         t = self._thread
         if t is not None:
             t.join()
-            self._thread = None
-        self.raise_pending()
+            self._thread = self._snapshot = None
 
     def raise_pending(self) -> None:
-        with self._mutex:
-            err, self._pending = self._pending, None
+        err = self._take_pending()
         if err is not None:
             raise err
+
+    def _take_pending(self) -> BaseException | None:
+        with self._mutex:
+            err, self._pending = self._pending, None
+        return err
+
+
+class Snapshot:
+    """The copy of an overlapped save: taken in the background, waited for by ``wait()``
+    before the caller changes the state. Records each tensor's version counter when the save
+    starts; a tensor changed before the copy is complete (or, on CUDA, before ``wait()``
+    ordered the caller's stream after the copies) fails the save."""
+
+    _streams: ClassVar[dict[torch.device, Any]] = {}  # one side stream per GPU, reused
+
+    def __init__(self, tensors: Mapping[str, torch.Tensor]) -> None:
+        self.tensors = dict(tensors)
+        self.versions = {k: t._version for k, t in self.tensors.items()}
+        devices = {t.device for t in self.tensors.values() if t.is_cuda}
+        self.cuda = bool(devices)
+        self._device = next(iter(devices), None)
+        self._copied: Any = None  # CUDA: an event after the copies, on the side stream
+        self._taken = threading.Event()  # CPU: copied; CUDA: the copies are queued
+        self._lock = threading.Lock()
+        self._ordered = False  # CUDA: wait() made the caller's stream wait for the copies
+        self._changed: list[str] = []
+
+    def on_side_stream(self, stage: Callable[[], Any]) -> Any:
+        """Run ``stage`` (which queues the device-to-host copies) on a side stream that first
+        waits for everything queued so far: the state as it is now. The caller's stream goes
+        on at once."""
+        assert self._device is not None
+        side = self._streams.get(self._device)
+        if side is None:
+            side = self._streams.setdefault(self._device, torch.cuda.Stream(self._device))
+        side.wait_stream(torch.cuda.current_stream(self._device))
+        with torch.cuda.stream(side):
+            out = stage()
+            self._copied = torch.cuda.Event()
+            self._copied.record(side)
+        for t in self.tensors.values():
+            if t.is_cuda:  # the copies read it on the side stream: keep its memory until then
+                _local(t).record_stream(side)
+        self._taken.set()
+        return out
+
+    def taken(self, step: int) -> CheckpointError | None:
+        """In the save's thread, once the copy is made (CUDA: waited for): None, or the error
+        saying that the state changed meanwhile (nothing is written then)."""
+        if self._copied is not None:
+            self._copied.synchronize()
+        with self._lock:
+            changed = self._changed if self._ordered else self._since_start()
+        if not changed:
+            return None
+        return CheckpointError(
+            f"save of step {step}: {', '.join(changed[:3])} changed while its snapshot was "
+            "taken (an overlapped save: call staged() before changing the state, e.g. before "
+            "the optimizer step); nothing was written"
+        )
+
+    def release(self) -> None:
+        self._taken.set()
+
+    def wait(self) -> None:
+        """Until the state may change (see SaveHandle.staged)."""
+        self._taken.wait()
+        if self._copied is None:
+            return
+        with self._lock:
+            if not self._ordered:
+                self._changed, self._ordered = self._since_start(), True
+        torch.cuda.current_stream(self._device).wait_event(self._copied)
+
+    def _since_start(self) -> list[str]:
+        return [k for k, t in self.tensors.items() if t._version != self.versions[k]]
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if type(t).__name__ == "DTensor" else t  # type: ignore[attr-defined]
 
 
 def _local_nbytes(t: Any) -> int:

@@ -14,7 +14,9 @@ second copy) and ``reading`` (candidates tried on every rank).
 from __future__ import annotations
 
 import builtins
+import contextlib
 import functools
+import os
 import threading
 import time
 import uuid
@@ -30,7 +32,11 @@ from .errors import (
     CorruptCheckpointError,
     IncompatibleCheckpointError,
     LockedError,
+    MirrorError,
     NoCheckpointError,
+    StoreUnreachableError,
+    unreachable,
+    unreachable_error,
     warn,
 )
 from .foreign import foreign_kind
@@ -47,7 +53,7 @@ from .manifest import (
     SaveTimings,
     VerifyReport,
 )
-from .mirror import Mirror, MirrorCopy
+from .mirror import Mirror, MirrorCopy, check_locations
 from .reading import (
     Candidate,
     Loaded,
@@ -59,7 +65,7 @@ from .reading import (
     no_checkpoint,
     read_torch_save,
 )
-from .retention import InUse, RetentionPolicy
+from .retention import InUse, Pruning, RetentionPolicy
 from .saving import SaveHandle, SaveHooks, Saver
 from .storage import IOEngine, IOOptions, Storage, open_storage
 
@@ -70,6 +76,12 @@ def _newest(heads: Sequence[tuple[float, int, Location]]) -> tuple[Location, int
     """The location and step of the newest commit (by commit time, then step)."""
     _, step, loc = max(heads, key=lambda h: (h[0], h[1]))
     return loc, step
+
+
+def _checkpoint_error(e: BaseException, url: str) -> CheckpointError:
+    if unreachable(e):
+        return unreachable_error(e, url)
+    return e if isinstance(e, CheckpointError) else CheckpointError(str(e))
 
 
 def _release(locks: Sequence[WriterLock]) -> None:
@@ -116,6 +128,8 @@ class CheckpointStore:
         )
         self.primary = Location.open(url, experiment, storage_options)
         self.mirror = Location.open(mirror, experiment, mirror_storage_options) if mirror else None
+        if self.mirror is not None:
+            check_locations(self.primary, self.mirror)
         self.experiment, self.url = experiment, self.primary.url
         self.format_name = format
         self._format: CheckpointFormat = get_format(format)()
@@ -123,6 +137,7 @@ class CheckpointStore:
         self._clock, self._wall = clock, wall_clock
         self.rank, self.world_size, self._group = dist_info(distributed)
         self._init_state(io)
+        self._made = self._folders_to_make() if self.rank == 0 else []
         self._writers = self._make_locks(lock, lease_s)
         self._release_locks = weakref.finalize(self, _release, list(self._writers))
         self._mirror = self._make_mirror()
@@ -177,6 +192,23 @@ class CheckpointStore:
         locs = [self.primary] + ([self.mirror] if self.mirror else [])
         return [WriterLock(loc.storage, loc.root, lease_s=lease_s, wall=self._wall) for loc in locs]
 
+    def _folders_to_make(self) -> builtins.list[str]:
+        """The local folders of the experiment (and its mirror) that do not exist yet, deepest
+        first: the writer lock creates them, and a store that committed nothing removes them
+        again at ``close()`` (a refused save leaves no empty folder to resume from)."""
+        out: builtins.list[str] = []
+        for loc in self._locations().values():
+            folder = loc.where.local_path
+            while folder and not os.path.exists(folder) and folder != os.path.dirname(folder):
+                out.append(folder)
+                folder = os.path.dirname(folder)
+        return out
+
+    def _remove_made_folders(self) -> None:
+        for folder in self._made:  # only while empty: a checkpoint, or anyone's file, stays
+            with contextlib.suppress(OSError):
+                os.rmdir(folder)
+
     def _make_mirror(self) -> Mirror | None:
         if self.mirror is None or self.rank != 0:
             return None
@@ -215,16 +247,19 @@ class CheckpointStore:
         ``save()`` and ``prune()`` do this themselves; call it at start-up to refuse before
         any work is done. LockedError (on every rank) names the run that holds it."""
         self._check_open()
-        err = self._writer_error() if self.rank == 0 else None
+        err = self._writer_error(starting=True) if self.rank == 0 else None
         got = broadcast(self._group, None if err is None else (type(err).__name__, str(err)))
         if err is not None:
             raise err
         if got is not None:
-            raise (LockedError if got[0] == "LockedError" else CheckpointError)(got[1])
+            kinds = {t.__name__: t for t in (LockedError, StoreUnreachableError, MirrorError)}
+            raise kinds.get(got[0], CheckpointError)(got[1])
         return self.writer
 
-    def _writer_error(self) -> CheckpointError | None:
-        """Rank 0: None while this process holds the lock (taking it when needed)."""
+    def _writer_error(self, *, starting: bool = False) -> CheckpointError | None:
+        """Rank 0: None while this process holds the lock (taking it when needed). A mirror
+        that cannot be locked is written anyway; ``starting``: unless it refused (a missing
+        bucket, no permission), which a run is told before it starts."""
         for i, lk in enumerate(list(self._writers)):
             if lk.lost is not None:
                 return lk.lost
@@ -234,7 +269,11 @@ class CheckpointStore:
                 return e
             except (OSError, CheckpointError) as e:
                 if i == 0:
-                    return e if isinstance(e, CheckpointError) else CheckpointError(str(e))
+                    return _checkpoint_error(e, lk.url)
+                if starting and not unreachable(e):
+                    return MirrorError(
+                        f"the mirror {lk.url} cannot be written ({e}): fix it, or drop the mirror"
+                    )
                 warn(f"ckptstore: mirror {lk.url} cannot be locked, writing it anyway: {e}")
                 self._writers.remove(lk)
         return None
@@ -247,12 +286,25 @@ class CheckpointStore:
         *,
         metadata: Mapping[str, Any] | None = None,
         blocking: bool = True,
+        overlap: bool = False,
     ) -> SaveHandle:
         """Save ``state`` as ``step``. Blocking: returns once committed. Non-blocking: returns
         after a CPU snapshot; the write runs in the background (one at a time: a second save
-        first waits for the previous one) and ``latest`` moves only once it is durable."""
+        first waits for the previous one) and ``latest`` moves only once it is durable.
+
+        ``overlap`` (non-blocking only): return before the snapshot too. It is taken while the
+        caller goes on with work that reads the state but does not change it (the next
+        forward and backward; on CUDA the copies run on a side stream beside them); call
+        :meth:`staged` before changing it (the optimizer step). A change made while the
+        snapshot is taken fails the save (nothing is written; the error surfaces as any)."""
         self._check_open()
-        return self._saver.save(step, state, metadata, blocking)
+        return self._saver.save(step, state, metadata, blocking, overlap)
+
+    def staged(self) -> None:
+        """Return once the state of the save in flight may change: its snapshot is taken (for
+        an ``overlap`` save on CUDA the current stream waits for the copies, the host does
+        not). At once when no overlapped save is in flight."""
+        self._saver.staged()
 
     def reserve(self, state: Mapping[str, Any]) -> None:
         """Prepare for async saves of ``state`` (call once, e.g. before training starts):
@@ -608,28 +660,34 @@ class CheckpointStore:
         return []). Never deletes the newest verified checkpoint (verifying from the newest down
         until one passes), one being written or loaded, or anything that is not a checkpoint
         (foreign files and directories stay). Takes the writer lock unless ``dry_run``."""
+        return self.pruning(dry_run=dry_run).deleted
+
+    def pruning(self, *, dry_run: bool = False) -> Pruning:
+        """As :meth:`prune`, and each checkpoint kept with why (``dry_run``: what it would
+        delete and keep)."""
         self._raise_pending()
         if self.rank != 0:
-            return []
+            return Pruning()
         if not dry_run and (err := self._writer_error()) is not None:
             raise err
         return self._prune_location(self.primary, dry_run=dry_run)
 
-    def _prune_location(self, loc: Location, *, dry_run: bool = False) -> builtins.list[int]:
-        if not self.retention.active:
-            return []
+    def _prune_location(self, loc: Location, *, dry_run: bool = False) -> Pruning:
         scan = self._scan(loc)
         good, head = scan.checkpoints, scan.head
-        if not good:
-            return []
-        protected = self._protected_now() | {self._newest_verified(loc, good, head)}
-        doomed = self.retention.select(
+        if not good or not self.retention.active:
+            return Pruning(kept=self.retention.kept(dict.fromkeys(good, {}), head=head))
+        protected = dict.fromkeys(self._protected_now(), "being written, read or mirrored")
+        newest = self._newest_verified(loc, good, head)
+        protected[newest] = "the newest that verifies"
+        kept = self.retention.kept(
             {s: m.metadata for s, m in good.items()}, head=head, protected=protected
         )
+        doomed = [s for s in sorted(good) if s not in kept]
         if not dry_run:
             for s in doomed:
                 loc.remove_checkpoint(loc.step_dir(s))
-        return doomed
+        return Pruning(doomed, kept)
 
     def _newest_verified(
         self, loc: Location, good: Mapping[int, Manifest], head: int | None
@@ -671,6 +729,7 @@ class CheckpointStore:
         finally:
             self._closed = True
             self._release_locks()
+            self._remove_made_folders()
             self._io.close()
             self._arena.release()
 

@@ -170,10 +170,7 @@ class _Encoder:
                     "rank 0: use CheckpointStore(..., format='dcp')"
                 )
         elif t.layout != torch.strided or t.is_quantized or t.device.type == "meta":
-            raise CheckpointError(
-                f"cannot save {where}: layout {t.layout}, quantized={t.is_quantized}, device "
-                f"{t.device}; convert it to a dense tensor (e.g. .to_dense()) first"
-            )
+            raise CheckpointError(f"cannot save {where}: {_unsaveable(t)}")
         ident = None
         if not _is_dtensor(t) and t.numel() > 0:
             ident = (
@@ -346,3 +343,19 @@ def _lookup(tensors: Mapping[str, torch.Tensor], key: str) -> torch.Tensor:
 
 def _hashable(k: Any) -> Any:
     return tuple(k) if isinstance(k, list) else k
+
+
+def _unsaveable(t: torch.Tensor) -> str:
+    """What kind of tensor ``t`` is that ckptstore does not store, and what to store instead."""
+    if t.device.type == "meta":
+        return (
+            "a tensor on the meta device (a shape without values, e.g. of a model built with "
+            "device='meta'): give it values first (module.to_empty(device='cpu') and an "
+            "initialisation, or a load)"
+        )
+    if t.is_quantized:
+        return (
+            f"a quantized tensor ({t.dtype}): save t.dequantize(), or t.int_repr() with its "
+            "scale and zero point"
+        )
+    return f"a tensor of layout {t.layout}: convert it to a dense one first (t.to_dense())"

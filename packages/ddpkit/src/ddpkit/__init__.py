@@ -19,7 +19,13 @@ with warnings.catch_warnings():
     warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
     import torch  # noqa: F401
 
-from ddpkit.determinism import CUBLAS_DETERMINISTIC, Determinism, set_determinism  # noqa: E402
+from ddpkit.determinism import (  # noqa: E402
+    CUBLAS_DETERMINISTIC,
+    Determinism,
+    attention_kernel,
+    attention_nondeterminism,
+    set_determinism,
+)
 from ddpkit.dist import (  # noqa: E402
     DEFAULT_TIMEOUT_S,
     TIMEOUT_ENV,
@@ -40,8 +46,11 @@ from ddpkit.faults import EXIT_PEER_LOST, FAULT_FILE_ENV, Fault  # noqa: E402
 from ddpkit.fsdp import (  # noqa: E402
     ShardOptions,
     checkpoint_activations,
+    copy_whole_,
+    fill_shards,
     full_value,
     is_sharded,
+    local_part,
     no_sync,
     shard_model,
 )
@@ -87,18 +96,23 @@ __all__ = [
     "RngRestored",
     "ShardOptions",
     "WatchdogOptions",
+    "attention_kernel",
+    "attention_nondeterminism",
     "capture_rng",
     "checkpoint_activations",
     "clean_state_dict",
+    "copy_whole_",
     "current_rank",
     "detect",
     "expand_hostlist",
     "fallback_ports",
+    "fill_shards",
     "first_host",
     "full_value",
     "init",
     "is_peer_failure",
     "is_sharded",
+    "local_part",
     "master_port_for_job",
     "no_sync",
     "parse_tasks_per_node",

@@ -35,7 +35,7 @@ from ddpkit.env import DistInfo, detect
 from ddpkit.errors import DistConfigError, PeerError, first_line
 from ddpkit.health import Heartbeat, diagnose, heartbeat_interval
 from ddpkit.rendezvous import DEFAULT_STOP_SIGNALS, Joined, StopWatch, rendezvous
-from ddpkit.watchdog import Settings, Watchdog, WatchdogOptions
+from ddpkit.watchdog import Settings, Watchdog, WatchdogOptions, env_frozen_after, env_switch
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
@@ -204,18 +204,7 @@ def init(
     environ: Mapping[str, str] = os.environ if env is None else env
     info = detect(environ)
     timeout_s = opts.timeout_seconds(environ)
-    if opts.distributed is True and info.launcher == "single":
-        raise DistConfigError(
-            "--distributed needs a launcher: found no RANK/WORLD_SIZE (torchrun), no "
-            "SLURM_PROCID inside an srun step and no MPI rank (mpirun, mpiexec); launch with "
-            "`torchrun --nproc-per-node=N script.py`, `srun -n N python script.py` or `mpirun "
-            "-n N python script.py`"
-        )
-    if opts.distributed is False and info.is_distributed:
-        raise DistConfigError(
-            f"distributed=False, but {info.launcher} started {info.world_size} processes (this is "
-            f"rank {info.rank}); launch a single process or drop distributed=False"
-        )
+    _check_launch(opts.distributed, info)
     dev = pick_device(opts.device, info)
     if dev.type == "cuda":
         torch.cuda.set_device(dev)
@@ -224,12 +213,30 @@ def init(
         return Dist(info, dev, backend=str(tdist.get_backend()), timeout_s=timeout_s, owned=False)
     want = info.is_distributed if opts.distributed is None else opts.distributed
     if not want:
+        if opts.watchdog is None and env_switch(environ):  # unused by one process, but a
+            env_frozen_after(environ)  # typo is said here too, not first on a big launch
         return Dist(info, dev, backend=None, timeout_s=timeout_s, owned=False)
     chosen = pick_backend(opts.backend, dev)
     _check_resolvable(info)
     rdzv_s = opts.rendezvous_seconds(timeout_s)
     watch = opts.watchdog_settings(environ, timeout_s) if info.world_size > 1 else None
     return _join(info, dev, chosen, timeout_s, rdzv_s, opts, watch)
+
+
+def _check_launch(distributed: bool | None, info: DistInfo) -> None:
+    """``distributed=True`` needs a launcher; ``False`` refuses one that started several."""
+    if distributed is True and info.launcher == "single":
+        raise DistConfigError(
+            "--distributed needs a launcher: found no RANK/WORLD_SIZE (torchrun), no "
+            "SLURM_PROCID inside an srun step and no MPI rank (mpirun, mpiexec); launch with "
+            "`torchrun --nproc-per-node=N script.py`, `srun -n N python script.py` or `mpirun "
+            "-n N python script.py`"
+        )
+    if distributed is False and info.is_distributed:
+        raise DistConfigError(
+            f"distributed=False, but {info.launcher} started {info.world_size} processes (this is "
+            f"rank {info.rank}); launch a single process or drop distributed=False"
+        )
 
 
 def pick_device(requested: str | torch.device | None, info: DistInfo) -> torch.device:
@@ -329,17 +336,7 @@ def _join(
             os.environ["MASTER_PORT"] = str(joined.port)
         store = joined.store
         store.set_timeout(timeout)  # everyone is here: from now on, waits are collectives
-        kwargs: dict[str, Any] = {}
-        if backend == "nccl":
-            kwargs["device_id"] = dev  # binds the communicator to this GPU up front
-        tdist.init_process_group(
-            backend,
-            store=store,
-            rank=info.rank,
-            world_size=info.world_size,
-            timeout=timeout,
-            **kwargs,
-        )
+        _init_group(info, store, dev, backend, timeout)
         guard = _guard(info, joined, beacon, watch, timeout_s, opts.heartbeat)
     except BaseException:
         _restore_env(saved)
@@ -358,6 +355,22 @@ def _join(
         heartbeat=guard,
         heartbeat_prefix=f"{joined.prefix}/hb/",
         saved_env=saved,
+    )
+
+
+def _init_group(
+    info: DistInfo, store: tdist.Store, dev: torch.device, backend: str, timeout: timedelta
+) -> None:
+    kwargs: dict[str, Any] = {}
+    if backend == "nccl":
+        kwargs["device_id"] = dev  # binds the communicator to this GPU up front
+    tdist.init_process_group(
+        backend,
+        store=store,
+        rank=info.rank,
+        world_size=info.world_size,
+        timeout=timeout,
+        **kwargs,
     )
 
 

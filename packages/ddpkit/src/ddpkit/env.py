@@ -5,6 +5,10 @@ Precedence (first match wins):
 1. **torchrun** -- ``RANK`` and ``WORLD_SIZE`` are set (torchrun also sets ``LOCAL_RANK``,
    ``LOCAL_WORLD_SIZE``, ``GROUP_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``, ``TORCHELASTIC_RUN_ID``).
    They win over SLURM's and MPI's, so ``srun torchrun ...`` (one torchrun per node) is torchrun.
+   Without torchrun's ``TORCHELASTIC_RUN_ID`` they must agree with an srun step's or an MPI
+   launcher's rank and size (equal, or each task's own launcher numbering its processes in the
+   task's block): ``RANK=0 WORLD_SIZE=1`` left exported in a shell that then runs ``srun -n 2``
+   (srun forwards the environment) is an error, not two silent worlds of one.
 2. **MPI launchers** -- Open MPI's ``mpirun`` (``OMPI_COMM_WORLD_*``), MVAPICH2's ``mpirun_rsh``
    (``MV2_COMM_WORLD_*``), and PMI launchers such as MPICH/Intel MPI's Hydra and Cray PALS
    (``PMI_RANK``/``PMI_SIZE``): see :mod:`ddpkit.mpi`. They win over SLURM's variables, which an
@@ -39,14 +43,16 @@ import re
 import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Literal
 
 from ddpkit import mpi
 from ddpkit.errors import DistConfigError
 from ddpkit.hostlist import first_host, parse_tasks_per_node
 
-Launcher = Literal["torchrun", "srun", "openmpi", "mvapich2", "pmi", "single"]
-LAUNCHERS: tuple[str, ...] = ("torchrun", "srun", "openmpi", "mvapich2", "pmi", "single")
+Launcher = str
+"""The name of what started the process: one of :data:`LAUNCHERS`."""
+# torchrun and srun have rules of their own (below); every MPI-style launcher is one entry of
+# mpi.FAMILIES, so a new one is named here without an edit of this module.
+LAUNCHERS: tuple[str, ...] = ("torchrun", "srun", *(f.launcher for f in mpi.FAMILIES), "single")
 
 TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK")
 # Derived ports stay below Linux's ephemeral range (32768-60999): an outgoing connection can never
@@ -197,9 +203,11 @@ def detect(env: Mapping[str, str] | None = None) -> DistInfo:
     """
     env = os.environ if env is None else env
     job_id = _get(env, "SLURM_JOB_ID", "SLURM_JOBID")
-    if any(_get(env, name) is not None for name in ("RANK", "WORLD_SIZE")):
-        return _from_torchrun(env, job_id)
     srun = _get(env, "SLURM_PROCID") is not None and _is_task_step(env)
+    if any(_get(env, name) is not None for name in ("RANK", "WORLD_SIZE")):
+        info = _from_torchrun(env, job_id)
+        _check_not_stale(env, info, srun)
+        return info
     fam = mpi.family_of(env)
     if fam is not None:
         if srun and fam is mpi.PMI:  # srun --mpi=pmi2 exports PMI_RANK/PMI_SIZE of its own
@@ -218,6 +226,53 @@ def detect(env: Mapping[str, str] | None = None) -> DistInfo:
             "(plus MASTER_ADDR and MASTER_PORT)"
         )
     return _with_master(DistInfo(launcher="single", job_id=job_id), env, None)
+
+
+def _check_not_stale(env: Mapping[str, str], info: DistInfo, srun: bool) -> None:
+    """torchrun's variables without torchrun (no ``TORCHELASTIC_RUN_ID``) under srun or an MPI
+    launcher that says otherwise: exports left in the shell (srun and ``mpirun -x`` pass them
+    on), which would make each of N tasks a silent world of its own."""
+    if _get(env, "TORCHELASTIC_RUN_ID") is not None:
+        return  # `srun torchrun ...`: torchrun's numbers are the truth, SLURM's count its agents
+    other = _other_launcher(env, srun)
+    if other is None:
+        return
+    name, (rank_var, rank), (size_var, size) = other
+    # Equal, or a launcher of one's own in each task (each spawns WORLD_SIZE / size processes
+    # and numbers them in its task's block): stale exports are the same in every task, which
+    # cannot fit every task's block.
+    per_task, rest = divmod(info.world_size, size)
+    if size <= 1 or (rest == 0 and info.rank // per_task == rank):
+        return
+    raise DistConfigError(
+        f"RANK={info.rank} WORLD_SIZE={info.world_size} (torchrun's variables, not set by "
+        f"torchrun: no TORCHELASTIC_RUN_ID) disagree with {name}'s {rank_var}={rank} "
+        f"{size_var}={size}: stale exports in the launching shell? unset RANK WORLD_SIZE "
+        "LOCAL_RANK LOCAL_WORLD_SIZE and launch again (or start the program with torchrun)"
+    )
+
+
+def _other_launcher(
+    env: Mapping[str, str], srun: bool
+) -> tuple[str, tuple[str, int], tuple[str, int]] | None:
+    """(name, (rank variable, rank), (size variable, size)) of an MPI launcher or srun task
+    step in ``env``; None when there is none or its numbers do not read as integers."""
+    fam = mpi.family_of(env)
+    if fam is not None:
+        got = mpi.get(env, fam.rank), mpi.get(env, fam.size)
+        name = fam.name
+    elif srun:
+        got = (
+            mpi.get(env, "SLURM_PROCID"),
+            mpi.get(env, "SLURM_STEP_NUM_TASKS", "SLURM_NTASKS", "SLURM_NPROCS"),
+        )
+        name = "srun"
+    else:
+        return None
+    rank, size = got
+    if rank is None or size is None or not (rank[1].isdigit() and size[1].isdigit()):
+        return None
+    return name, (rank[0], int(rank[1])), (size[0], int(size[1]))
 
 
 def _get(env: Mapping[str, str], *names: str) -> str | None:
@@ -328,7 +383,7 @@ def _from_srun(env: Mapping[str, str], job_id: str | None) -> DistInfo:
 def _from_mpi(env: Mapping[str, str], fam: mpi.Family, job_id: str | None) -> DistInfo:
     at = mpi.placement(env, fam)
     info = DistInfo(  # identity first: RANK >= SIZE is the error to report, not a missing master
-        launcher=fam.launcher,  # type: ignore[arg-type]  # one of LAUNCHERS
+        launcher=fam.launcher,
         rank=at.rank,
         local_rank=at.local_rank,
         world_size=at.world_size,

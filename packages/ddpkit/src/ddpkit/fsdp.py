@@ -205,6 +205,66 @@ def no_sync(model: nn.Module) -> Iterator[None]:
         yield
 
 
+def local_part(whole: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """What this rank holds of ``whole`` when it is laid out as ``like``: for a DTensor (a
+    sharded parameter, or its optimizer moment) the slice of ``whole`` that is this rank's
+    shard -- a view: nothing is copied, gathered or sent -- else ``whole`` itself.
+
+    So every rank fills its shard from the same whole tensor on its own (a seeded initial
+    value, a checkpoint written without FSDP), and a whole tensor in a memory-mapped file is
+    read only where this rank's part lies."""
+    if tuple(whole.shape) != tuple(like.shape):
+        raise ValueError(f"a whole tensor of shape {tuple(whole.shape)} for {tuple(like.shape)}")
+    if not _is_dtensor(like):
+        return whole
+    # torch's own state-dict code distributes whole tensors with this (torch 2.4+)
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+    mesh, placements = like.device_mesh, like.placements  # type: ignore[attr-defined]
+    shape, offset = compute_local_shape_and_global_offset(like.shape, mesh, placements)
+    return whole[tuple(slice(o, o + n) for n, o in zip(shape, offset, strict=True))]
+
+
+def copy_whole_(target: torch.Tensor, whole: torch.Tensor) -> None:
+    """``target.copy_(whole)`` for a sharded ``target`` too: each rank copies its own part
+    (see :func:`local_part`; a cast to ``target``'s dtype and device comes with the copy)."""
+    local = target.to_local() if _is_dtensor(target) else target  # type: ignore[attr-defined]
+    with torch.no_grad():
+        local.copy_(local_part(whole, target))
+
+
+def fill_shards(like: Any, whole: Any, where: str = "state") -> Any:
+    """A state dict of whole tensors (what a model or optimizer without FSDP saves, keyed by
+    parameter name) copied into ``like``, the same state dict of the sharded model (its
+    DTensors, e.g. from ``torch.distributed.checkpoint.state_dict``): each rank copies only its
+    own part, in place. Returns ``like`` with ``whole``'s other values (step counts, learning
+    rates); load it with ``set_model_state_dict``/``set_optimizer_state_dict`` (sharded
+    options). A key or shape that does not match raises ValueError naming it."""
+    if isinstance(like, torch.Tensor):
+        if not isinstance(whole, torch.Tensor):
+            raise ValueError(f"{where}: a tensor here, {type(whole).__name__} in the whole state")
+        if like.ndim == 0:
+            return whole.detach().clone()  # a step count: every rank holds all of it
+        try:
+            copy_whole_(like, whole)
+        except (ValueError, RuntimeError) as e:
+            raise ValueError(f"{where}: {e}") from None
+        return like
+    if isinstance(like, dict) and isinstance(whole, dict):
+        if set(like) != set(whole):
+            odd = sorted(map(str, set(like) ^ set(whole)))[:3]
+            raise ValueError(f"{where}: keys differ ({', '.join(odd)} ...)")
+        return {k: fill_shards(like[k], whole[k], f"{where}.{k}") for k in like}
+    if isinstance(like, list) and isinstance(whole, list) and len(like) == len(whole):
+        pairs = enumerate(zip(like, whole, strict=True))
+        return [fill_shards(a, b, f"{where}[{i}]") for i, (a, b) in pairs]
+    return whole
+
+
+def _is_dtensor(t: object) -> bool:
+    return type(t).__name__ == "DTensor" and callable(getattr(t, "to_local", None))
+
+
 def full_value(t: torch.Tensor) -> torch.Tensor:
     """A plain tensor from a possibly sharded one (e.g. ``clip_grad_norm_``'s total norm under
     FSDP is a DTensor): collective for DTensors, so call it on every rank."""

@@ -15,6 +15,11 @@ pmi        PMI_RANK / PMI_SIZE         MPI_LOCALRANKID/NRANKS      PALS_APID (Cr
                                        SIZE (PALS)
 =========  ==========================  ==========================  ==============================
 
+A new launcher of this kind (Flux, LSF's ``jsrun``, a site's own) is one more :class:`Family` in
+:data:`FAMILIES`: detection, the variable names in error messages, ``ddpkit.env.LAUNCHERS`` and
+the tests parametrized over the table follow. slurmclock reads the rank variable too, to know
+which process leads (its ``RANK_VARIABLES``; ``tests/contracts`` checks it against this table).
+
 (Hydra: ``pmip_cb.c`` in MPICH sets PMI_RANK, PMI_SIZE, PMI_FD, MPI_LOCALRANKID and
 MPI_LOCALNRANKS; with ``-pmi-port`` it sets PMI_ID and PMI_PORT instead of a rank and size, which
 no process can resolve alone, so that launch is refused.)
@@ -83,13 +88,11 @@ PMI = Family(
 )
 FAMILIES = (OPENMPI, MVAPICH2, PMI)
 
-# Per-process variables of launchers (the ones above, PMIx, Flux, PALS, torchrun's locals): a
-# value meaning "rank > 0" or "more than one process" that no family explains is an error, never
-# a silent world of one -- N copies of the same training would each write the same checkpoints.
+# Per-process variables of launchers no family resolves (PMIx, Flux, PALS, Hydra with
+# -pmi-port, torchrun's locals): a value meaning "rank > 0" or "more than one process" is
+# an error, never a silent world of one -- N copies of the same training would each write the
+# same checkpoints. (A family's own rank and size never get here: family_of finds them first.)
 RANK_SIGNS = (
-    "OMPI_COMM_WORLD_RANK",
-    "MV2_COMM_WORLD_RANK",
-    "PMI_RANK",
     "PMI_ID",
     "PMIX_RANK",
     "MPI_LOCALRANKID",
@@ -99,9 +102,6 @@ RANK_SIGNS = (
     "LOCAL_RANK",
 )
 SIZE_SIGNS = (
-    "OMPI_COMM_WORLD_SIZE",
-    "MV2_COMM_WORLD_SIZE",
-    "PMI_SIZE",
     "MPI_LOCALNRANKS",
     "PMI_LOCAL_SIZE",
     "FLUX_JOB_SIZE",

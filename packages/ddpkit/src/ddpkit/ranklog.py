@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import io
 import logging
@@ -72,16 +73,45 @@ class _Nowhere(io.TextIOBase):
 
 
 class _Console(logging.StreamHandler):
-    """The console handler. When its reader left (``python train.py | head``) it says so in one
-    line on stderr and drops what follows, not a "--- Logging error ---" traceback per record;
-    the log file and the job go on."""
+    """The console handler. When its reader left (``python train.py | head``), or stdout is a
+    file on a full disk, it says so in one line on stderr and drops what follows, not a "---
+    Logging error ---" traceback per record; the log file and the job go on."""
 
     def handleError(self, record: logging.LogRecord) -> None:
-        if not isinstance(sys.exc_info()[1], BrokenPipeError) or self.stream is sys.stderr:
+        error = sys.exc_info()[1]
+        if not isinstance(error, OSError) or self.stream is sys.stderr:
             super().handleError(record)
             return
         self.stream = _Nowhere()  # not setStream(): it would flush the closed pipe again
-        print("ddpkit: stdout was closed by its reader; console logging stops", file=sys.stderr)
+        why = (
+            "was closed by its reader"
+            if isinstance(error, BrokenPipeError)
+            else f"cannot be written: {error.strerror or error}"
+        )
+        with contextlib.suppress(OSError):
+            print(f"ddpkit: stdout {why}; console logging stops", file=sys.stderr)
+
+
+class _File(logging.FileHandler):
+    """The log file. When it cannot be written (a full disk, a quota, a file system gone
+    read-only) it says so in one line on stderr and drops what follows, not a "--- Logging
+    error ---" traceback per record; the console and the job go on."""
+
+    def handleError(self, record: logging.LogRecord) -> None:
+        error = sys.exc_info()[1]
+        if not isinstance(error, OSError) or self.stream is None:
+            super().handleError(record)
+            return
+        failed, self.stream = self.stream, _Nowhere()  # type: ignore[assignment]
+        with contextlib.suppress(OSError):  # its buffer cannot be flushed: dropped
+            failed.close()
+        with contextlib.suppress(OSError):
+            print(
+                f"ddpkit: cannot write the log file {self.baseFilename}: "
+                f"{error.strerror or error}; logging to it stops (the console goes on)",
+                file=sys.stderr,
+                flush=True,
+            )
 
 
 class RankLogging:
@@ -96,7 +126,7 @@ class RankLogging:
         if self.rank != 0 or self.file is not None:
             return
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-        self.file = logging.FileHandler(path, encoding="utf-8")
+        self.file = _File(path, encoding="utf-8")
         self.file.setFormatter(logging.Formatter(fmt))
         self._attach(self.file)
 

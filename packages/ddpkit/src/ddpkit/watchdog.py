@@ -112,29 +112,13 @@ class WatchdogOptions:
 
     def settings(self, env: Mapping[str, str], interval: float) -> Settings | None:
         """The values in force (None: off), checked against ``interval``; one-line errors."""
-        enabled = self.enabled
-        if enabled is None:
-            text = env.get(WATCHDOG_ENV, "").strip().lower()
-            if text not in ("", "0", "1", "on", "off", "true", "false", "yes", "no"):
-                raise DistConfigError(
-                    f"{WATCHDOG_ENV}={text!r} must be 1 (on, the default) or 0 (off)"
-                )
-            enabled = text not in ("0", "off", "false", "no")
+        enabled = env_switch(env) if self.enabled is None else self.enabled
         if not enabled:
             return None
         frozen = self.frozen_after
         source = "frozen_after"
         if frozen is None:
-            text = env.get(FROZEN_ENV, "").strip()
-            source = FROZEN_ENV
-            try:
-                frozen = float(text) if text else DEFAULT_FROZEN_AFTER_S
-            except ValueError:
-                frozen = float("nan")
-            if not frozen > 0 or frozen == float("inf"):
-                raise DistConfigError(
-                    f"{FROZEN_ENV}={text!r} must be a positive number of seconds, e.g. 20"
-                )
+            frozen, source = env_frozen_after(env), FROZEN_ENV
         if frozen < MIN_INTERVALS_FROZEN * interval:
             raise DistConfigError(
                 f"{source}={frozen:g} s is shorter than {MIN_INTERVALS_FROZEN} heartbeat "
@@ -146,6 +130,32 @@ class WatchdogOptions:
         return Settings(
             interval=interval, frozen_after=float(frozen), fault_file=path, exit_code=self.exit_code
         )
+
+
+def env_switch(env: Mapping[str, str]) -> bool:
+    """``DDPKIT_WATCHDOG``: on unless 0 (off, false, no); anything else is one line. Read on
+    every process, one rank too: a typo is said where it is made, not first on a big launch."""
+    text = env.get(WATCHDOG_ENV, "").strip().lower()
+    if text not in ("", "0", "1", "on", "off", "true", "false", "yes", "no"):
+        raise DistConfigError(
+            f"{WATCHDOG_ENV}={text!r} must be 1 (on, the default) or 0 (off); fix or unset it"
+        )
+    return text not in ("0", "off", "false", "no")
+
+
+def env_frozen_after(env: Mapping[str, str]) -> float:
+    """``DDPKIT_FROZEN_AFTER`` in seconds (default 20); anything but a positive number is one
+    line."""
+    text = env.get(FROZEN_ENV, "").strip()
+    try:
+        frozen = float(text) if text else DEFAULT_FROZEN_AFTER_S
+    except ValueError:
+        frozen = float("nan")
+    if not frozen > 0 or frozen == float("inf"):
+        raise DistConfigError(
+            f"{FROZEN_ENV}={text!r} must be a positive number of seconds, e.g. 20"
+        )
+    return frozen
 
 
 @dataclass(frozen=True, slots=True)

@@ -186,19 +186,8 @@ class TokenCache:
             # Without a working lock each builder uses its own directory: wasteful, never corrupt.
             suffix = "partial" if locked else f"partial-{os.getpid()}-{uuid.uuid4().hex[:8]}"
             partial = root / f"tokens-{key}.{suffix}"
-            try:
+            with _build_errors(partial):
                 _build_into(partial, source, tokenizer, key, workers=workers, progress=progress)
-            except EmptyDatasetError:
-                shutil.rmtree(partial, ignore_errors=True)
-                raise
-            except OSError as e:
-                if e.errno != errno.ENOSPC:
-                    raise
-                raise CacheError(
-                    f"no space left for the token cache in {root} (a build needs about twice "
-                    "the cache's size): free space or point --cache-dir / $PARQUETLM_CACHE "
-                    "elsewhere; the row groups done are kept and the next run goes on from them"
-                ) from e
             try:
                 os.rename(partial, final)
             except OSError as e:
@@ -676,6 +665,24 @@ def split_units(units: list[Unit], *, max_parts: int = 16, min_rows: int = 256) 
     return out
 
 
+@contextlib.contextmanager
+def _build_errors(partial: Path) -> Iterator[None]:
+    """An empty dataset leaves no partial build; a full disk is one line (the work done stays)."""
+    try:
+        yield
+    except EmptyDatasetError:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
+    except OSError as e:
+        if e.errno != errno.ENOSPC:
+            raise
+        raise CacheError(
+            f"no space left for the token cache in {partial.parent} (a build needs about twice "
+            "the cache's size): free space or point --cache-dir / $PARQUETLM_CACHE "
+            "elsewhere; the row groups done are kept and the next run goes on from them"
+        ) from e
+
+
 def _build_into(
     partial: Path,
     source: ParquetSource,
@@ -714,10 +721,21 @@ def _build_into(
             f"empty dataset: all {totals['null_rows']} rows of column {source.column!r} in "
             f"{source.describe()} are null"
         )
-    meta = {
+    meta = _meta(source, tokenizer, key, dtype.name, totals)
+    meta["build_seconds"] = round(time.time() - t0, 3)
+    _write_json(partial / "meta.json", meta)
+    shutil.rmtree(units_dir)
+    _fsync_dir(partial)
+
+
+def _meta(
+    source: ParquetSource, tokenizer: Tokenizer, key: str, dtype: str, totals: dict[str, Any]
+) -> dict[str, Any]:
+    """meta.json of a built cache: what it was built from, and its totals."""
+    return {
         "format": FORMAT_VERSION,
         "key": key,
-        "dtype": dtype.name,
+        "dtype": dtype,
         "vocab_size": tokenizer.vocab_size,
         "eot_id": tokenizer.eot_id,
         "tokenizer": repr(tokenizer),
@@ -729,11 +747,7 @@ def _build_into(
         "num_rows": source.num_rows,
         **totals,
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "build_seconds": round(time.time() - t0, 3),
     }
-    _write_json(partial / "meta.json", meta)
-    shutil.rmtree(units_dir)
-    _fsync_dir(partial)
 
 
 def _unit_done(units_dir: Path, unit: Unit) -> bool:

@@ -99,6 +99,17 @@ class LoaderConfig:
                 raise LoaderError(f"dtype={self.dtype!r} must be an integer dtype, e.g. 'int64'")
 
 
+def _tokens_and_key(cache: TokenSource | np.ndarray, key: str | None) -> tuple[np.ndarray, str]:
+    """The token array (a plain view: slicing a np.memmap is slower) and the data's key."""
+    if isinstance(cache, np.ndarray):
+        tokens, found = cache, key or _array_key(cache)
+    else:
+        tokens, found = cache.tokens, key or cache.key
+    if tokens.ndim != 1:
+        raise LoaderError(f"tokens must be a 1-D array, got shape {tokens.shape}")
+    return np.asarray(tokens), found
+
+
 class PackedLoader:
     """Batches of shape ``(batch_size, seq_len + 1)`` for this rank (see the module docstring).
 
@@ -138,13 +149,7 @@ class PackedLoader:
             dtype=dtype,
         )
         self._cache = cache
-        if isinstance(cache, np.ndarray):
-            tokens, self.key = cache, key or _array_key(cache)
-        else:
-            tokens, self.key = cache.tokens, key or cache.key
-        if tokens.ndim != 1:
-            raise LoaderError(f"tokens must be a 1-D array, got shape {tokens.shape}")
-        self._tokens = np.asarray(tokens)  # a plain view: slicing a np.memmap is slower
+        self._tokens, self.key = _tokens_and_key(cache, key)
         self._check_windows = getattr(cache, "check_windows", None)
         self._out_dtype = np.dtype(dtype) if dtype is not None else self._tokens.dtype
         self.num_windows = self._count_windows()

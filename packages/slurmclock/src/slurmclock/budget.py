@@ -437,6 +437,25 @@ class _Part:
         return f"{self.name} {_fmt(self.seconds)} s" + (f" ({self.how})" if self.how else "")
 
 
+def _clocks(
+    deadline: DeadlineWatcher | Deadline | None,
+    clock: Callable[[], float] | None,
+    timer: Callable[[], float] | None,
+) -> tuple[Callable[[], float], Callable[[], float]]:
+    """The clock of "now" (the watcher's by default) and the timer of durations (the clock when one
+    was given, else a monotonic one)."""
+    if clock is None:
+        clock = deadline.clock if isinstance(deadline, DeadlineWatcher) else time.time
+    return clock, timer or (clock if clock is not time.time else time.monotonic)
+
+
+def _check_deadline(deadline: object) -> None:
+    if deadline is not None and not isinstance(deadline, (Deadline, DeadlineWatcher)):
+        raise TypeError(
+            f"deadline must be a DeadlineWatcher, a Deadline or None, got {type(deadline)!r}"
+        )
+
+
 class TimeBudget:
     """Decides when to stop so that the final checkpoint is durable and the job requeued in time.
 
@@ -477,10 +496,7 @@ class TimeBudget:
         clock: Callable[[], float] | None = None,
         timer: Callable[[], float] | None = None,
     ) -> None:
-        if deadline is not None and not isinstance(deadline, (Deadline, DeadlineWatcher)):
-            raise TypeError(
-                f"deadline must be a DeadlineWatcher, a Deadline or None, got {type(deadline)!r}"
-            )
+        _check_deadline(deadline)
         self.config = BudgetConfig(
             margin=margin,
             initial_step_estimate=initial_step_estimate,
@@ -501,19 +517,23 @@ class TimeBudget:
         self.signals = signals
         self._meaning = self.meaning  # fixed with the config: read at every step
         self.timeline = timeline
-        if clock is None:
-            clock = deadline.clock if isinstance(deadline, DeadlineWatcher) else time.time
-        self._clock = clock
-        self._timer = timer or (clock if clock is not time.time else time.monotonic)
-        self._steps = RobustEstimate(skip=warmup_steps, window=step_window, quantile=step_quantile)
-        self._saves = SaveTail(window=save_window, quantile=save_quantile)
+        self._clock, self._timer = _clocks(deadline, clock, timer)
+        self._start_measuring()
+        if timeline is not None:
+            self.load_timeline(timeline)
+
+    def _start_measuring(self) -> None:
+        """Empty estimates, shaped by the config (load_state_dict and the timeline fill them)."""
+        cfg = self.config
+        self._steps = RobustEstimate(
+            skip=cfg.warmup_steps, window=cfg.step_window, quantile=cfg.step_quantile
+        )
+        self._saves = SaveTail(window=cfg.save_window, quantile=cfg.save_quantile)
         self._exits: dict[tuple[str, int], float] = {}
         self.launch_s: float | None = None  # record_launch()
         self._warnings_seen = 0
         self._said: set[str] = set()
         self._parts_cache: dict[bool, tuple[float, str]] = {}  # with_step -> (needed, said)
-        if timeline is not None:
-            self.load_timeline(timeline)
 
     # -- measuring --------------------------------------------------------------------------
 

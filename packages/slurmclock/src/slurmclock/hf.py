@@ -71,14 +71,19 @@ _CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
 # The Trainer writes trainer_state.json last: a checkpoint-N without it was cut short.
 _WRITTEN_LAST = "trainer_state.json"
 BUDGET_FILE = "slurmclock_budget.json"  # the budget's measurements, beside the Trainer's files
+# What an exact resume needs beside the weights, by the names the Trainer saves it under
+# (optimizer.pt/.bin, FSDP's optimizer_0/ folder, DeepSpeed's global_stepN/; rng_state*.pth).
+_RESUME_STATE = {"optimizer": ("optimizer", "global_step"), "RNG": ("rng_state",)}
 
 
 def last_checkpoint(output_dir: str | os.PathLike[str]) -> str | None:
     """The newest *complete* ``checkpoint-N`` under ``output_dir`` (None if there is none).
 
     Unlike ``transformers.trainer_utils.get_last_checkpoint``, a folder whose save was killed
-    before ``trainer_state.json`` (the Trainer writes it last) is skipped with a warning
-    instead of being resumed from (which fails or, worse, loads half a checkpoint).
+    before or while ``trainer_state.json`` was written (the Trainer writes it last: missing,
+    empty or cut off) is skipped with a warning naming it, instead of being resumed from
+    (which fails or, worse, loads half a checkpoint); the newest complete one before it is
+    taken.
     """
     try:
         names = os.listdir(output_dir)
@@ -88,14 +93,46 @@ def last_checkpoint(output_dir: str | os.PathLike[str]) -> str | None:
         ((int(m.group(1)), name) for name in names if (m := _CHECKPOINT_RE.match(name))),
         reverse=True,
     )
+    skipped: list[str] = []
     for _, name in steps:
         path = os.path.join(output_dir, name)
-        if os.path.isfile(os.path.join(path, _WRITTEN_LAST)):
+        if not os.path.isdir(path):
+            continue
+        problem = _incomplete(path)
+        if problem is None:
+            if skipped:
+                log.warning(
+                    "slurmclock: resuming from %s, the newest complete checkpoint; skipped %s",
+                    name,
+                    "; ".join(skipped),
+                )
             return path
-        if os.path.isdir(path):
-            log.warning(
-                "slurmclock: skipping %s: no %s (the save was cut short)", path, _WRITTEN_LAST
-            )
+        skipped.append(f"{name} ({problem}: the save was cut short)")
+    if skipped:
+        log.warning(
+            "slurmclock: no complete checkpoint in %s; skipped %s", output_dir, "; ".join(skipped)
+        )
+    return None
+
+
+def _incomplete(checkpoint: str) -> str | None:
+    """Why ``checkpoint``'s ``trainer_state.json`` does not show a finished save, or None."""
+    path = os.path.join(checkpoint, _WRITTEN_LAST)
+    try:
+        with open(path, "rb") as f:
+            text = f.read()
+    except FileNotFoundError:
+        return f"no {_WRITTEN_LAST}"
+    except OSError as e:
+        return f"{_WRITTEN_LAST} unreadable: {e.strerror or e}"
+    if not text.strip():
+        return f"{_WRITTEN_LAST} is empty"
+    try:
+        state = json.loads(text)
+    except ValueError:
+        return f"{_WRITTEN_LAST} is not whole JSON"
+    if not isinstance(state, dict) or not isinstance(state.get("global_step"), int):
+        return f"{_WRITTEN_LAST} has no global_step"
     return None
 
 
@@ -154,6 +191,8 @@ class TimeAwareCallback(TimeAware, TrainerCallback):
     ) -> None:
         if state.global_step > 0:  # resumed: the Trainer loaded checkpoint-N's state
             _load_budget(self.budget, _checkpoint_dir(args, state) / BUDGET_FILE)
+        if state.is_world_process_zero:
+            _say_if_not_exact(args, state)
         device = args.device
         self.loop.connect(
             leader=state.is_world_process_zero,
@@ -215,6 +254,35 @@ class TimeAwareCallback(TimeAware, TrainerCallback):
 
 def _checkpoint_dir(args: TrainingArguments, state: TrainerState) -> Path:
     return Path(args.output_dir or "trainer_output") / f"checkpoint-{state.global_step}"
+
+
+def _say_if_not_exact(args: TrainingArguments, state: TrainerState) -> None:
+    """The Trainer resumes without a word from a checkpoint that holds the weights only
+    (``save_only_model=True``): the optimizer's moments, the LR schedule and the RNG start
+    over. Said once, at the start of each run that has or makes such checkpoints."""
+    folder = _checkpoint_dir(args, state)
+    if state.global_step > 0 and folder.is_dir():  # else resumed from elsewhere: unknown
+        names = os.listdir(folder)
+        missing = [
+            part
+            for part, prefixes in _RESUME_STATE.items()
+            if not any(n.startswith(prefixes) for n in names)
+        ]
+        if missing:
+            log.warning(
+                "slurmclock: %s holds no %s state (saved with save_only_model=True?): this "
+                "resume is not exact (they start over); set save_only_model=False for exact "
+                "resumes",
+                folder,
+                "/".join(missing),
+            )
+            return
+    if args.save_only_model:
+        log.warning(
+            "slurmclock: save_only_model=True: the checkpoints a stop saves hold the weights "
+            "only, so the resume will not be exact (optimizer, LR schedule and RNG start over); "
+            "set save_only_model=False for exact resumes"
+        )
 
 
 def _store_budget(budget: TimeBudget, folder: Path) -> None:

@@ -275,9 +275,17 @@ def num_nodes(env: Mapping[str, str] | None = None) -> int:
 
 # -- who leads -------------------------------------------------------------------------------------
 
-RANK_VARIABLES = ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID")
-"""Where a process's global rank is read, first set wins: torchrun's, then Open MPI's, MPICH's
-and Intel MPI's, PMIx's, then srun's. The MPI ones come before ``SLURM_PROCID``: ``mpirun``
+RANK_VARIABLES = (
+    "RANK",
+    "OMPI_COMM_WORLD_RANK",
+    "MV2_COMM_WORLD_RANK",
+    "PMI_RANK",
+    "PMIX_RANK",
+    "SLURM_PROCID",
+)
+"""Where a process's global rank is read, first set wins: torchrun's, then Open MPI's,
+MVAPICH2's, MPICH's and Intel MPI's, PMIx's, then srun's (every launcher ddpkit detects:
+``tests/contracts/test_launchers.py``). The MPI ones come before ``SLURM_PROCID``: ``mpirun``
 inside a batch job leaves the batch shell's ``SLURM_PROCID=0`` in every rank it starts."""
 
 

@@ -11,6 +11,7 @@ No module-level state: the run object is held by the logger instance. Standard l
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import logging
 import netrc
 import os
@@ -32,6 +33,7 @@ class MetricsLogger(Protocol):
 
 
 OFFLINE_MODES = ("offline", "dryrun")
+NOT_INSTALLED = "wandb is not installed: pip install wandb (or the extra 'slurmclock[wandb]')"
 
 
 class WandbLogger:
@@ -65,12 +67,12 @@ class WandbLogger:
         self.reported = False  # the reason was logged here (a failure); else the caller says it
         environ = os.environ if env is None else env
         mode = mode or environ.get("WANDB_MODE") or "online"
-        self.reason = self._why_inactive(rank, mode, environ)
+        self.reason = self._why_inactive(rank, mode, environ, installed=module is not None)
         if self.reason is not None:
             return
         wandb = module if module is not None else _import_wandb()
         if wandb is None:
-            self.reason = "wandb is not installed (pip install 'slurmclock[wandb]')"
+            self.reason = NOT_INSTALLED
             return
         kwargs: dict[str, Any] = {"project": project, "name": name, "mode": mode, **init_kwargs}
         if config is not None:
@@ -87,13 +89,18 @@ class WandbLogger:
             self.run = None
 
     @staticmethod
-    def _why_inactive(rank: int, mode: str, env: Mapping[str, str]) -> str | None:
+    def _why_inactive(
+        rank: int, mode: str, env: Mapping[str, str], *, installed: bool
+    ) -> str | None:
         if rank != 0:
             return f"rank {rank} does not log (only rank 0 does)"
         if mode == "disabled":
             return "WANDB_MODE=disabled"
         if mode not in ("online", "run", *OFFLINE_MODES):
             return f"unknown W&B mode {mode!r} (use online, offline or disabled)"
+        # Before the credentials: without the package, a login would not help.
+        if not installed and importlib.util.find_spec("wandb") is None:
+            return NOT_INSTALLED
         if mode in OFFLINE_MODES or has_credentials(env):
             return None
         return (

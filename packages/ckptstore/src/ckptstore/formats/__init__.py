@@ -1,4 +1,4 @@
-"""Checkpoint formats: a registry in the style of fsspec's ``registry.py``.
+"""Checkpoint formats: ckptstore's plugin registry (``ckptstore.plugins``), keyed by name.
 
 ``known_formats`` maps a name to ``"module:Class"`` (imported only when first used) plus an
 install hint for a missing extra; ``register_format`` adds or replaces one at runtime; third-party
@@ -15,15 +15,14 @@ durable), ``load`` and ``describe``.
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from importlib.metadata import entry_points
 from typing import Any, Protocol, runtime_checkable
 
 from ..buffers import Arena
 from ..errors import CheckpointError
 from ..manifest import FileEntry, Manifest
+from ..plugins import Registry
 from ..storage import IOEngine, Storage
 from ..tree import EncodedState
 
@@ -37,7 +36,6 @@ known_formats: dict[str, dict[str, str]] = {
         "distributed support, torch>=2.4)",
     },
 }
-_registry: dict[str, type[CheckpointFormat]] = {}
 
 
 @dataclass(kw_only=True, slots=True)
@@ -99,53 +97,28 @@ class CheckpointFormat(Protocol):
         ...
 
 
+FORMATS: Registry[type[CheckpointFormat]] = Registry(
+    "format", ENTRY_POINT_GROUP, known_formats, lambda name: f"checkpoint format {name!r}"
+)
+
+
 def register_format(
     name: str, cls: type[CheckpointFormat] | str, *, clobber: bool = False, errtxt: str = ""
 ) -> None:
     """Register ``cls`` (a class, or ``"module:Class"`` imported when first used) as ``name``."""
-    if not name or not name.replace("_", "").replace("-", "").isalnum():
-        raise ValueError(f"format name {name!r} must be letters, digits, '-' or '_'")
-    taken = name in _registry or name in known_formats
-    if taken and not clobber:
-        current = _registry.get(name) or known_formats[name]["class"]
-        if current is not cls and current != cls:
-            raise ValueError(
-                f"format {name!r} is already registered ({current}); pass clobber=True to replace"
-            )
-    if isinstance(cls, str):
-        if ":" not in cls:
-            raise ValueError(f"format class must be 'module:Class', got {cls!r}")
-        known_formats[name] = {"class": cls, **({"err": errtxt} if errtxt else {})}
-        _registry.pop(name, None)
-    else:
-        _registry[name] = cls
+    FORMATS.register(name, cls, clobber=clobber, errtxt=errtxt)
 
 
 def available_formats() -> list[str]:
-    names = set(known_formats) | set(_registry)
-    names.update(ep.name for ep in entry_points(group=ENTRY_POINT_GROUP))
-    return sorted(names)
+    return FORMATS.names()
 
 
 def get_format(name: str) -> type[CheckpointFormat]:
     """The class registered as ``name``; imports it on first use."""
-    if name in _registry:
-        return _registry[name]
-    spec = known_formats.get(name)
-    target = spec["class"] if spec else None
-    if target is None:
-        eps = [ep for ep in entry_points(group=ENTRY_POINT_GROUP) if ep.name == name]
-        if not eps:
-            raise CheckpointError(
-                f"unknown checkpoint format {name!r}; available: {', '.join(available_formats())}"
-                f" (third-party formats register under the {ENTRY_POINT_GROUP!r} entry points)"
-            )
-        target = eps[0].value
-    module_name, _, attr = target.partition(":")
-    try:
-        cls = getattr(importlib.import_module(module_name), attr)
-    except ImportError as e:
-        hint = (spec or {}).get("err") or f"install the package that provides {module_name}"
-        raise CheckpointError(f"cannot load checkpoint format {name!r}: {hint} ({e})") from e
-    _registry[name] = cls
+    cls = FORMATS.find(name)
+    if cls is None:
+        raise CheckpointError(
+            f"unknown checkpoint format {name!r}; available: {', '.join(available_formats())}"
+            f" (third-party formats register under the {ENTRY_POINT_GROUP!r} entry points)"
+        )
     return cls

@@ -51,7 +51,13 @@ from torch.distributed.checkpoint.storage import StorageReader, StorageWriter, W
 from torch.futures import Future
 
 from ..buffers import ALIGN, TENSOR_ALIGN, align_up, aligned_empty, as_bytes
-from ..errors import CheckpointError, CorruptCheckpointError, IncompatibleCheckpointError
+from ..errors import (
+    CheckpointError,
+    CorruptCheckpointError,
+    IncompatibleCheckpointError,
+    unreachable,
+    unreachable_error,
+)
 from ..manifest import CRC_CHUNK, Checksum, FileEntry, Manifest, _file_from_json
 from ..storage import Dest, SegmentPayload, crc_chunks
 from ..tree import EncodedState, decode, dtype_from_name, dtype_name, like_tensors, tensor_keys
@@ -316,6 +322,8 @@ def _unwrap(e: BaseException) -> Exception:
             return IncompatibleCheckpointError(f"rank {rank}: {type(inner).__name__}: {inner}")
     if inners:  # storage trouble (OSError, botocore, ...): the caller may try another copy
         rank, inner = inners[0]
+        if unreachable(inner):
+            return unreachable_error(inner, f"rank {rank}'s part")
         return OSError(f"rank {rank}: {inner!r}")
     return CheckpointError(f"torch.distributed.checkpoint failed: {e}")
 

@@ -1,5 +1,5 @@
-"""Storage backends: a registry in the style of fsspec's ``registry.py`` (and of ckptstore's
-formats), keyed by URL protocol.
+"""Storage backends: ckptstore's plugin registry (``ckptstore.plugins``, as the formats use),
+keyed by URL protocol.
 
 ``known_storages`` maps a protocol to ``"module:Class"`` (imported only when first used) plus an
 install hint for a missing extra; ``register_storage`` adds or replaces one at runtime;
@@ -16,11 +16,10 @@ does, without fast paths.
 
 from __future__ import annotations
 
-import importlib
-from importlib.metadata import entry_points
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ..errors import CheckpointError
+from ..plugins import Registry
 
 if TYPE_CHECKING:
     from . import Storage
@@ -37,7 +36,6 @@ known_storages: dict[str, dict[str, str]] = {
     "s3a": {"class": "ckptstore.storage.s3:S3Storage", "err": _S3_HINT},
 }
 FALLBACK = "ckptstore.storage.remote:FsspecStorage"  # any other fsspec protocol
-_registry: dict[str, StorageBackend] = {}
 
 
 class StorageBackend(Protocol):
@@ -51,6 +49,11 @@ class StorageBackend(Protocol):
         ...
 
 
+STORAGES: Registry[StorageBackend] = Registry(
+    "storage", ENTRY_POINT_GROUP, known_storages, lambda protocol: f"the storage for {protocol}://"
+)
+
+
 def protocol_of(url: str) -> str:
     return url.split("://", 1)[0] if "://" in url else LOCAL
 
@@ -60,75 +63,22 @@ def register_storage(
 ) -> None:
     """Register ``cls`` (a class, or ``"module:Class"`` imported when first used) for URLs
     ``protocol://...``. ``errtxt``: the install hint when it cannot be imported or opened."""
-    if not protocol or not protocol.replace("_", "").replace("-", "").isalnum():
-        raise ValueError(f"storage protocol {protocol!r} must be letters, digits, '-' or '_'")
-    if not clobber and _taken_by_another(protocol, cls):
-        current = _registry.get(protocol) or known_storages[protocol]["class"]
-        raise ValueError(
-            f"storage {protocol!r} is already registered ({current}); pass clobber=True to replace"
-        )
-    if isinstance(cls, str):
-        if ":" not in cls:
-            raise ValueError(f"storage class must be 'module:Class', got {cls!r}")
-        known_storages[protocol] = {"class": cls, **({"err": errtxt} if errtxt else {})}
-        _registry.pop(protocol, None)
-    else:
-        _registry[protocol] = cls
-        if errtxt:
-            known_storages[protocol] = {"class": _dotted(cls), "err": errtxt}
-
-
-def _taken_by_another(protocol: str, cls: StorageBackend | str) -> bool:
-    current: StorageBackend | str | None = _registry.get(protocol)
-    if current is None and protocol in known_storages:
-        current = known_storages[protocol]["class"]
-    if current is None:
-        return False
-    return current is not cls and current != cls and _dotted(current) != _dotted(cls)
-
-
-def _dotted(cls: StorageBackend | str) -> str:
-    if isinstance(cls, str):
-        return cls
-    return f"{cls.__module__}:{getattr(cls, '__qualname__', type(cls).__qualname__)}"
+    STORAGES.register(protocol, cls, clobber=clobber, errtxt=errtxt)
 
 
 def available_storages() -> list[str]:
     """The protocols with a backend of their own (any other fsspec protocol works too)."""
-    names = set(known_storages) | set(_registry)
-    names.update(ep.name for ep in entry_points(group=ENTRY_POINT_GROUP))
-    return sorted(names)
+    return STORAGES.names()
 
 
 def get_storage(protocol: str) -> StorageBackend:
     """The backend class for ``protocol``; imports it on first use. A protocol nobody
-    registered gets the generic fsspec backend."""
-    if protocol in _registry:
-        return _registry[protocol]
-    spec = known_storages.get(protocol)
-    target = spec["class"] if spec else None
-    if target is None:
-        eps = [ep for ep in entry_points(group=ENTRY_POINT_GROUP) if ep.name == protocol]
-        if not eps:
-            return _load(FALLBACK, protocol)  # not cached: an entry point may come later
-        target = eps[0].value
-    cls = _load(target, protocol)
-    _registry[protocol] = cls
-    return cls
-
-
-def _load(target: str, protocol: str) -> StorageBackend:
-    module_name, _, attr = target.partition(":")
-    try:
-        cls: StorageBackend = getattr(importlib.import_module(module_name), attr)
-        return cls
-    except ImportError as e:
-        hint = install_hint(protocol) or f"install the package that provides {module_name}"
-        raise CheckpointError(f"cannot load the storage for {protocol}://: {hint} ({e})") from e
+    registered gets the generic fsspec backend (not cached: an entry point may come later)."""
+    return STORAGES.find(protocol) or STORAGES.load(FALLBACK, protocol)
 
 
 def install_hint(protocol: str) -> str | None:
-    return known_storages.get(protocol, {}).get("err")
+    return STORAGES.hint(protocol)
 
 
 def open_storage(url: str, storage_options: dict[str, Any] | None = None) -> Storage:

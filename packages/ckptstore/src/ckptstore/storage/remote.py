@@ -13,7 +13,13 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..buffers import memview
-from ..errors import CorruptCheckpointError, disk_error
+from ..errors import (
+    CorruptCheckpointError,
+    StoreUnreachableError,
+    disk_error,
+    unreachable,
+    unreachable_error,
+)
 from ..manifest import CRC_CHUNK, Checksum, FileEntry
 from .engine import IOEngine
 from .payload import (
@@ -43,15 +49,26 @@ def _remote_errors() -> tuple[type[BaseException], ...]:
     return tuple(out)
 
 
+def _storage_errors() -> tuple[type[BaseException], ...]:
+    return (OSError, *_remote_errors())
+
+
 def _translated(fn: F) -> F:
     """Storage failures surface as OSError (what every caller handles), never as a client
-    library's own exception type with a traceback."""
+    library's own exception type with a traceback; a store that does not answer, as
+    StoreUnreachableError (an OSError too)."""
 
     @functools.wraps(fn)
     def wrapper(self: FsspecStorage, path: str, *args: Any, **kw: Any) -> Any:
         try:
             return fn(self, path, *args, **kw)
-        except _remote_errors() as e:
+        except StoreUnreachableError:
+            raise  # said already, by a call inside this one
+        except _storage_errors() as e:
+            if unreachable(e):
+                raise unreachable_error(e, self.url(path)) from e
+            if isinstance(e, OSError):
+                raise
             raise OSError(errno.EIO, f"{self.url(path)}: {type(e).__name__}: {e}") from e
 
     return wrapper  # type: ignore[return-value]

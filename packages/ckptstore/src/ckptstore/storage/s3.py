@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib
 import logging
 import queue
+import random
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -32,6 +34,7 @@ class S3Storage(FsspecStorage):
         super().__init__(fs, root)
         self._bucket_checked = False
         quiet_dead_connections(fs)
+        own_retry_jitter()
 
     @_translated
     def makedirs(self, path: str) -> None:
@@ -148,6 +151,30 @@ def delete_if(fs: Any, path: str, etag: str) -> bool:
         raise
     fs.invalidate_cache(path)
     return True
+
+
+# -- the caller's random stream -------------------------------------------------------------
+_JITTER = random.Random()
+
+
+def own_retry_jitter() -> None:
+    """botocore draws the jitter of its retry pauses from Python's global ``random``: each
+    retry (a store that stalls or is down) would move the training's random stream, which a
+    checkpoint holds and a resume restores, so a run that went on through an outage would no
+    longer be bitwise one that never met it. Its two retry modes draw from a generator of
+    their own instead (module attributes, set once; jitter is jitter whatever draws it)."""
+    try:
+        legacy: Any = importlib.import_module("botocore.retryhandler")
+        standard: Any = importlib.import_module("botocore.retries.standard")
+    except ImportError:  # pragma: no cover - s3fs depends on botocore
+        return
+    legacy.random = _JITTER  # what its delay_exponential calls random.random() on
+    init = standard.ExponentialBackoff.__init__
+    defaults = list(init.__defaults__ or ())
+    names = init.__code__.co_varnames[1 : 1 + init.__code__.co_argcount]
+    if "random" in names[-len(defaults) :]:  # ExponentialBackoff(random=random.random)
+        defaults[names[-len(defaults) :].index("random")] = _JITTER.random
+        init.__defaults__ = tuple(defaults)
 
 
 # -- asyncio noise --------------------------------------------------------------------------
