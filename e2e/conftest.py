@@ -321,6 +321,68 @@ def long_multinode(multinode_runs: Background | None, multinode_cluster: Any) ->
     return multinode_runs
 
 
+def _selected(request: pytest.FixtureRequest, module: str) -> list[str]:
+    """The ``name`` parameters of the selected tests of ``module``, each once, in order."""
+    names = (
+        item.callspec.params["name"]
+        for item in request.session.items
+        if module in item.nodeid and hasattr(item, "callspec")
+    )
+    return list(dict.fromkeys(names))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def node_fault_runs(
+    request: pytest.FixtureRequest,
+    corpus: Path,
+    cache_dir: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+    long_runs: LongRuns | None,
+) -> Iterator[Background | None]:
+    """Starts the selected cases of scenario 11 (test_slurm_node_faults.py: nodes lost
+    mid-run), each on a multi-node cluster of its own, in the background once the foreground
+    scenarios are done (they mostly wait for SLURM and the supervisor)."""
+    wanted = _selected(request, "test_slurm_node_faults")
+    localslurm = load_tool("localslurm")
+    if not wanted or localslurm.multinode_unavailable_reason() is not None:
+        yield None
+        return
+    from node_faults import BY_NAME, drive_node_faults
+
+    work = tmp_path_factory.mktemp("node-faults")
+    quiet = long_runs.quiet if long_runs is not None else None
+    if quiet is None and any(BY_NAME[n].limited for n in wanted):
+        quiet = calibrate(corpus, cache_dir, work / "calibrate")
+    clusters: list[Any] = []
+    bg = Background()
+
+    def start() -> None:
+        FOREGROUND_DONE.wait(timeout=3600)
+        env = environ_without_launchers()
+        drive_node_faults(bg, localslurm, env, work, corpus, cache_dir, quiet, wanted, clusters)
+
+    bg.start("start", start)
+    try:
+        yield bg
+    finally:
+        for cluster in clusters:
+            for job in list(cluster.jobs()):
+                cluster.run(["scancel", job], check=False)
+        bg.join_all(timeout=60)
+        for cluster in clusters:
+            cluster.stop()
+
+
+@pytest.fixture
+def long_node_faults(node_fault_runs: Background | None) -> Background:
+    why = load_tool("localslurm").multinode_unavailable_reason()
+    if why is not None:
+        _unavailable("multi-node local SLURM", why, "PYRECOVER_REQUIRE_SLURM")
+    assert node_fault_runs is not None, "scenario 11 was not started"
+    node_fault_runs.result("start", timeout=3600)  # the cases were started
+    return node_fault_runs
+
+
 # -- the short scenarios' configuration and reference ---------------------------------------------
 
 
@@ -357,13 +419,9 @@ def fault_matrix(
     in the background once the foreground scenarios are done: they are CPU-bound, the matrix
     mostly waits for SLURM, and the time-limit scenario, which measures its start-ups and
     goodput, runs on meanwhile (a CI session is as long as that scenario)."""
-    from faults import BY_NAME, PREEMPT_CONF, PREEMPT_PARTITIONS, TWO_RANK_REFERENCE
+    from faults import BY_NAME, PREEMPT_CONF, PREEMPT_PARTITIONS, SLURM_DEFAULTS, TWO_RANK_REFERENCE
 
-    wanted = [
-        item.callspec.params["name"]
-        for item in request.session.items
-        if "test_slurm_faults" in item.nodeid and hasattr(item, "callspec")
-    ]
+    wanted = _selected(request, "test_slurm_faults")
     localslurm = load_tool("localslurm")
     if not wanted or localslurm.unavailable_reason() is not None:
         yield None
@@ -373,6 +431,7 @@ def fault_matrix(
     work = tmp_path_factory.mktemp("faults")
     # A task SIGKILLed on a loaded machine may take a while to go: not a reason to drain the node.
     slow = {"UnkillableStepTimeout": "180"}
+    slow.update(SLURM_DEFAULTS)  # PYRECOVER_E2E_SLURM_DEFAULTS=1: the figures at SLURM's own
     specs: dict[str, dict[str, Any]] = {
         "faults": {"cpus": 16, "extra_conf": {"KillWait": "5", **slow}},
         "kw30": {"cpus": 2, "extra_conf": {"KillWait": "30", **slow}},

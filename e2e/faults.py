@@ -42,6 +42,15 @@ PREEMPT_PARTITIONS = {
     "urgent": "PriorityTier=2 PreemptMode=OFF",
 }
 PREEMPT_CONF = {"PreemptType": "preempt/partition_prio", "PreemptMode": "REQUEUE"}
+# PYRECOVER_E2E_SLURM_DEFAULTS=1 runs the matrix at SLURM's own defaults where the test clusters
+# differ (a requeued job starts cred_expire + 1 s after it ended: 121 s instead of 11 s; KillWait
+# 30 s; SlurmdTimeout 300 s): the figures a user of a stock cluster meets (e2e/README.md).
+SLURM_DEFAULTS = (
+    {"AuthInfo": "cred_expire=120", "KillWait": "30", "SlurmdTimeout": "300"}
+    if os.environ.get("PYRECOVER_E2E_SLURM_DEFAULTS") == "1"
+    else {}
+)
+REQUEUE_EXTRA_S = 110.0 if SLURM_DEFAULTS else 0.0  # what a requeue takes more than at 10 s
 # At most this many of the matrix's jobs start up (import torch, build the model) at once: the
 # machine has two cores, and the time-limit scenario's allocations measure their start-up.
 _STARTING = threading.Semaphore(3)
@@ -425,16 +434,32 @@ def log_lines(text: str) -> list[tuple[float, str]]:
     return out
 
 
+# Training goes on again: the next allocation's first line (a requeue), or the supervisor's line
+# once the trainer it started again in the allocation has done its first step.
+BACK = re.compile(r"job \S+, restart \d+|training again: ")
+
+
 def back_after(log: str, fault: str, since: float | None) -> float | None:
     """Seconds from the job-log line that marks the fault (``fault``: a regex; the first match
-    at or after ``since``, to the second) to the next allocation's first line; None if none."""
+    at or after ``since``, to the second) to the next allocation's first line or, when the step
+    started again in the allocation, to the line saying its first step was done; None if
+    neither came."""
     lines = log_lines(log)
     start = 0.0 if since is None else float(int(since))
     t0 = next((t for t, said in lines if t >= start and re.search(fault, said)), None)
     if t0 is None:
         return None
-    t1 = next((t for t, said in lines if t >= t0 and re.match(r"job \S+, restart \d+", said)), None)
+    t1 = next((t for t, said in lines if t >= t0 and BACK.match(said)), None)
     return None if t1 is None else t1 - t0
+
+
+def first_step_again(log: str, since: float) -> float | None:
+    """Epoch seconds (whole) of the job-log line saying the step started again in the
+    allocation has done its first step, the first at or after ``since``; None if none."""
+    lines = log_lines(log)
+    return next(
+        (t for t, said in lines if t >= int(since) and said.startswith("training again: ")), None
+    )
 
 
 def lost_steps(metrics: Path) -> int:

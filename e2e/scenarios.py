@@ -70,7 +70,7 @@ def drive_distributed(job: Job, corpus: Path, cache: Path) -> dict[str, Any]:
     two = job.submit(
         ["--time=1", "--ntasks-per-node=2"],  # the script asks for 1
         ["--distributed", "--use_torch_distributed_ckpt", *flags],
-        REQUEUE="0",  # this job only stops; the next job resumes (as an array task would)
+        PYRECOVER_CHAIN="1",  # this job only stops; the next job resumes (as in a chain)
         MASTER_ADDR="127.0.0.1",  # the test node's name does not resolve; a real one does
     )
     job.finish(two, timeout=600)

@@ -59,7 +59,7 @@ def test_the_variable_is_the_same_name_on_both_sides(job: Any) -> None:
     """The supervisor sets DDPKIT_FAULT_FILE for the step; ddpkit reads that variable."""
     sup = Supervisor(env=job.env)
     assert ddpkit.faults.FAULT_FILE_ENV == "DDPKIT_FAULT_FILE"
-    assert sup.fault_file == job.dir / "ci-4242.faults.jsonl"
+    assert sup.fault_file == job.dir / "ci-4242.0-1.faults.jsonl"  # restart 0, launch 1
 
 
 RANK = """
@@ -100,27 +100,29 @@ sys.exit(codes[0])
 
 
 @pytest.mark.slow
-def test_a_dead_rank_is_named_by_the_supervisor_and_its_node_excluded(
-    job: Any, tmp_path: Path
-) -> None:
+def test_a_dead_rank_is_named_by_the_supervisor_at_once(job: Any, tmp_path: Path) -> None:
     """The real watchdog (ddpkit, two gloo ranks) and the real `slurmclock supervise`: rank 1
     is SIGKILLed; rank 0 records it and exits 69; the supervisor names the node in the job log
-    and the timeline and keeps it out of the next allocation."""
+    and the timeline (`fault`) while the step still runs, and again in `failed`. The node is the
+    supervisor's own: a rank died, not the node, so it is not excluded. (Requeued here:
+    `--no-restart-here`; a restart in the allocation is slurmclock's test_restart.py.)"""
     (tmp_path / "rank.py").write_text(RANK)
     (tmp_path / "launch.py").write_text(LAUNCH)
     step = [sys.executable, str(tmp_path / "launch.py"), str(tmp_path / "rank.py"), str(tmp_path)]
-    supervise = [sys.executable, "-m", "slurmclock", "supervise", "--", *step]
+    supervise = [sys.executable, "-m", "slurmclock", "supervise", "--no-restart-here", "--", *step]
     out = subprocess.run(
         supervise, env=job.env, capture_output=True, text=True, timeout=400, check=False
     )
     log = out.stdout + out.stderr
     host = socket.gethostname()
     assert slurmclock.EXIT_PEER_LOST == ddpkit.EXIT_PEER_LOST
-    assert "training step exited with status 69" in out.stdout, log
+    named = f"rank 1 on node {host} was dead (reported by rank 0): the step cannot go on"
+    assert out.stdout.index(named) < out.stdout.index("training step exited with status 69"), log
     assert out.returncode == 0, log  # requeued: the batch script ends, SLURM starts it again
-    assert f"rank 1 on node {host} was dead (reported by rank 0)" in out.stdout, log
     events = [json.loads(line) for line in job.timeline.read_text().splitlines()]
+    (fault,) = [e for e in events if e["event"] == "fault"]
+    assert (fault["node"], fault["rank"], fault["what"], fault["reporter"]) == (host, 1, "dead", 0)
     failed = [e for e in events if e["event"] == "failed"]
     assert len(failed) == 1 and failed[0]["nodes"] == host and failed[0]["rc"] == 69, events
-    assert f"scontrol update JobId=4242 ExcNodeList={host}" in job.calls, job.calls
     assert "scontrol requeue 4242" in job.calls, job.calls
+    assert not any("ExcNodeList" in call for call in job.calls), job.calls

@@ -9,9 +9,9 @@
 # time left is what its next step, its final save and the end of the job need (all measured; the
 # end of each allocation -- process exit, srun teardown, the requeue -- is recorded in the job's
 # timeline and read by the next allocation). It saves a checkpoint and exits 75. The step runs
-# under `slurmclock supervise`, which requeues the job (SLURM starts it again with
-# SLURM_RESTART_COUNT+1 and it resumes from the latest checkpoint) after anything but "done" or a
-# user's stop:
+# under `slurmclock supervise`, which starts it again in this allocation or requeues the job
+# (SLURM starts it again with SLURM_RESTART_COUNT+1; it resumes from the latest checkpoint) after
+# anything but "done" or a user's stop:
 #   exit 0                        training finished: the job ends
 #   exit 75                       stopped early with steps left: requeued
 #   the time limit                requeued at SLURM's SIGTERM, before the step has exited (slurmd
@@ -19,9 +19,18 @@
 #                                 flight completes or is discarded, the newest durable one stands
 #   preempted                     REQUEUE mode: SLURM requeues it; CANCEL mode: requeued at the
 #                                 SIGTERM; with GraceTime the trainer saves and exits 75: requeued
-#   a crash (any other exit, a    requeued, resuming from the newest durable checkpoint, unless it
-#   signal, OOM, a dead rank)     is the MAX_FAILURES-th failure in a row at the same checkpoint:
-#                                 then one "gave up" line here and in `slurmclock timeline`
+#   a crash (any other exit, a    started again in this allocation from the newest durable
+#   signal, OOM, a dead rank)     checkpoint when the time left holds the measured start-up and a
+#                                 few steps (no queue), else requeued; the MAX_FAILURES-th failure
+#                                 in a row at one checkpoint ends the chain: one "gave up" line
+#                                 here and in `slurmclock timeline`
+#   a node lost (dead, frozen,    named within seconds of ddpkit's report; the step is ended and
+#   cut off)                      started again on the nodes left: a spare (SPARE_NODES), else
+#                                 fewer nodes down to MIN_NODES -- without waiting for SLURM to
+#                                 mark the node DOWN (--no-kill keeps the allocation); below
+#                                 MIN_NODES: requeued without the node
+#   exit 74                       the checkpoint store could not be reached: tried again after a
+#                                 pause, not counted as a failure
 #   exit 2                        a usage error: not retried
 #   scancel / slurmclock stop     not requeued (the trainer saves first on `slurmclock stop`)
 #
@@ -38,12 +47,16 @@
 #SBATCH --cpus-per-task=8
 #SBATCH --signal=B:USR2@300
 #SBATCH --requeue
+#SBATCH --no-kill
 #SBATCH --open-mode=append
 #SBATCH --output=pyrecover-%j.out
 # If you submit with another --signal=B:USR2@N, also export PYRECOVER_SIGNAL_LEAD=N (a job cannot
 # read its own --signal setting; this script reads the #SBATCH line above).
 # One task per GPU: for 4 GPUs per node set --ntasks-per-node=4 and --gpus-per-node=4 (or pass
 # them to sbatch). Partition and account: PARTITION/ACCOUNT below, or sbatch -p/-A.
+# --no-kill: a node that fails does not end the allocation; the supervisor goes on without it.
+# Nodes: train on N nodes with a hot spare: sbatch --nodes=N+1 with SPARE_NODES=1; keep the world
+# size fixed (never fewer nodes): MIN_NODES=N.
 
 # ---- site settings: edit here or export before submitting ---------------------------------------
 PARTITION=${PARTITION:-}          # e.g. gpu        (used when this script submits itself)
@@ -55,23 +68,38 @@ TRAIN_CMD=${TRAIN_CMD:-pyrecover-train}
 STAGE_DATASET=${STAGE_DATASET:-0} # 1 = copy --dataset to node-local $SLURM_TMPDIR first
 MAX_RESTARTS=${MAX_RESTARTS:-50}  # stop requeueing after this many restarts (a safety net)
 MAX_FAILURES=${MAX_FAILURES:-3}   # stop after this many failures in a row at the same checkpoint
-REQUEUE=${REQUEUE:-auto}          # auto: requeue unless part of a job array / chain; 0: never
+REQUEUE=${REQUEUE:-auto}          # auto: requeue unless part of a job array / chain; 1: always;
+                                  # 0: never (an unfinished run then ends with its exit status)
+MIN_NODES=${MIN_NODES:-1}         # after a node loss, go on with no fewer nodes than this
+SPARE_NODES=${SPARE_NODES:-0}     # nodes of the allocation kept idle to replace a lost one
 SLURMCLOCK_DIR=${SLURMCLOCK_DIR:-} # job timelines, on a file system all nodes see (default
                                   # ~/.cache/slurmclock)
 # -------------------------------------------------------------------------------------------------
 
 set -u
 
+log() { echo "[$(date '+%F %T')] submit-training-simple: $*"; }
+usage_error() { log "usage error: $*"; exit 2; }
+
+case $REQUEUE in
+    auto|0|1) ;;
+    *) usage_error "REQUEUE=$REQUEUE: give auto (requeue unless in an array or a chain), 1 or 0" ;;
+esac
+[[ $MIN_NODES =~ ^[1-9][0-9]*$ ]] || usage_error "MIN_NODES=$MIN_NODES: give a whole number >= 1"
+[[ $SPARE_NODES =~ ^[0-9]+$ ]] || usage_error "SPARE_NODES=$SPARE_NODES: give a whole number >= 0"
+
 if [ -z "${SLURM_JOB_ID:-}" ]; then
-    # Not inside a job: submit this very script with the site settings.
+    # Not inside a job: submit this very script with the site settings, once SLURM says the
+    # partition can give what it asks for (else sbatch accepts a job that pends for ever).
     args=()
     [ -n "$PARTITION" ] && args+=(--partition="$PARTITION")
     [ -n "$ACCOUNT" ] && args+=(--account="$ACCOUNT")
+    if ! said=$(sbatch --test-only ${args[@]+"${args[@]}"} "$0" "$@" 2>&1); then
+        log "not submitted: SLURM cannot give this job what it asks for (sbatch --test-only: $(echo "$said" | tail -1)); ask for fewer nodes (--nodes, or a range --nodes=MIN-MAX) or another partition"
+        exit 1
+    fi
     exec sbatch ${args[@]+"${args[@]}"} "$0" "$@"
 fi
-
-log() { echo "[$(date '+%F %T')] submit-training-simple: $*"; }
-usage_error() { log "usage error: $*"; exit 2; }
 
 distributed=0
 exp_name=default-exp
@@ -157,26 +185,41 @@ if [ "$continue_run" = 1 ] || [ "$restarts" -gt 0 ]; then
     flags+=(--resume-from-checkpoint latest)
 fi
 
+if [ -z "$CONTAINER" ] && ! command -v "$TRAIN_CMD" >/dev/null 2>&1; then
+    log "TRAIN_CMD=$TRAIN_CMD: not found here (set TRAIN_CMD to the trainer's command, or PYTHON_ENV / MODULES to what provides it)"
+    exit 127
+fi
+
+# The step's nodes and tasks: `slurmclock supervise` puts --nodes, --nodelist and --ntasks first
+# (the tasks per node are the job's: one per GPU; ddpkit finds the master address and port).
+# Without --distributed the trainer is one task on one node.
 if [ "$distributed" = 1 ]; then
-    ntasks=${SLURM_NTASKS:-1}   # one task per GPU; ddpkit finds the master address and port
+    one=()
+    place=(--min-nodes "$MIN_NODES")
 else
-    ntasks=1
+    one=(--ntasks=1)
+    place=(--step-nodes 1 --tasks-per-node 1)
 fi
 # shellcheck disable=SC2206  # CONTAINER is a command prefix: split on purpose
-step=(srun --ntasks="$ntasks" --kill-on-bad-exit=1 $CONTAINER "$TRAIN_CMD"
+step=(srun ${one[@]+"${one[@]}"} --kill-on-bad-exit=1 $CONTAINER "$TRAIN_CMD"
       ${flags[@]+"${flags[@]}"} ${passthrough[@]+"${passthrough[@]}"})
 
 # `slurmclock supervise` runs the step, forwards SLURM's signals (USR2 through srun when it is
 # news; SIGTERM to the tasks through SLURM, as srun kills the step on its own SIGTERM) and decides
 # what comes next (see the table above); its lines go to this log with this script's name.
 requeue=1
-if [ "$REQUEUE" = 0 ] || { [ "$REQUEUE" = auto ] && [ -n "${SLURM_ARRAY_TASK_ID:-}${PYRECOVER_CHAIN:-}" ]; }; then
-    requeue=0  # the next array task / chained job resumes
+if [ "$REQUEUE" = 0 ]; then
+    requeue=0
+elif [ "$REQUEUE" = auto ] && [ -n "${SLURM_ARRAY_TASK_ID:-}${PYRECOVER_CHAIN:-}" ]; then
+    requeue=successor  # the next array task / chained job resumes
 fi
 supervise=(--name submit-training-simple --max-restarts "$MAX_RESTARTS"
-           --max-failures "$MAX_FAILURES"
+           --max-failures "$MAX_FAILURES" --spare-nodes "$SPARE_NODES" "${place[@]}"
            --resume-hint "submit again with --continue (or scontrol requeue {job} while SLURM lists the job)")
 [ "$requeue" = 0 ] && supervise+=(--no-requeue)
+[ "$requeue" = successor ] && supervise+=(--next-job-resumes)
+# A step started again in this allocation resumes from the newest checkpoint.
+[ "$continue_run" = 1 ] || [ "$restarts" -gt 0 ] || supervise+=(--relaunch-args "--resume-from-checkpoint latest")
 if command -v slurmclock >/dev/null 2>&1; then
     trap '' TERM USR2  # ignored (not lost to bash's default) until the supervisor handles them
     exec slurmclock supervise "${supervise[@]}" -- "${step[@]}"

@@ -77,7 +77,14 @@ sig=${1#--signal=}
 kill -s "$sig" "$(cat "$FAKE_DIR/srun.pid")"
 """
 FAKE_SBATCH = r"""#!/bin/bash
-# Records each submission (one argument per line, then ---) and prints a job id (--parsable).
+# Records each submission (one argument per line, then ---) and prints a job id (--parsable);
+# --test-only exits with $FAKE_TEST_ONLY_RC (default 0) and records nothing.
+if [ "${1:-}" = --test-only ]; then
+    echo "sbatch --test-only" >> "$FAKE_DIR/calls.log"
+    said="allocation failure: Requested node configuration is not available"
+    [ "${FAKE_TEST_ONLY_RC:-0}" = 0 ] || echo "$said" >&2
+    exit "${FAKE_TEST_ONLY_RC:-0}"
+fi
 n=$(grep -c '^---$' "$FAKE_DIR/sbatch.log" 2>/dev/null)
 { printf '%s\n' "$@"; echo ---; echo "PYRECOVER_CHAIN=${PYRECOVER_CHAIN:-}"; echo ---; } \
     >> "$FAKE_DIR/sbatch.log"
@@ -94,7 +101,10 @@ def fake(tmp_path: Path) -> Path:
         ("sbatch", FAKE_SBATCH),
         ("scontrol", FAKE_SCONTROL),
         ("sinfo", FAKE_RECORDER),
+        ("squeue", FAKE_RECORDER),
         ("scancel", FAKE_SCANCEL),
+        ("pyrecover-train", "#!/bin/bash\nexit 0\n"),  # what TRAIN_CMD finds (srun is fake)
+        ("my-train", "#!/bin/bash\nexit 0\n"),
     ):
         path = bin_dir / name
         path.write_text(text)
@@ -115,7 +125,9 @@ def run_script(
     base["FAKE_DIR"] = str(fake)
     base["SLURMCLOCK_DIR"] = str(fake / "timelines")
     if job:
-        base.update(SLURM_JOB_ID="4242", SLURM_NNODES="1", SLURM_NTASKS="4")
+        base.update(
+            SLURM_JOB_ID="4242", SLURM_NNODES="1", SLURM_NTASKS="4", SLURM_JOB_NODELIST="n1"
+        )
     base.update(env)
     return subprocess.run(
         ["bash", str(script), *args],
@@ -139,7 +151,17 @@ def all_calls(fake: Path) -> list[str]:
 
 def calls(fake: Path) -> list[str]:
     """The calls that act on the job (queries left out)."""
-    return [c for c in all_calls(fake) if not c.startswith(("scontrol show ", "sinfo "))]
+    queries = ("scontrol show ", "sinfo ", "squeue ")
+    return [c for c in all_calls(fake) if not c.startswith(queries)]
+
+
+def little_time_left(seconds: float = 20.0) -> dict[str, str]:
+    """squeue's answer for a job that ends in ``seconds``: no time for a restart in it."""
+    end = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(time.time() + seconds))
+    return {"FAKE_SQUEUE_OUT": f"{end} 1:00"}
+
+
+PLACED = ["--nodes=1", "--nodelist=n1"]  # the supervisor places the step on the job's node
 
 
 def marks(fake: Path) -> list[str]:
@@ -201,8 +223,8 @@ def test_original_interface_and_passthrough(fake: Path) -> None:
     )
     assert r.returncode == 0, r.stdout + r.stderr
     (call,) = srun_calls(fake)
-    assert call[:3] == ["--ntasks=4", "--kill-on-bad-exit=1", "pyrecover-train"]
-    assert call[3:] == [
+    assert call[:5] == [*PLACED, "--ntasks=4", "--kill-on-bad-exit=1", "pyrecover-train"]
+    assert call[5:] == [
         "--experiment_name",
         "run1",
         "--distributed",
@@ -223,6 +245,8 @@ def test_defaults_single_task_and_fresh_start(fake: Path) -> None:
     (call,) = srun_calls(fake)
     # Without --distributed one task, even in a 4-task allocation; no resume on a first start.
     assert call == [
+        *PLACED,
+        "--ntasks=1",
         "--ntasks=1",
         "--kill-on-bad-exit=1",
         "my-train",
@@ -270,9 +294,7 @@ def test_failed_requeue_exits_75_and_says_what_to_do(fake: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    "env",
-    [{"SLURM_ARRAY_TASK_ID": "3"}, {"PYRECOVER_CHAIN": "1"}, {"REQUEUE": "0"}],
-    ids=["array", "chain", "REQUEUE=0"],
+    "env", [{"SLURM_ARRAY_TASK_ID": "3"}, {"PYRECOVER_CHAIN": "1"}], ids=["array", "chain"]
 )
 def test_array_task_or_chained_job_does_not_requeue(fake: Path, env: dict[str, str]) -> None:
     r = run_script(fake, SIMPLE, "--continue", FAKE_RC="75", **env)
@@ -281,6 +303,46 @@ def test_array_task_or_chained_job_does_not_requeue(fake: Path, env: dict[str, s
     assert calls(fake) == []
     (call,) = srun_calls(fake)
     assert call[-2:] == ["--resume-from-checkpoint", "latest"]
+
+
+def test_requeue_off_in_a_plain_job_says_how_to_go_on_and_does_not_complete(fake: Path) -> None:
+    """REQUEUE=0 outside an array or a chain (issue 30): there is no next job to speak of, and
+    an unfinished run ends with its status (the job FAILED, not COMPLETED)."""
+    r = run_script(fake, SIMPLE, "--continue", FAKE_RC="75", REQUEUE="0")
+    assert r.returncode == 75, r.stdout + r.stderr
+    assert "stopped early with steps left; not requeueing (requeue is off); to go on: submit " \
+        "again with --continue" in r.stdout  # fmt: skip
+    assert "next array task" not in r.stdout and calls(fake) == []
+
+
+@pytest.mark.parametrize(
+    ("env", "said"),
+    [
+        ({"REQUEUE": "banana"}, "REQUEUE=banana: give auto (requeue unless in an array or a "
+         "chain), 1 or 0"),
+        ({"MIN_NODES": "0"}, "MIN_NODES=0: give a whole number >= 1"),
+        ({"SPARE_NODES": "one"}, "SPARE_NODES=one: give a whole number >= 0"),
+    ],
+    ids=["REQUEUE", "MIN_NODES", "SPARE_NODES"],
+)  # fmt: skip
+@pytest.mark.parametrize("job", [True, False], ids=["in-job", "submitting"])
+def test_a_bad_setting_is_one_line_and_nothing_runs(
+    fake: Path, env: dict[str, str], said: str, job: bool
+) -> None:
+    r = run_script(fake, SIMPLE, job=job, **env)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert r.stdout.count("\n") == 1 and f"usage error: {said}" in r.stdout
+    assert srun_calls(fake) == [] and all_calls(fake) == []
+    assert not (fake / "sbatch.log").exists()
+
+
+def test_a_train_cmd_that_is_not_there_is_not_found(fake: Path) -> None:
+    """TRAIN_CMD=/nonexistent (issue 30): srun's exec failure exits 2 (ENOENT), which read as
+    a usage error; the script says "not found" before any step."""
+    r = run_script(fake, SIMPLE, TRAIN_CMD="/nonexistent")
+    assert r.returncode == 127, r.stdout + r.stderr
+    assert "TRAIN_CMD=/nonexistent: not found here" in r.stdout
+    assert "usage error" not in r.stdout and srun_calls(fake) == []
 
 
 def test_restart_limit(fake: Path) -> None:
@@ -297,11 +359,34 @@ def test_a_usage_error_is_not_retried(fake: Path) -> None:
 
 
 @pytest.mark.parametrize("rc", [1, 137])
+def test_a_crash_starts_again_in_the_allocation_until_the_budget_is_spent(
+    fake: Path, rc: int
+) -> None:
+    """With time left a crash starts the step again at once (no requeue), resuming; the third
+    failure in a row at one checkpoint stops the chain with one line."""
+    r = run_script(fake, SIMPLE, FAKE_RC=str(rc))
+    assert r.returncode == rc, r.stdout + r.stderr
+    first, *again = srun_calls(fake)
+    assert len(again) == 2 and "--overlap" not in first and "--resume-from-checkpoint" not in first
+    for call in again:  # a step that lost a node may still hold CPUs: --overlap
+        assert call[:4] == [*PLACED, "--ntasks=1", "--overlap"]
+        assert call[-2:] == ["--resume-from-checkpoint", "latest"]
+    assert "failure 1 of 3 in a row before any checkpoint): starting it again in this " \
+        "allocation" in r.stdout  # fmt: skip
+    assert len([line for line in r.stdout.splitlines() if "gave up" in line]) == 1
+    assert calls(fake) == []  # never requeued
+    assert [m.split()[0] for m in marks(fake)].count("relaunched") == 2
+
+
+@pytest.mark.parametrize("rc", [1, 137])
 def test_a_crash_is_retried_until_the_budget_is_spent(fake: Path, rc: int) -> None:
-    """Each allocation that fails at the same checkpoint step counts; the third stops the chain
-    with one line, here and in the job's timeline, naming what, where, how often, how to go on."""
+    """Each allocation (no time left for a restart in it) that fails at the same checkpoint step
+    counts; the third stops the chain with one line, here and in the job's timeline, naming
+    what, where, how often, how to go on."""
     for restart in range(3):
-        r = run_script(fake, SIMPLE, FAKE_RC=str(rc), SLURM_RESTART_COUNT=str(restart))
+        r = run_script(
+            fake, SIMPLE, FAKE_RC=str(rc), SLURM_RESTART_COUNT=str(restart), **little_time_left()
+        )
         if restart < 2:
             assert r.returncode == 0, r.stdout + r.stderr
             assert f"failure {restart + 1} of 3 in a row before any checkpoint" in r.stdout
@@ -318,7 +403,9 @@ def test_a_crash_is_retried_until_the_budget_is_spent(fake: Path, rc: int) -> No
 def test_progress_between_crashes_restarts_the_count(fake: Path) -> None:
     tl = fake / "timelines" / "job-4242.jsonl"
     for restart, step in enumerate((100, 200, 300, 400)):
-        r = run_script(fake, SIMPLE, FAKE_RC="1", SLURM_RESTART_COUNT=str(restart))
+        r = run_script(
+            fake, SIMPLE, FAKE_RC="1", SLURM_RESTART_COUNT=str(restart), **little_time_left()
+        )
         assert r.returncode == 0 and "failure 1 of 3" in r.stdout, r.stdout
         with tl.open("a") as f:  # the next allocation gets past a new checkpoint, then fails
             f.write(
@@ -353,7 +440,18 @@ def test_outside_a_job_it_submits_itself(fake: Path) -> None:
     assert r.returncode == 0, r.stdout + r.stderr
     args = (fake / "sbatch.log").read_text().split("---\n")[0].splitlines()
     assert args == ["--partition=gpu", "--account=proj", str(SIMPLE), "--exp_name=x", "--continue"]
-    assert srun_calls(fake) == []
+    assert srun_calls(fake) == [] and all_calls(fake) == ["sbatch --test-only"]
+
+
+def test_a_job_the_partition_cannot_give_is_not_submitted(fake: Path) -> None:
+    """sbatch takes a job that asks for more nodes than the partition has (or can use: a node
+    DOWN) and it pends for ever; --test-only says so first."""
+    r = run_script(fake, SIMPLE, "--exp_name=x", job=False, FAKE_TEST_ONLY_RC="1")
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert r.stdout.count("\n") == 1 and "not submitted: SLURM cannot give this job what it " \
+        "asks for (sbatch --test-only: allocation failure: Requested node configuration is not " \
+        "available)" in r.stdout  # fmt: skip
+    assert not (fake / "sbatch.log").exists()
 
 
 def sbatch_submissions(fake: Path) -> list[tuple[list[str], str]]:
@@ -409,10 +507,10 @@ def test_exp_name_with_a_space_and_the_originals_flags_pass_through(fake: Path) 
     r = run_script(fake, SIMPLE, "--exp_name", "run 7", *originals, "--experiment-name", "run8")
     assert r.returncode == 0, r.stdout + r.stderr
     (call,) = srun_calls(fake)
-    assert call[3:5] == ["--experiment_name", "run8"]  # the last one given wins
-    assert call[5:] == originals
+    assert call[6:8] == ["--experiment_name", "run8"]  # the last one given wins
+    assert call[8:] == originals
     r = run_script(fake, SIMPLE, "--exp_name", "run 7")
-    assert srun_calls(fake)[-1][3:5] == ["--experiment_name", "run 7"]
+    assert srun_calls(fake)[-1][6:8] == ["--experiment_name", "run 7"]
 
 
 @pytest.mark.parametrize("argv", [["--exp_name"], ["--dataset"], ["--exp_name="]])
@@ -446,7 +544,7 @@ def test_the_step_is_told_where_to_report_a_dead_rank(fake: Path) -> None:
     r = run_script(fake, SIMPLE, FAKE_RC="0", FAKE_SRUN_ENV="DDPKIT_FAULT_FILE")
     assert r.returncode == 0, r.stdout + r.stderr
     said = (fake / "srun.env").read_text().strip()
-    assert said == str(fake / "timelines" / "job-4242.faults.jsonl")
+    assert said == str(fake / "timelines" / "job-4242.0-1.faults.jsonl")  # restart 0, launch 1
 
 
 def start_script(fake: Path, script: Path = SIMPLE, **env: str) -> subprocess.Popen[str]:

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from slurmclock import CommandError, EndTime, JobView, Node
+from slurmclock import CommandError, EndTime, JobView, Node, Slurm, Step
 
 ROOT = Path(__file__).resolve().parents[3]
 LOCALSLURM = ROOT / "tools" / "localslurm.py"
@@ -65,8 +65,10 @@ class FakeRunner:
 class FakeScheduler:
     """A :class:`slurmclock.Scheduler` in memory, for unit tests of the logic that asks one:
     ``jobs`` (id -> JobView), ``ends`` (id -> EndTime), ``starts`` (id -> epoch seconds),
-    ``partitions`` (name -> Nodes), ``cluster``. What it was asked is in ``calls``; a job it
-    does not know is a CommandError, as SLURM's "Invalid job id specified"."""
+    ``partitions`` (name -> Nodes), ``running`` (id -> its Steps), ``dead`` (nodes that do not
+    answer a probe), ``cluster``. What it was asked is in ``calls``; a job it does not know is a
+    CommandError, as SLURM's "Invalid job id specified". Steps are placed as :class:`Slurm`
+    places them (no command runs)."""
 
     name = "fake"
 
@@ -76,6 +78,8 @@ class FakeScheduler:
         self.ends: dict[str, EndTime] = {}
         self.starts: dict[str, float] = {}
         self.partitions: dict[str, list[Node]] = {}
+        self.running: dict[str, list[Step]] = {}  # job -> its steps
+        self.dead: set[str] = set()  # nodes that do not answer a probe
         self.calls: list[tuple[str, ...]] = []
 
     def _known(self, what: str, job: str) -> str:
@@ -103,6 +107,9 @@ class FakeScheduler:
         self.calls[-1] += tuple(f"{k}={v}" for k, v in fields.items())
         if "ExcNodeList" in fields:
             self.jobs[job] = replace(self.jobs[job], exc_nodes=fields["ExcNodeList"])
+        if "NodeList" in fields:  # a running job gives nodes back
+            nodes = fields["NodeList"]
+            self.jobs[job] = replace(self.jobs[job], nodes=nodes, num_nodes=len(nodes.split(",")))
 
     def signal(
         self, job: str, sig: str = "TERM", *, batch: bool = False, timeout: float = 10.0
@@ -121,6 +128,30 @@ class FakeScheduler:
     def cluster_name(self, *, timeout: float = 10.0) -> str:
         self.calls.append(("cluster_name",))
         return self.cluster
+
+    def steps(self, job: str, *, timeout: float = 10.0) -> list[Step]:
+        self._known("steps", job)
+        return list(self.running.get(job, []))
+
+    def cancel_step(self, step: str, *, timeout: float = 10.0) -> None:
+        self.calls.append(("cancel_step", step))
+        job = step.partition(".")[0]
+        self.running[job] = [s for s in self.running.get(job, []) if s.id != step]
+
+    def step_command(
+        self,
+        argv: Sequence[str],
+        nodes: Sequence[str] | None,
+        *,
+        tasks_per_node: int | None = None,
+        overlap: bool = False,
+    ) -> list[str]:
+        return Slurm().step_command(argv, nodes, tasks_per_node=tasks_per_node, overlap=overlap)
+
+    def probe_node(self, job: str, node: str, *, timeout: float = 10.0) -> None:
+        self.calls.append(("probe_node", job, node))
+        if node in self.dead:
+            raise CommandError(["srun", node], "timeout", f"node {node} did not answer")
 
 
 def local_iso(epoch: float) -> str:

@@ -5,7 +5,6 @@ batch job: test_slurm.py."""
 from __future__ import annotations
 
 import logging
-import os
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +26,7 @@ from slurmclock import (
     watches_the_clock,
 )
 from slurmclock.deadline import CLOCK_RANK_POLL, OTHER_RANK_POLL
+from slurmclock.job import tasks_per_node
 
 # -- exit codes: one definition -------------------------------------------------------------------
 
@@ -164,7 +164,7 @@ def test_slurm_reads_what_its_commands_print(fakes: Any) -> None:
             ("show", "hostnames", "n[1-2]"): "n1\nn2\n",
             ("show", "config"): "Configuration data\nClusterName             = ci\n",
         }.get(tuple(argv[1:]), ""),
-        sinfo="n1 idle\nn2 down*\nn3 drain\nn4 alloc\n",
+        sinfo="n1 idle\nn2 down*\nn3 drain\nn4 alloc\nn5 mix*\n",
         scancel="",
     )
     slurm = Slurm(runner)
@@ -181,6 +181,7 @@ def test_slurm_reads_what_its_commands_print(fakes: Any) -> None:
         ("n2", False),
         ("n3", False),
         ("n4", True),
+        ("n5", False),  # not responding: SLURM schedules nothing there
     ]
     slurm.requeue("36")
     slurm.update_job("36", ExcNodeList="n2")
@@ -195,6 +196,40 @@ def test_slurm_reads_what_its_commands_print(fakes: Any) -> None:
     with pytest.raises(CommandError, match=r"squeue gives job 36 no start time \('N/A'\)") as e:
         slurm.start_time("36")
     assert e.value.kind == "output"
+
+
+def test_slurm_steps_as_squeue_lists_them_and_placed_launches(fakes: Any) -> None:
+    """What SLURM 22.05 printed for `squeue -h -s -j 1 -o "%i %N %j"` with a step stuck on a
+    lost node, the supervisor's probe and a relaunch; scancel of one step; srun placed."""
+    listed = (
+        "1.0 ne5551537-[1-2] python3\n1.3 ne5551537-2 slurmclock-probe\n"
+        "1.2 ne5551537-1 pyrecover-train\n1.batch ne5551537-1 batch\n"
+    )
+    runner = fakes.Runner(squeue=listed, scancel="", srun="")
+    slurm = Slurm(runner)
+    steps = slurm.steps("1")
+    assert [(s.id, s.number, s.name) for s in steps] == [
+        ("1.0", 0, "python3"),
+        ("1.3", 3, "slurmclock-probe"),
+        ("1.2", 2, "pyrecover-train"),
+        ("1.batch", None, "batch"),
+    ]
+    assert steps[0].nodes == "ne5551537-[1-2]"
+    slurm.cancel_step("1.2")
+    slurm.probe_node("1", "n2", timeout=5)
+    assert runner.calls[1:] == [
+        ("scancel", "1.2"),
+        ("srun", "--jobid=1", "--overlap", "--nodes=1", "--ntasks=1", "--ntasks-per-node=1",
+         "--nodelist=n2", "--job-name=slurmclock-probe", "--quiet", "true"),
+    ]  # fmt: skip
+    step = ["/usr/bin/srun", "--kill-on-bad-exit=1", "train"]
+    placed = slurm.step_command(step, ["n1", "n3"], tasks_per_node=4, overlap=True)
+    assert placed == [
+        "/usr/bin/srun", "--nodes=2", "--nodelist=n1,n3", "--ntasks=8", "--overlap",
+        "--kill-on-bad-exit=1", "train",
+    ]  # fmt: skip
+    assert slurm.step_command(step, None) == step
+    assert slurm.step_command(["mpirun", "train"], ["n1"], overlap=True) == ["mpirun", "train"]
 
 
 def test_slurm_names_its_own_command_whatever_the_runner_says(fakes: Any) -> None:
@@ -230,14 +265,33 @@ def test_a_second_scheduler_plugs_in_everywhere(fakes: Any, tmp_path: Path) -> N
         DeadlineWatcher(env=env, scheduler=scheduler, runner=fakes.Runner())
 
 
+@pytest.mark.parametrize(
+    ("env", "per_node"),
+    [
+        ({"SLURM_NTASKS_PER_NODE": "4", "SLURM_TASKS_PER_NODE": "4(x2)"}, 4),
+        ({"SLURM_TASKS_PER_NODE": "2(x3)"}, 2),
+        ({"SLURM_TASKS_PER_NODE": "2(x3),1", "SLURM_NTASKS": "7", "SLURM_NNODES": "4"}, None),
+        ({"SLURM_NTASKS": "6", "SLURM_JOB_NUM_NODES": "3"}, 2),
+        ({}, None),
+        ({"SLURM_NTASKS_PER_NODE": "x"}, None),
+    ],
+)
+def test_tasks_per_node(env: dict[str, str], per_node: int | None) -> None:
+    """What the supervisor places a step with; an uneven layout gives no count."""
+    assert tasks_per_node(env) == per_node
+
+
 def test_the_supervisor_excludes_a_node_through_the_interface(fakes: Any, tmp_path: Path) -> None:
-    from slurmclock.supervise import Fault, Supervisor
+    from slurmclock.lostnodes import NodeKeeper
 
     view = JobView(state="RUNNING", partition="p", num_nodes=1, exc_nodes="")
     scheduler = fakes.Scheduler({"9": view})
     scheduler.partitions["p"] = [Node("n1", "idle", True), Node("n2", "alloc", True)]
-    env = {"SLURM_JOB_ID": "9", "SLURMCLOCK_DIR": str(tmp_path)}
-    sup = Supervisor(env=env, scheduler=scheduler, out=open(os.devnull, "w"))  # noqa: SIM115
-    sup._exclude({Fault(0.0, 1, "n2", "dead", 0).host})
-    assert ("update_job", "9", "ExcNodeList=n2") in scheduler.calls
-    assert scheduler.jobs["9"].exc_nodes == "n2"
+    scheduler.dead.add("n2")
+    said: list[str] = []
+    keeper = NodeKeeper(scheduler, "9", log=said.append, timeout=5, probe_timeout=5, here="n1")
+    assert keeper.lost(["n2", "n1"]) == {"n2"}  # its own node answers by being there
+    assert ("probe_node", "9", "n2") in scheduler.calls
+    assert ("probe_node", "9", "n1") not in scheduler.calls
+    plan = keeper.before_requeue(view, 1, asked=1)
+    assert (plan.exclude, plan.nodes, plan.give_up) == ("n2", None, None)

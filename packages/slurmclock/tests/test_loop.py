@@ -71,7 +71,20 @@ class Run:
         raise AssertionError("the loop never asked for a save")
 
     def events(self) -> list[tuple[str, dict[str, Any]]]:
-        return [(e.name, e.info) for e in self.timeline.events()]
+        """The timeline after the first step's mark (test_the_first_step_is_marked_once)."""
+        return [(e.name, e.info) for e in self.timeline.events() if e.name != "first_step"]
+
+
+def test_the_first_step_is_marked_once(clock: Any, tmp_path: Path) -> None:
+    """The start-up a restart in the allocation costs: from the supervisor's launch to here."""
+    run = Run(clock, tmp_path, left=3600.0)
+    for _ in range(3):
+        run.train()
+    marks = [(e.name, e.time, e.info["step"], e.info["seconds"]) for e in run.timeline.events()]
+    assert marks == [("first_step", clock.now - 2 * STEP, 1, STEP)]
+    follower = Run(clock, tmp_path / "rank1", left=3600.0, leader=False)
+    follower.train()
+    assert follower.timeline.events() == []  # only the leader writes
 
 
 def test_a_stop_for_time_saves_trains_on_saves_again_and_exits_75(

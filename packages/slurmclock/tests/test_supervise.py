@@ -217,10 +217,19 @@ def test_the_budget_gives_up_with_one_line() -> None:
 
 
 def test_no_requeue_and_the_restart_limit() -> None:
-    config = SuperviseConfig(requeue=False)
-    action, code, said = verdict("stopped", 75, config=config)
+    chained = SuperviseConfig(requeue=False, next_job_resumes=True)
+    action, code, said = verdict("stopped", 75, config=chained)
     assert (action, code) == ("end", 0) and "next array task / chained job resumes" in said
-    assert verdict("failed", 1, config=config, streak=Streak(1, None, None))[:2] == ("end", 1)
+    assert verdict("failed", 1, config=chained, streak=Streak(1, None, None))[:2] == ("end", 1)
+    # A plain job with requeue off (issue 30): no successor to speak of, and an unfinished run
+    # ends with its status (the job is not COMPLETED), saying how to go on.
+    plain = SuperviseConfig(requeue=False, resume_hint="submit again with --continue")
+    action, code, said = verdict("stopped", 75, config=plain)
+    assert (action, code) == ("end", 75) and "next array task" not in said
+    assert said == (
+        "stopped early with steps left; not requeueing (requeue is off); to go on: submit "
+        "again with --continue"
+    )
     action, code, said = verdict("stopped", 75, restarts=50)
     assert (action, code) == ("end", 75) and "already restarted 50 times" in said
 
@@ -235,6 +244,10 @@ def test_no_requeue_and_the_restart_limit() -> None:
         ({"no_retry": frozenset({300})}, "cannot be a failure status"),
         ({"name": "a\nb"}, "one non-empty line"),
         ({"command_timeout": 0}, "command_timeout"),
+        ({"min_nodes": 0}, "min_nodes must be a whole number >= 1"),
+        ({"spare_nodes": -1}, "spare_nodes must be a whole number >= 0"),
+        ({"step_nodes": 1, "min_nodes": 2}, "step_nodes 1 is fewer than min_nodes 2"),
+        ({"probe_timeout": float("nan")}, "probe_timeout must be > 0 seconds"),
     ],
 )
 def test_bad_config_is_one_line(kw: dict[str, Any], problem: str) -> None:
@@ -264,6 +277,8 @@ class Job:
             self.on_scancel()
         if argv[0] == "squeue":
             raise CommandError(argv, "missing", "squeue not found")
+        if argv[0] == "srun":  # a probe of a reported node: it does not answer
+            raise CommandError(argv, "timeout", "`srun ...` timed out after 10 s")
         return ""
 
     def acting(self) -> list[str]:
@@ -273,6 +288,7 @@ class Job:
 
 
 def supervisor(tmp_path: Path, job: Job, restart: int = 0, **config: Any) -> Supervisor:
+    """The supervisor of job 42 on node n1, with the fake SLURM ``job``."""
     env = {
         **os.environ,
         "SLURM_JOB_ID": "42",
@@ -282,7 +298,7 @@ def supervisor(tmp_path: Path, job: Job, restart: int = 0, **config: Any) -> Sup
     }
     for key in ("SLURM_CLUSTER_NAME", "RANK", "SLURM_PROCID", "PYRECOVER_SIGNAL_LEAD"):
         env.pop(key, None)
-    return Supervisor(SuperviseConfig(**config), env=env, runner=job, out=io.StringIO())
+    return Supervisor(SuperviseConfig(**config), env=env, runner=job, out=io.StringIO(), here="n1")
 
 
 def py(code: str) -> list[str]:
@@ -309,8 +325,9 @@ def test_finished(tmp_path: Path) -> None:
 
 
 def test_a_crash_is_requeued_and_the_fault_file_read(tmp_path: Path) -> None:
+    """Without restarts in the allocation: the requeue, with the lost node excluded."""
     job = Job(show=SHOW["limit"], sinfo="n1 idle\nn2 idle\nn3 mix\n")
-    sup = supervisor(tmp_path, job)
+    sup = supervisor(tmp_path, job, restart_here=False)
     report = {"time": 4e9, "rank": 1, "host": "n2", "what": "dead", "reporter": 0}
     code = (
         "import json, os; f = open(os.environ['DDPKIT_FAULT_FILE'], 'a'); "
@@ -321,21 +338,28 @@ def test_a_crash_is_requeued_and_the_fault_file_read(tmp_path: Path) -> None:
     assert "training step exited with status 3" in out
     assert "rank 1 on node n2 was dead (reported by rank 0)" in out
     assert "failure 1 of 3 in a row before any checkpoint" in out
+    assert "node n2 does not answer (`srun ...` timed out after 10 s): left out" in out
     assert "the next allocation avoids node(s) n2 (ExcNodeList)" in out
-    assert job.acting() == ["scontrol requeue 42", "scontrol update JobId=42 ExcNodeList=n2"]
-    assert events(tmp_path) == ["start", "exited", "failed", "requeued"]
+    probe = "srun --jobid=42 --overlap --nodes=1 --ntasks=1 --ntasks-per-node=1 --nodelist=n2"
+    assert job.acting() == [
+        f"{probe} --job-name=slurmclock-probe --quiet true",
+        "scontrol requeue 42",
+        "scontrol update JobId=42 ExcNodeList=n2",
+    ]
+    assert events(tmp_path) == ["start", "fault", "exited", "failed", "requeued"]
 
 
 def test_the_only_node_is_never_excluded(tmp_path: Path) -> None:
+    """A rank frozen on the supervisor's own node: the node is there, not lost."""
     job = Job(show=SHOW["limit"], sinfo="n1 idle\n")
-    sup = supervisor(tmp_path, job)
+    sup = supervisor(tmp_path, job, restart_here=False)
     code = (
         "import json, os; open(os.environ['DDPKIT_FAULT_FILE'], 'a').write(json.dumps("
         "{'time': 4e9, 'rank': 0, 'host': 'n1', 'what': 'frozen', 'reporter': 1}) + '\\n');"
         "raise SystemExit(1)"
     )
     assert sup.run(py(code)) == 0
-    assert "not excluding node(s) n1: partition debug would have 0 usable node(s)" in said(sup)
+    assert "rank 0 on node n1 was frozen (reported by rank 1)" in said(sup)
     assert job.acting() == ["scontrol requeue 42"]
 
 
@@ -403,6 +427,17 @@ def test_cli_usage_errors_are_one_line(capsys: pytest.CaptureFixture[str]) -> No
     assert main(["supervise", "--max-failures", "0", "--", "true"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "max_failures must be a whole number >= 1" in err
+
+
+def test_cli_node_and_restart_settings(capsys: pytest.CaptureFixture[str]) -> None:
+    for argv, said in (
+        (["--spare-nodes", "-1"], "spare_nodes must be a whole number >= 0"),
+        (["--min-nodes", "3", "--step-nodes", "2"], "step_nodes 2 is fewer than min_nodes 3"),
+        (["--relaunch-args", '"unbalanced'], "No closing quotation"),
+    ):
+        assert main(["supervise", *argv, "--", "true"]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and said in err, err
 
 
 def test_a_bad_job_id_is_refused(tmp_path: Path) -> None:

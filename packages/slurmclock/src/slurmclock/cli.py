@@ -14,8 +14,9 @@
     slurmclock stop JOBID           ask a running job to save and stop now (SIGTERM to its
                                     batch shell, which forwards it; the trainer saves and exits)
     slurmclock supervise -- CMD...  run the job's step (the end of a batch script: exec it);
-                                    requeue after a stop, the time limit, preemption and
-                                    failures (a budget of them); see slurmclock.supervise
+                                    start it again in the allocation after a failure or a lost
+                                    node (a budget of failures), requeue after a stop, the time
+                                    limit and preemption; see slurmclock.supervise
 
 The job is this process's ($SLURM_JOB_ID), or the one given as JOBID or --job-id (status,
 seconds-left, end-time, requeue, timeline): from a login shell, its facts (restarts, array task)
@@ -35,6 +36,7 @@ import logging
 import math
 import os
 import re
+import shlex
 import signal
 import sys
 import time
@@ -192,7 +194,7 @@ def _supervise_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     p = sub.add_parser(
         "supervise",
         parents=[common],
-        help="run the job's step; requeue it after anything but done or a user's stop",
+        help="run the job's step; bring it back after anything but done or a user's stop",
     )
     p.add_argument("--name", default="slurmclock", help="prefix of the log lines")
     p.add_argument(
@@ -212,8 +214,14 @@ def _supervise_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--no-requeue",
         action="store_true",
-        help="never requeue (an array task or chained job: the next one resumes)",
+        help="never requeue: an unfinished run ends with its status and says how to resume",
     )
+    p.add_argument(
+        "--next-job-resumes",
+        action="store_true",
+        help="never requeue: the next array task or chained job resumes (an unfinished run ends 0)",
+    )
+    _restart_options(p)
     p.add_argument(
         "--no-retry",
         default="2",
@@ -232,6 +240,28 @@ def _supervise_parser(sub: Any, common: argparse.ArgumentParser) -> None:
         help="do not exclude a node ddpkit reported dead/frozen from the next run",
     )
     p.add_argument("argv", nargs=argparse.REMAINDER, metavar="-- COMMAND ...")
+
+
+def _restart_options(p: argparse.ArgumentParser) -> None:
+    """supervise's options for a step started again in the allocation, and its nodes."""
+    p.add_argument(
+        "--no-restart-here",
+        action="store_true",
+        help="after a failure, requeue instead of starting the step again in the allocation",
+    )
+    p.add_argument(
+        "--relaunch-args",
+        default="",
+        metavar="TEXT",
+        help="words appended to the step when it starts again in the allocation (its resume flag)",
+    )
+    for flag, default, what in (
+        ("--spare-nodes", 0, "nodes of the allocation kept idle to replace a lost one (0)"),
+        ("--min-nodes", 1, "the fewest nodes the step goes on with after a node loss (1)"),
+        ("--step-nodes", None, "the most nodes the step trains on (the allocation's, less spares)"),
+        ("--tasks-per-node", None, "the step's tasks per node (the job's)"),
+    ):
+        p.add_argument(flag, type=int, default=default, metavar="N", help=what)
 
 
 def _supervise(
@@ -260,10 +290,17 @@ def _supervise(
             name=args.name,
             max_failures=args.max_failures,
             max_restarts=args.max_restarts,
-            requeue=not args.no_requeue,
+            requeue=not (args.no_requeue or args.next_job_resumes),
+            next_job_resumes=args.next_job_resumes,
             no_retry=codes,
             exclude_failed_nodes=not args.keep_failed_nodes,
             command_timeout=args.timeout,
+            restart_here=not args.no_restart_here,
+            spare_nodes=args.spare_nodes,
+            min_nodes=args.min_nodes,
+            step_nodes=args.step_nodes,
+            tasks_per_node=args.tasks_per_node,
+            relaunch_args=tuple(shlex.split(args.relaunch_args)),
             **extra,
         )
     except ValueError as e:

@@ -14,9 +14,10 @@ never reads a scheduler's variable or runs a scheduler's command itself:
   (:data:`EVENTS`, :data:`RESERVED_KEYS`): the contract with batch scripts, the supervisor and
   the packages beside this one (DESIGN.md, "Contracts");
 * the **scheduler interface** -- :class:`Scheduler` (end time, job record, requeue, update,
-  signal, host names, nodes, cluster name) with the data it answers in (:class:`EndTime`,
-  :class:`JobView`, :class:`Node`). :class:`slurmclock.slurm.Slurm` is the real one (squeue,
-  scontrol, scancel, sinfo through an injectable runner); another scheduler is one more class.
+  signal, host names, nodes, cluster name; the job's steps, ending one, probing a node, placing
+  a launch) with the data it answers in (:class:`EndTime`, :class:`JobView`, :class:`Node`,
+  :class:`Step`). :class:`slurmclock.slurm.Slurm` is the real one (squeue, scontrol, scancel,
+  sinfo, srun through an injectable runner); another scheduler is one more class.
 
 A job id is turned into file names (the job's timeline) and command arguments, so every one goes
 through :func:`check_job_id` first: ``../../escape``, ``abc`` or ``--all`` never reach a path or a
@@ -29,7 +30,7 @@ from __future__ import annotations
 import logging
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -46,12 +47,16 @@ __all__ = [
     "EXIT_USAGE",
     "RANK_VARIABLES",
     "RESERVED_KEYS",
+    "SLURM_ENDS",
+    "TERM_KINDS",
     "COMMAND_TIMEOUT",
     "EndTime",
     "JobFacts",
     "JobView",
     "Node",
+    "PROBE_NAME",
     "Scheduler",
+    "Step",
     "array_task",
     "check_job_id",
     "cluster_name",
@@ -64,6 +69,7 @@ __all__ = [
     "job_id_problem",
     "num_nodes",
     "restart_count",
+    "tasks_per_node",
     "this_job",
 ]
 
@@ -89,8 +95,25 @@ EXIT_CODES = {
 
 # -- the job's timeline (slurmclock.timeline writes and reads it) ----------------------------------
 
-EVENTS = ("start", "signal", "saved", "exited", "requeued", "checkpoint", "failed", "gave_up")
+EVENTS = (
+    "start",
+    "signal",
+    "saved",
+    "exited",
+    "requeued",
+    "checkpoint",
+    "failed",
+    "gave_up",
+    "first_step",
+    "fault",
+    "relaunched",
+)
 """The timeline's event names: who writes each, and its fields, in slurmclock.timeline."""
+# What a SIGTERM to the batch script meant: the ``kind`` of a ``signal`` event.
+STOP, LIMIT, PREEMPTED, REQUEUED, CANCELLED = "stop", "limit", "preempted", "requeued", "cancelled"
+TERM_KINDS = (STOP, LIMIT, PREEMPTED, REQUEUED, CANCELLED)
+SLURM_ENDS = (LIMIT, PREEMPTED, REQUEUED, CANCELLED)
+"""The kinds of SIGTERM by which SLURM ended the run: never a failure of the step."""
 RESERVED_KEYS = ("event", "time", "restart", "host", "pid")
 """The keys every timeline line has, set by the writer: an event's details use other names."""
 
@@ -217,6 +240,29 @@ def cluster_name(env: Mapping[str, str] | None = None) -> str | None:
 def is_cluster_name(text: str) -> bool:
     """Could ``text`` be a cluster's name in a file name (nothing that leaves a folder)?"""
     return _CLUSTER.fullmatch(text) is not None
+
+
+def tasks_per_node(env: Mapping[str, str] | None = None) -> int | None:
+    """Tasks per node of this job: ``SLURM_NTASKS_PER_NODE`` (``--ntasks-per-node``), else
+    ``SLURM_TASKS_PER_NODE`` when every node has the same count (``4(x2)``; not ``2(x3),1``),
+    else ``SLURM_NTASKS`` over the nodes when it divides; None outside SLURM or when none of
+    them says."""
+    e = _env(env)
+    raw = e.get("SLURM_NTASKS_PER_NODE", "").strip()
+    if _NUMBER.fullmatch(raw) and int(raw) > 0:
+        return int(raw)
+    counts = {
+        m.group(1)
+        for part in e.get("SLURM_TASKS_PER_NODE", "").split(",")
+        if (m := re.fullmatch(r"\s*([0-9]{1,6})(?:\(x[0-9]+\))?\s*", part))
+    }
+    if len(counts) == 1 and int(next(iter(counts))) > 0:
+        return int(next(iter(counts)))
+    tasks = e.get("SLURM_NTASKS", "").strip()
+    nodes = num_nodes(e)
+    if _NUMBER.fullmatch(tasks) and int(tasks) > 0 and int(tasks) % nodes == 0:
+        return int(tasks) // nodes
+    return None
 
 
 def num_nodes(env: Mapping[str, str] | None = None) -> int:
@@ -382,6 +428,26 @@ class Node:
     usable: bool
 
 
+@dataclass(frozen=True, slots=True)
+class Step:
+    """One step of a job as the scheduler lists it: ``id`` (``1234.0``, ``1234.batch``),
+    ``nodes`` (a compressed node list), ``name`` (the command's, or ``--job-name``'s)."""
+
+    id: str
+    nodes: str = ""
+    name: str = ""
+
+    @property
+    def number(self) -> int | None:
+        """0 for ``1234.0``; None for the batch, extern or interactive step."""
+        tail = self.id.rpartition(".")[2]
+        return int(tail) if _NUMBER.fullmatch(tail) else None
+
+
+PROBE_NAME = "slurmclock-probe"
+"""The name of the no-op steps :meth:`Scheduler.probe_node` runs (told apart from training)."""
+
+
 class Scheduler(Protocol):
     """What slurmclock asks of a batch scheduler. Each method raises
     :class:`slurmclock.CommandError` when the scheduler cannot answer: ``kind`` ``missing``
@@ -430,4 +496,32 @@ class Scheduler(Protocol):
 
     def cluster_name(self, *, timeout: float = COMMAND_TIMEOUT) -> str:
         """The cluster's name (the first part of a job's timeline file name)."""
+        ...
+
+    def steps(self, job: str, *, timeout: float = COMMAND_TIMEOUT) -> list[Step]:
+        """The job's steps that run (the batch and extern steps too)."""
+        ...
+
+    def cancel_step(self, step: str, *, timeout: float = COMMAND_TIMEOUT) -> None:
+        """End one step (``1234.5``): its tasks are killed on every node that answers."""
+        ...
+
+    def step_command(
+        self,
+        argv: Sequence[str],
+        nodes: Sequence[str] | None,
+        *,
+        tasks_per_node: int | None = None,
+        overlap: bool = False,
+    ) -> list[str]:
+        """``argv`` -- a launch of the step with the scheduler's launcher (``srun ...``) --
+        placed on ``nodes`` (host names; None: where the launcher puts it) with
+        ``tasks_per_node`` tasks each; ``overlap``: sharing what a step that did not end cleanly
+        may still hold. A command that is not the launcher comes back as it is (it cannot be
+        placed). Runs nothing."""
+        ...
+
+    def probe_node(self, job: str, node: str, *, timeout: float = COMMAND_TIMEOUT) -> None:
+        """Run a no-op on ``node`` inside the job's allocation: a CommandError when the node
+        does not answer within ``timeout``."""
         ...

@@ -19,7 +19,8 @@ all follow, written once:
   by ``slurmclock.hf.last_checkpoint``): the last durable checkpoint stands.
 * **exit codes** -- :data:`EXIT_STOPPED` (75: stopped with a checkpoint, requeue) and
   :data:`EXIT_FINISHED` (0); :func:`end_process` exits without the interpreter's teardown.
-* **the job's timeline** -- ``checkpoint step=N`` for every durable save, ``saved`` once the
+* **the job's timeline** -- ``first_step`` once the first step is done (the start-up a restart
+  in the allocation costs), ``checkpoint step=N`` for every durable save, ``saved`` once the
   stop's checkpoint (or an extra one) is durable: the next allocation measures the exit from it.
 
 Stdlib only: ranks agree through the callables given (ddpkit's ``Dist.agree`` and
@@ -160,11 +161,10 @@ class TimeLoop:
         self._plan: ExtraSave | None = None
         self.durable_step: int | None = None  # the newest checkpoint known to be durable
         self._save_step = -1  # the step of the final or extra save asked for last
-        self._probed = False
+        self._probed = self._first_marked = self.finished = False
         self.cause: str | None = None  # "time" or "signal" once stopping
         self.reason = ""
         self.decision: Decision | None = None  # rank 0's last answer
-        self.finished = False
         self.abandoned: str | None = None
 
     @staticmethod
@@ -264,6 +264,8 @@ class TimeLoop:
         self._last = now
         if seconds is not None:
             self.budget.record_step(seconds)
+        if not self._first_marked:
+            self._mark_first_step(step, seconds)
         if self._phase == "train":
             return self._train_boundary(step, save_due, last)
         if self._phase == "extra":
@@ -273,6 +275,16 @@ class TimeLoop:
         raise RuntimeError(
             f"after_step() with the {self._phase} pending: make it in `with loop.saving(act):`"
         )
+
+    def _mark_first_step(self, step: int, seconds: float | None) -> None:
+        """The job's timeline: this process's first step is done. From its launch to here is
+        the start-up a restart costs (``slurmclock supervise`` weighs it against the time
+        left before it starts a failed step again in the allocation)."""
+        self._first_marked = True
+        timeline = self.budget.timeline
+        if timeline is not None and self.leader:
+            info = {} if seconds is None else {"seconds": round(seconds, 3)}
+            timeline.mark("first_step", step=int(step), **info)
 
     def _train_boundary(self, step: int, save_due: bool, last: bool) -> Action:
         if last:

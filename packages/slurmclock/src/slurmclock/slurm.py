@@ -1,6 +1,6 @@
 """SLURM behind :class:`slurmclock.job.Scheduler`: its client commands, and how to read them.
 
-:class:`Slurm` runs ``squeue``, ``scontrol``, ``scancel`` and ``sinfo`` through a
+:class:`Slurm` runs ``squeue``, ``scontrol``, ``scancel``, ``sinfo`` and ``srun`` through a
 :data:`~slurmclock.commands.Runner` (the real one by default; tests give canned output) and
 turns what they print into :class:`~slurmclock.job.EndTime`, :class:`~slurmclock.job.JobView`
 and :class:`~slurmclock.job.Node`. It is the one place of slurmclock that runs them; everything
@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from pathlib import PurePath
 
 from slurmclock.commands import CommandError, Runner, default_runner
 from slurmclock.durations import parse_slurm_time, parse_time
-from slurmclock.job import COMMAND_TIMEOUT, EndTime, JobView, Node
+from slurmclock.job import COMMAND_TIMEOUT, PROBE_NAME, EndTime, JobView, Node, Step
 
 __all__ = ["Slurm", "parse_job_record"]
 
@@ -26,7 +27,8 @@ _PRINTED_LIMIT = re.compile(r"([0-9]{1,7}-)?[0-9]{1,4}(:[0-9]{2}){1,2}")
 # Keys whose value runs to the end of its line and may hold spaces (JobName=my job.sh), in the
 # multi-line `scontrol show job` (without -o).
 _REST_OF_LINE = ("JobName", "Command", "WorkDir", "StdErr", "StdIn", "StdOut", "Comment")
-# sinfo's short states of a node no job gets soon (a trailing * or ~ flags it further).
+# sinfo's short states of a node no job gets soon; a trailing * (not responding: SLURM
+# schedules nothing there, and marks it DOWN after SlurmdTimeout) too.
 _UNUSABLE = ("down", "drain", "fail", "maint", "futr", "inval")
 
 
@@ -115,14 +117,16 @@ class Slurm:
         return self._run(["scontrol", "show", "hostnames", nodelist], timeout).split()
 
     def nodes(self, partition: str, *, timeout: float = COMMAND_TIMEOUT) -> list[Node]:
-        """``sinfo -h -N -p PARTITION -o "%N %t"``: a node in several partitions is listed once."""
+        """``sinfo -h -N -p PARTITION -o "%N %t"``: a node in several partitions is listed once;
+        one that does not respond (``idle*``, ``mix*``) is not usable."""
         out = self._run(["sinfo", "-h", "-N", "-p", partition, "-o", "%N %t"], timeout)
         found: dict[str, Node] = {}
         for line in out.splitlines():
             parts = line.split()
             if len(parts) == 2:
                 name, state = parts
-                found.setdefault(name, Node(name, state, not state.startswith(_UNUSABLE)))
+                usable = not state.startswith(_UNUSABLE) and not state.endswith("*")
+                found.setdefault(name, Node(name, state, usable))
         return list(found.values())
 
     def cluster_name(self, *, timeout: float = COMMAND_TIMEOUT) -> str:
@@ -133,6 +137,53 @@ class Slurm:
         if m is None:
             raise CommandError(argv, "output", "scontrol show config printed no ClusterName")
         return m.group(1)
+
+    def steps(self, job: str, *, timeout: float = COMMAND_TIMEOUT) -> list[Step]:
+        """``squeue -h -s -j JOB -o "%i %N %j"``: the job's steps that run."""
+        out = self._run(["squeue", "-h", "-s", "-j", job, "-o", "%i %N %j"], timeout)
+        found = []
+        for line in out.splitlines():
+            parts = line.split(None, 2)
+            if parts:
+                nodes = parts[1] if len(parts) > 1 else ""
+                found.append(Step(parts[0], nodes, parts[2].strip() if len(parts) > 2 else ""))
+        return found
+
+    def cancel_step(self, step: str, *, timeout: float = COMMAND_TIMEOUT) -> None:
+        """``scancel JOB.STEP``: SLURM kills the step's tasks on the nodes that answer, and
+        ``srun`` gives up waiting for the others within seconds (not at SlurmdTimeout)."""
+        self._run(["scancel", step], timeout)
+
+    def step_command(
+        self,
+        argv: Sequence[str],
+        nodes: Sequence[str] | None,
+        *,
+        tasks_per_node: int | None = None,
+        overlap: bool = False,
+    ) -> list[str]:
+        """``srun`` with ``--nodes --ntasks --nodelist`` (and ``--overlap``) put first, so
+        that the step's own options come after them: give that srun no node or task count.
+        ``--overlap``: a step that lost a node stays RUNNING in SLURM's records until the node
+        is DOWN, holding the CPUs of its healthy nodes too; without it a new step waits."""
+        if not argv or PurePath(argv[0]).name != "srun":
+            return list(argv)
+        placed = []
+        if nodes:
+            placed += [f"--nodes={len(nodes)}", f"--nodelist={','.join(nodes)}"]
+            if tasks_per_node:
+                placed.append(f"--ntasks={len(nodes) * tasks_per_node}")
+        if overlap:
+            placed.append("--overlap")
+        return [argv[0], *placed, *argv[1:]]
+
+    def probe_node(self, job: str, node: str, *, timeout: float = COMMAND_TIMEOUT) -> None:
+        """``srun --jobid=JOB --overlap -N1 -n1 --nodelist=NODE true``: answered in a fraction
+        of a second by a live node; SLURM 22.05 takes about ``MessageTimeout`` (10 s) to give
+        up on one whose slurmd is gone, and waits longer on one that is frozen or cut off."""
+        argv = ["srun", f"--jobid={job}", "--overlap", "--nodes=1", "--ntasks=1"]
+        argv += ["--ntasks-per-node=1", f"--nodelist={node}", f"--job-name={PROBE_NAME}"]
+        self._run([*argv, "--quiet", "true"], timeout)
 
 
 def _first_line(text: str) -> str:

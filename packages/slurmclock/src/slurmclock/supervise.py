@@ -1,11 +1,12 @@
 """Keep a training step coming back: the batch job's supervisor (``slurmclock supervise``).
 
 A batch script ends with ``exec slurmclock supervise [options] -- srun ... train ...``; the
-supervisor runs the step, forwards SLURM's signals, and when the step ends decides whether the
-job comes back (``scontrol requeue``, the same job id, ``SLURM_RESTART_COUNT`` + 1):
+supervisor runs the step, forwards SLURM's signals, and when the step ends decides what comes
+next: start it again **in this allocation** (no queue), requeue the job (``scontrol requeue``:
+the same job id, ``SLURM_RESTART_COUNT`` + 1, then a wait in the queue), or end:
 
 ============================  ====================================================================
-what ended the allocation     what the supervisor does
+what ended the step           what the supervisor does
 ============================  ====================================================================
 exit 0                        nothing: training is done
 exit 75 (stopped early)       requeue (``--max-restarts`` bounds the chain)
@@ -15,12 +16,32 @@ preempted, ``REQUEUE`` mode   nothing: SLURM requeues the job itself
 preempted with ``GraceTime``  the step gets SIGTERM (the batch script does not), saves, exits 75
 ``scancel``                   nothing: a cancelled job stays cancelled
 ``slurmclock stop``           forwards SIGTERM to the step (it saves and exits); no requeue
-any other exit or a signal    a failure: requeue, from the newest durable checkpoint -- unless it
-                              is the ``--max-failures``-th failure in a row at the same checkpoint
-                              step (the timeline's ``checkpoint`` events): then one ``gave up``
-                              line, here and in the job's timeline, and no requeue
+any other exit or a signal    a failure: the step starts again in this allocation, from the
+(a crash, exit 69: a rank     newest durable checkpoint, when the time left is worth it (the
+dead or frozen)               measured start-up, a few steps and a final save); else a requeue.
+                              The ``--max-failures``-th failure in a row at the same checkpoint
+                              step (the timeline's ``checkpoint`` events; in-allocation restarts
+                              and requeues alike) ends the chain: one ``gave up`` line, here and
+                              in the job's timeline
+exit 74 (store unreachable)   nothing lost, not a failure: tried again in this allocation after
+                              a pause (5 s, doubling, at most 5 minutes), one line each time;
+                              requeued when the allocation has no time for it
 exit 2 (``--no-retry``)       a usage error: not retried
 ============================  ====================================================================
+
+**A lost node.** ``DDPKIT_FAULT_FILE`` is set for each launch of the step
+(``CLUSTER-JOB.R-L.faults.jsonl`` beside the timeline: :attr:`Supervisor.fault_file`): ranks
+that see a dead or frozen peer append ddpkit's fault record (DESIGN.md "Contracts"). The
+supervisor reads it while the step runs: each report is named in
+the log and the timeline (``fault``) within a poll, and the step -- which ``srun`` cannot end
+while a node does not answer, until SLURM marks the node DOWN after ``SlurmdTimeout`` -- is ended
+through SLURM (:mod:`slurmclock.launch`). A reported node that does not answer a no-op step is
+lost (:mod:`slurmclock.lostnodes`); the step starts again on the nodes left: a hot spare takes
+its place (``--spare-nodes``: the allocation has more nodes than the step trains on), else the
+step goes on with fewer nodes down to ``--min-nodes`` (:mod:`slurmclock.placement`). The job must
+be submitted with ``--no-kill``, or SLURM ends the whole allocation when the node goes DOWN. A
+requeue keeps lost nodes out (``ExcNodeList``) and asks for no more nodes than the partition
+can give (``NumNodes``, down to ``--min-nodes``; below that: ``gave up``, one line).
 
 Why the requeue at the time limit cannot wait for the step: SLURM sends SIGTERM to every process
 of the job at the limit and SIGKILL ``KillWait`` seconds later -- to the batch script too, and
@@ -45,24 +66,19 @@ It cannot tell a user's ``scancel`` from an administrator's, nor a SIGTERM sent 
 (``scancel --signal=TERM`` without ``--batch``) from preemption with ``GraceTime`` (both reach the
 step and not the batch script: the step saves, exits 75 and the job is requeued).
 
-Everything is written to the job's timeline (:mod:`slurmclock.timeline`): ``start``, ``signal``
-(with the ``kind`` above), ``exited``, ``requeued``, ``failed``, ``gave_up``; the trainer adds
+Everything is written to the job's timeline (:mod:`slurmclock.timeline`): ``start``,
+``signal`` (with the ``kind`` above), ``fault``, ``exited``, ``failed``, ``relaunched``,
+``requeued``, ``gave_up``; the trainer adds ``first_step`` (the start-up a restart costs) and
 ``checkpoint step=N`` whenever a checkpoint is durable, which is how "the same step" is known.
-``DDPKIT_FAULT_FILE`` is set for the step (``CLUSTER-JOB.faults.jsonl`` beside the timeline):
-ranks that see a dead or frozen peer append ``{"time", "rank", "host", "what", "reporter",
-"silent_s", "job_id"}`` there (ddpkit's fault record, DESIGN.md "Contracts"); the supervisor names
-the node in the log and, where the partition has enough other nodes for the job, excludes it from
-the next allocation (``scontrol update JobId= ExcNodeList=``). Every SLURM command goes through
-the :class:`~slurmclock.job.Scheduler` it is given (:class:`~slurmclock.slurm.Slurm` by default).
+Every SLURM command goes through the :class:`~slurmclock.job.Scheduler` it is given
+(:class:`~slurmclock.slurm.Slurm` by default).
 """
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import socket
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -74,16 +90,51 @@ from typing import Any, TextIO, TypeVar
 from slurmclock.budget import signal_lead_from_env
 from slurmclock.commands import CommandError, Runner
 from slurmclock.deadline import DeadlineWatcher
-from slurmclock.durations import parse_time
-from slurmclock.job import EXIT_STOPPED, JobView, Scheduler, job_id_problem, this_job
+from slurmclock.faults import Fault, FaultWatch, read_faults
+from slurmclock.history import (
+    Streak,
+    failure_streak,
+    newest_checkpoint,
+    restart_cost,
+    vanished_run,
+)
+from slurmclock.job import (
+    EXIT_STOPPED,
+    LIMIT,
+    PREEMPTED,
+    REQUEUED,
+    STOP,
+    TERM_KINDS,
+    JobView,
+    Scheduler,
+    job_id_problem,
+    tasks_per_node,
+    this_job,
+)
+from slurmclock.launch import Launch, kill
+from slurmclock.lostnodes import NodeKeeper, RequeuePlan
+from slurmclock.placement import Placement, place, training_nodes
 from slurmclock.requeue import requeue
 from slurmclock.slurm import Slurm
 from slurmclock.timeline import Event, JobTimeline
+from slurmclock.verdict import (
+    NO_ROOM,
+    Room,
+    Verdict,
+    classify_term,
+    decide,
+    describe_status,
+    end_kind,
+    gave_up_line,
+    requeue_or_end,
+    term_words,
+)
 
 __all__ = [
     "EXIT_STOPPED",
     "TERM_KINDS",
     "Fault",
+    "FaultWatch",
     "JobView",
     "Streak",
     "SuperviseConfig",
@@ -100,12 +151,9 @@ __all__ = [
     "vanished_run",
 ]
 
-# What a SIGTERM to the batch script meant (see the module docstring).
-STOP, LIMIT, PREEMPTED, REQUEUED, CANCELLED = "stop", "limit", "preempted", "requeued", "cancelled"
-TERM_KINDS = (STOP, LIMIT, PREEMPTED, REQUEUED, CANCELLED)
-# SLURM ended the allocation: the run's end is SLURM's doing, never a failure of the step.
-_BY_SLURM = (LIMIT, PREEMPTED, REQUEUED, CANCELLED)
-_POLL_S = 0.1  # how often the wait for the step looks at arrived signals
+_POLL_S = 0.1  # how often the wait for the step looks at signals and the fault file
+RESTART_STEPS = 5  # a restart is worth it when the time left holds its start-up and this many
+_MARGIN_S = 10.0  # steps, a final save and this margin
 _T = TypeVar("_T")
 
 
@@ -115,27 +163,46 @@ class SuperviseConfig:
 
     ``max_failures``: the chain stops at this many failures in a row at the same checkpoint step.
     ``max_restarts``: no requeue once the job was restarted this often (any reason).
-    ``requeue``: False where the next job of an array or chain resumes instead.
+    ``requeue``: False never requeues: an unfinished run ends with its status and the line says
+    how to resume; with ``next_job_resumes`` (an array task, a chain) it ends 0 instead.
     ``no_retry``: exit statuses that are not failures worth a retry (2: a usage error).
     ``name``: the log lines' prefix. ``resume_hint``: how to resume after giving up (``{job}`` is
-    replaced by the job id). ``exclude_failed_nodes``: keep a node that ddpkit reported out of
-    the next allocation, where the partition has enough other nodes.
+    replaced by the job id). ``exclude_failed_nodes``: keep a lost node out of the next
+    allocation. ``restart_here``: start a failed step again in the allocation when the time
+    left is worth it (``startup_guess`` seconds of start-up until one is measured).
+    ``spare_nodes``: nodes of the allocation kept idle to replace a lost one; ``min_nodes``: the
+    fewest nodes the step goes on with; ``step_nodes``: the most it trains on (None: the
+    allocation's, less the spares); ``tasks_per_node`` (None: the job's). ``relaunch_args``:
+    appended to the command when it starts again in the allocation (``--resume-from-checkpoint
+    latest``). ``probe_timeout``: seconds a reported node has to answer a no-op step.
     """
 
     max_failures: int = 3
     max_restarts: int = 50
     requeue: bool = True
+    next_job_resumes: bool = False
     no_retry: frozenset[int] = frozenset({2})
     name: str = "slurmclock"
     resume_hint: str = "scontrol requeue {job} (while SLURM still lists the job), else submit again"
     exclude_failed_nodes: bool = True
     command_timeout: float = 30.0
+    restart_here: bool = True
+    startup_guess: float = 60.0
+    spare_nodes: int = 0
+    min_nodes: int = 1
+    step_nodes: int | None = None
+    tasks_per_node: int | None = None
+    relaunch_args: tuple[str, ...] = ()
+    probe_timeout: float = 10.0
+    store_pause: tuple[float, float] = (5.0, 300.0)
 
     def __post_init__(self) -> None:
-        for key, low in (("max_failures", 1), ("max_restarts", 0)):
-            value = getattr(self, key)
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise ValueError(f"{key} must be a whole number >= {low}, got {value!r}")
+        for key, low in (("max_failures", 1), ("max_restarts", 0), ("spare_nodes", 0)):
+            _whole(key, getattr(self, key), low)
+        _whole("min_nodes", self.min_nodes, 1)
+        for key in ("step_nodes", "tasks_per_node"):
+            if getattr(self, key) is not None:
+                _whole(key, getattr(self, key), 1)
         bad = sorted(c for c in self.no_retry if c in (0, EXIT_STOPPED) or not 0 < c < 256)
         if bad:
             raise ValueError(
@@ -144,270 +211,29 @@ class SuperviseConfig:
             )
         if not self.name or any(c in self.name for c in "\r\n"):
             raise ValueError(f"name must be one non-empty line, got {self.name!r}")
-        if not (self.command_timeout > 0 and self.command_timeout < float("inf")):
-            raise ValueError(f"command_timeout must be > 0 seconds, got {self.command_timeout!r}")
-
-
-# -- what SLURM says about the job ----------------------------------------------------------------
-
-
-def classify_term(view: JobView | None, restart: int, seconds_left: float | None) -> str:
-    """What a SIGTERM to the batch script meant: one of :data:`TERM_KINDS`.
-
-    ``view``: the job as SLURM shows it right after the signal (None when scontrol did not
-    answer: then only a deadline already passed, ``seconds_left`` <= 2, reads as the limit).
-    """
-    if view is None:
-        return LIMIT if seconds_left is not None and seconds_left <= 2 else STOP
-    if view.state in ("RUNNING", "SUSPENDED", "CONFIGURING"):
-        return STOP
-    if view.reason == "TimeLimit" or view.state == "TIMEOUT":
-        return LIMIT
-    if view.restarts is not None and view.restarts > restart:
-        return REQUEUED
-    if view.state in ("PENDING", "REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD"):
-        return REQUEUED
-    if view.preempt_time is not None or view.state == "PREEMPTED":
-        return PREEMPTED
-    return CANCELLED
-
-
-# -- the job's history ----------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Streak:
-    """Failures in a row at the same newest checkpoint step (``step`` None: before any)."""
-
-    count: int = 0
-    step: int | None = None
-    last: Event | None = None
-
-
-def failure_streak(events: Sequence[Event]) -> Streak:
-    """The trailing run of ``failed`` events at one checkpoint step. A failure at another step
-    starts a new run; a clean end (``exited`` 0 or 75) or ``gave_up`` (someone resumed the job
-    after the chain stopped) ends it; time limits and preemptions neither count nor end it."""
-    streak = Streak()
-    for ev in events:
-        if ev.name == "failed":
-            step = _int(ev.info.get("step"))
-            count = streak.count + 1 if streak.count and step == streak.step else 1
-            streak = Streak(count, step, ev)
-        elif ev.name == "gave_up" or (ev.name == "exited" and ev.info.get("rc") in (0, 75)):
-            streak = Streak()
-    return streak
-
-
-def newest_checkpoint(events: Sequence[Event]) -> int | None:
-    """The step of the last ``checkpoint`` event (the newest durable checkpoint), or None."""
-    for ev in reversed(events):
-        if ev.name == "checkpoint" and (step := _int(ev.info.get("step"))) is not None:
-            return step
-    return None
-
-
-def vanished_run(events: Sequence[Event]) -> Event | None:
-    """The last run's ``start`` when that run left no end behind: no ``exited``, no SIGTERM from
-    SLURM (limit, preemption, requeue, cancel), no ``gave_up`` -- a node that went away, a batch
-    script killed. None when the last run ended visibly (or there is none)."""
-    start = next((i for i in range(len(events) - 1, -1, -1) if events[i].name == "start"), None)
-    if start is None:
-        return None
-    for ev in events[start + 1 :]:
-        if ev.name in ("exited", "gave_up"):
-            return None
-        if ev.name == "signal" and ev.info.get("kind") in _BY_SLURM:
-            return None
-    return events[start]
-
-
-def _int(value: object) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
-@dataclass(frozen=True, slots=True)
-class Fault:
-    """One line of the ddpkit fault file: ``rank`` on ``host`` was ``what`` (dead / frozen),
-    seen by rank ``reporter`` after ``silent_s`` seconds without a heartbeat."""
-
-    time: float
-    rank: int | None
-    host: str
-    what: str
-    reporter: int | None
-    silent_s: float | None = None
-    job_id: str | None = None
-
-    def describe(self) -> str:
-        who = "a rank" if self.rank is None else f"rank {self.rank}"
-        by = "" if self.reporter is None else f" (reported by rank {self.reporter})"
-        return f"{who} on node {self.host or '?'} was {self.what or 'lost'}{by}"
-
-
-def read_faults(path: str | os.PathLike[str] | None, since: float) -> list[Fault]:
-    """The fault file's readable lines written at or after ``since`` (one line per report).
-    ``time`` is epoch seconds; ISO-8601 text (what ddpkit wrote before) is read too."""
-    if path is None:
-        return []
-    try:
-        text = Path(path).read_text(errors="replace")
-    except OSError:
-        return []
-    faults = [fault for line in text.splitlines() if (fault := _fault(line)) is not None]
-    return [fault for fault in faults if fault.time >= since]
-
-
-def _fault(line: str) -> Fault | None:
-    try:
-        rec = json.loads(line)
-        at = parse_time(rec["time"])
-    except (ValueError, KeyError, TypeError, AttributeError):
-        return None
-    silent, job = rec.get("silent_s"), rec.get("job_id")
-    return Fault(
-        at,
-        _int(rec.get("rank")),
-        str(rec.get("host") or ""),
-        str(rec.get("what") or ""),
-        _int(rec.get("reporter")),
-        float(silent)
-        if isinstance(silent, (int, float)) and not isinstance(silent, bool)
-        else None,
-        str(job) if isinstance(job, (str, int)) and not isinstance(job, bool) else None,
-    )
-
-
-# -- deciding -------------------------------------------------------------------------------------
-
-
-def describe_status(rc: int | None) -> str:
-    """``exit 1``, ``exit 137 (killed by SIGKILL)``, ``no exit status``."""
-    if rc is None:
-        return "no exit status"
-    if rc > 128:
-        try:
-            return f"exit {rc} (killed by {signal.Signals(rc - 128).name})"
-        except ValueError:
-            pass
-    return f"exit {rc}"
-
-
-def end_kind(rc: int, term: str | None, no_retry: frozenset[int]) -> str:
-    """``finished``, ``stopped`` (exit 75), ``slurm`` (SLURM ended it: limit, preemption,
-    requeue, cancel), ``requested`` (slurmclock stop), ``usage`` (a no-retry status) or
-    ``failed``."""
-    if term in _BY_SLURM:
-        return "slurm"
-    if term == STOP:
-        return "requested"
-    if rc == 0:
-        return "finished"
-    if rc == EXIT_STOPPED:
-        return "stopped"
-    return "usage" if rc in no_retry else "failed"
-
-
-@dataclass(frozen=True, slots=True)
-class Verdict:
-    """What to do once the step has exited: ``action`` ``end`` (exit with ``code``), ``requeue``
-    (exit 0 once SLURM accepted, else ``code``) or ``give_up`` (exit ``code``)."""
-
-    action: str
-    code: int
-    message: str
-
-
-def decide(
-    kind: str,
-    rc: int,
-    *,
-    term: str | None,
-    streak: Streak,
-    restarts: int,
-    config: SuperviseConfig,
-    requeued: bool = False,
-) -> Verdict:
-    """The verdict for a step that exited with ``rc`` (``kind`` from :func:`end_kind`);
-    ``streak`` includes this failure; ``requeued``: already requeued when the SIGTERM came."""
-    if kind == "slurm":
-        if requeued:
-            return Verdict("end", 0, f"already requeued at the {_term_words(term)}")
-        if term == REQUEUED:
-            return Verdict("end", 0, "SLURM requeued this job itself: it comes back by itself")
-        if term == CANCELLED:
-            return Verdict("end", 0, "the job was cancelled (scancel): not requeueing")
-        return Verdict("end", EXIT_STOPPED, f"not requeued at the {_term_words(term)}")
-    if kind == "requested":
-        if rc in (0, EXIT_STOPPED):
-            return Verdict(
-                "end",
-                0,
-                "stopped on request (SIGTERM to the batch script: slurmclock stop or scancel "
-                "--batch): not requeueing; resume by submitting again",
+        for key in ("command_timeout", "startup_guess", "probe_timeout"):
+            value = getattr(self, key)
+            if not (isinstance(value, (int, float)) and 0 < value < float("inf")):
+                raise ValueError(f"{key} must be > 0 seconds, got {value!r}")
+        if self.step_nodes is not None and self.step_nodes < self.min_nodes:
+            raise ValueError(
+                f"step_nodes {self.step_nodes} is fewer than min_nodes {self.min_nodes}: give "
+                "a minimum no larger than the nodes the step trains on"
             )
-        return Verdict("end", rc, f"the step ended with {describe_status(rc)} after a stop request")
-    if kind == "finished":
-        return Verdict("end", 0, "training finished")
-    if kind == "usage":
-        return Verdict(
-            "end",
-            rc,
-            f"training failed ({describe_status(rc)}: a usage error, a retry cannot help)",
-        )
-    if kind == "stopped":
-        return _requeue_or_end("stopped early with steps left", EXIT_STOPPED, restarts, config)
-    at = "before any checkpoint" if streak.step is None else f"at checkpoint step {streak.step}"
-    if streak.count >= config.max_failures:
-        return Verdict("give_up", rc, gave_up_line(streak, config))
-    why = (
-        f"training failed ({describe_status(rc)}, failure {streak.count} of "
-        f"{config.max_failures} in a row {at})"
-    )
-    return _requeue_or_end(why, rc, restarts, config)
 
 
-def gave_up_line(streak: Streak, config: SuperviseConfig) -> str:
-    """The one line that ends a chain: what failed, where, how many times, how to resume."""
-    at = "before any checkpoint" if streak.step is None else f"at checkpoint step {streak.step}"
-    info = streak.last.info if streak.last is not None else {}
-    last = str(info.get("why") or describe_status(_int(info.get("rc"))))
-    where = f" on {info['nodes']}" if info.get("nodes") else ""
-    return (
-        f"gave up: the training step failed {streak.count} times in a row {at} (last: {last}"
-        f"{where}); not requeueing. Fix the cause, then resume: {config.resume_hint}"
-    )
-
-
-def _requeue_or_end(why: str, code: int, restarts: int, config: SuperviseConfig) -> Verdict:
-    if not config.requeue:
-        return Verdict(
-            "end",
-            0 if code == EXIT_STOPPED else code,
-            f"{why}; not requeueing (the next array task / chained job resumes)",
-        )
-    if restarts >= config.max_restarts:
-        return Verdict(
-            "end",
-            code,
-            f"{why}, but already restarted {restarts} times (max restarts): not requeueing",
-        )
-    return Verdict("requeue", code, f"{why}: requeueing to resume from the newest checkpoint")
-
-
-def _term_words(term: str | None) -> str:
-    return {LIMIT: "time limit", PREEMPTED: "preemption"}.get(term or "", "SIGTERM")
-
-
-# -- the supervisor -------------------------------------------------------------------------------
+def _whole(key: str, value: object, low: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ValueError(f"{key} must be a whole number >= {low}, got {value!r}")
 
 
 class Supervisor:
-    """Runs one step (``argv``) for this allocation and decides what comes next; see the module
-    docstring. ``env`` (default ``os.environ``), ``scheduler`` (default
-    :class:`~slurmclock.slurm.Slurm` running scontrol, scancel, sinfo and squeue through
-    ``runner``), ``clock`` (epoch seconds) and ``out`` (the job log) are injectable; ``timeline``
-    defaults to this job's."""
+    """Runs the step (``argv``) for this allocation, again while that is worth it, and decides
+    what comes next; see the module docstring. ``env`` (default ``os.environ``), ``scheduler``
+    (default :class:`~slurmclock.slurm.Slurm` running SLURM's commands through ``runner``),
+    ``clock`` (epoch seconds), ``sleep`` (a store outage's pause) and ``out`` (the job log) are
+    injectable;
+    ``timeline`` defaults to this job's; ``here`` is this node's name (default: the host's)."""
 
     def __init__(
         self,
@@ -419,6 +245,8 @@ class Supervisor:
         out: TextIO | None = None,
         timeline: JobTimeline | None = None,
         scheduler: Scheduler | None = None,
+        here: str | None = None,
+        sleep: Callable[[float], None] | None = None,
     ) -> None:
         self.config = SuperviseConfig() if config is None else config
         self.env = dict(os.environ if env is None else env)
@@ -426,6 +254,7 @@ class Supervisor:
             raise TypeError("give a scheduler or a runner for SLURM's commands, not both")
         self.scheduler: Scheduler = Slurm(runner) if scheduler is None else scheduler
         self.clock = time.time if clock is None else clock
+        self.sleep = time.sleep if sleep is None else sleep
         self.out = sys.stdout if out is None else out
         self.facts = this_job(self.env)
         self.job = self.facts.job_id
@@ -435,22 +264,43 @@ class Supervisor:
         self.requeued = False  # requeued when the SIGTERM came
         self._term_verdict: Verdict | None = None  # not requeued then, and why
         self._pending: list[int] = []
-        self._started_at = self.clock()
+        self.nodes = NodeKeeper(
+            self.scheduler,
+            self.job or "",
+            log=self.log,
+            timeout=self.config.command_timeout,
+            probe_timeout=self.config.probe_timeout,
+            here=here,
+        )
+        self._hosts: list[str] | None = None  # the allocation's nodes, once asked
+        self.placement: Placement | None = None  # where the next launch goes (None: as is)
+        self.launches = 0
+        self._store_tries = 0
+        self._wait_s = 0.0  # before the next launch (a store outage's pause)
+        self._ended_at = 0.0  # when the last launch ended
+        self._argv: list[str] = []
 
     @property
     def fault_file(self) -> Path | None:
-        """Where ddpkit reports dead or frozen ranks: beside the job's timeline."""
+        """Where the ranks of the next launch report dead or frozen peers (ddpkit): beside the
+        job's timeline, one file per launch (``CLUSTER-JOB.R-L.faults.jsonl``, R the restart,
+        L the launch in this allocation): a rank cut off from the others may go on and report
+        them dead long after its step was ended, and must not end the next one."""
         path = self.timeline.path
-        return None if path is None else path.with_name(path.stem + ".faults.jsonl")
+        if path is None:
+            return None
+        return path.with_name(f"{path.stem}.{self.restart}-{self.launches + 1}.faults.jsonl")
 
     def log(self, message: str) -> None:
         stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(self.clock()))
-        print(f"[{stamp}] {self.config.name}: {message}", file=self.out, flush=True)
+        line = message.replace("{job}", self.job or "JOBID")
+        print(f"[{stamp}] {self.config.name}: {line}", file=self.out, flush=True)
 
     # -- the run ---------------------------------------------------------------------------
 
     def run(self, argv: Sequence[str]) -> int:
-        """Run ``argv`` to its end; returns the exit status the batch script should exit with."""
+        """Run ``argv`` to its end (again while worth it); returns the exit status the batch
+        script should exit with."""
         if not argv:
             raise ValueError("no command to supervise: give it after --, e.g. -- srun train.py")
         if (problem := job_id_problem(self.env)) is not None:
@@ -459,21 +309,32 @@ class Supervisor:
         with self._signals():
             if self.job is None:
                 self.log("not in a SLURM job (SLURM_JOB_ID is unset): running without requeue")
-            elif (code := self._start()) is not None:
+                launch = self._launch(argv)
+                return 127 if launch is None else self._wait(launch)
+            if (code := self._start()) is not None:
                 return code
             if (code := self._before_step()) is not None:
                 return code
-            proc = self._spawn(argv)
-            if proc is None:
+            return self._supervise(argv)
+
+    def _supervise(self, argv: Sequence[str]) -> int:
+        """Launch, wait, decide -- until the verdict is not a restart in this allocation."""
+        self._argv = list(argv)
+        while True:
+            launch = self._launch(argv)
+            if launch is None:
                 return 127
-            rc = self._wait(proc)
-            if self.job is None:
-                return rc
-            return self._finish(rc)
+            code = self._finish(self._wait(launch), launch)
+            if code is not None:
+                return code
+            if (code := self._pause(self._wait_s)) is not None:
+                return code
 
     def _start(self) -> int | None:
         events = self.timeline.events()
         self.timeline.mark("start")
+        if (code := self._check_nodes()) is not None:
+            return code
         lost = vanished_run(events)
         if lost is None:
             return None
@@ -487,6 +348,39 @@ class Supervisor:
             return None
         return self._give_up(Verdict("give_up", 1, gave_up_line(streak, self.config)))
 
+    def _check_nodes(self) -> int | None:
+        """Bad node settings for the first allocation are one line and exit 2 before any step;
+        a later allocation has what the partition could give (said, not refused)."""
+        c, have = self.config, self.facts.num_nodes
+        need = c.min_nodes + c.spare_nodes
+        if have >= need:
+            self.placement = self._initial_placement()
+            return None
+        if self.restart > 0 and have >= c.min_nodes:
+            self.log(f"{have} node(s) in this allocation: no spare left (of {c.spare_nodes})")
+            self.placement = self._initial_placement()
+            return None
+        what = f"at least {c.min_nodes} node(s) to train on" + (
+            f" and {c.spare_nodes} spare(s)" if c.spare_nodes else ""
+        )
+        self.log(
+            f"this allocation has {have} node(s), the settings ask for {what} (MIN_NODES, "
+            f"SPARE_NODES): submit with --nodes={need} or lower them (nothing was run)"
+        )
+        return 2
+
+    def _initial_placement(self) -> Placement | None:
+        hosts = self._allocation_hosts()
+        if not hosts:
+            return None
+        c = self.config
+        want = training_nodes(len(hosts), spare=c.spare_nodes, min_nodes=c.min_nodes)
+        want = min(want, c.step_nodes or want)
+        spares = hosts[want:]
+        if spares:
+            self.log(f"training on {', '.join(hosts[:want])}; hot spare(s): {', '.join(spares)}")
+        return Placement(tuple(hosts[:want]), len(hosts))
+
     def _before_step(self) -> int | None:
         """A SIGTERM before the step started ends the allocation at once."""
         self._handle_signals(None)
@@ -499,41 +393,106 @@ class Supervisor:
             return self._term_verdict.code
         return 0
 
-    def _spawn(self, argv: Sequence[str]) -> subprocess.Popen[bytes] | None:
+    # -- a launch --------------------------------------------------------------------------
+
+    def _launch(self, argv: Sequence[str]) -> Launch | None:
+        """Start the step: placed on :attr:`placement`'s nodes when it is an srun (a relaunch
+        with ``--overlap`` and the relaunch arguments); None when it cannot start."""
+        again = self.launches > 0
+        if again:
+            argv = [*argv, *self.config.relaunch_args]
+        nodes = self.placement.nodes if self.placement is not None else None
+        place = self.scheduler.step_command
+        command = place(argv, nodes, tasks_per_node=self._tasks_per_node(), overlap=again)
+        placed = nodes if command != place(argv, None, overlap=again) else None
         env = dict(self.env)
         if self.fault_file is not None:
             env.setdefault("DDPKIT_FAULT_FILE", str(self.fault_file))
+        self.launches += 1
+        if again:
+            where = "" if placed is None else f" on {','.join(placed)}"
+            self.log(f"starting the training step again{where} (launch {self.launches})")
+            self.timeline.mark("relaunched", attempt=self.launches, nodes=",".join(placed or ()))
         try:
-            return subprocess.Popen(list(argv), env=env)
+            launch = Launch.start(
+                command, env, started=self.clock(), fault_file=env.get("DDPKIT_FAULT_FILE")
+            )
         except OSError as e:
-            self.log(f"cannot start the training step `{argv[0]}`: {e}")
+            self.log(f"cannot start the training step `{command[0]}`: {e}")
             return None
+        launch.after = self._ended_at if again else None
+        return launch
 
-    def _wait(self, proc: subprocess.Popen[bytes]) -> int:
+    def _tasks_per_node(self) -> int | None:
+        return self.config.tasks_per_node or tasks_per_node(self.env)
+
+    def _wait(self, launch: Launch) -> int:
         # A signal handler only queues the signal: the work (scontrol, requeue) happens here.
-        while True:
-            self._handle_signals(proc)
-            try:
-                rc = proc.wait(timeout=_POLL_S)
-                break
-            except subprocess.TimeoutExpired:
-                continue
-        self._handle_signals(proc)  # one that came with the exit
-        return 128 - rc if rc < 0 else rc  # killed by a signal: as a shell reports it
+        def tick() -> None:
+            self._handle_signals(launch.proc)
+            self._watch(launch)
 
-    def _finish(self, rc: int) -> int:
+        return launch.wait(_POLL_S, tick)
+
+    def _watch(self, launch: Launch) -> None:
+        """Faults named the moment they are read; a step stuck on a lost node ended."""
+        now = self.clock()
+        faults = launch.new_faults(now)
+        if faults and self.job is not None:
+            self.nodes.probe_soon(f.host for f in faults)
+        for fault in faults:
+            self.log(f"{fault.describe()}: the step cannot go on")
+            self.timeline.mark(
+                "fault",
+                node=fault.host,
+                rank=fault.rank,
+                what=fault.what,
+                reporter=fault.reporter,
+                reported=round(fault.time, 3),
+            )
+        if self.job is not None:
+            launch.end_if_stuck(now, self.scheduler, self.job, self.config.command_timeout)
+        launch.first_step(now, self.timeline.events)
+        while launch.said:
+            self.log(launch.said.pop(0))
+
+    def _pause(self, seconds: float) -> int | None:
+        """Wait ``seconds`` before the next launch, handling signals; the exit status when a
+        SIGTERM ended the allocation meanwhile."""
+        end = self.clock() + seconds
+        while True:
+            self._handle_signals(None)
+            if self.term is not None:
+                return self._before_step()
+            if self.clock() >= end:
+                return None
+            self.sleep(min(_POLL_S, max(0.0, end - self.clock())))
+
+    # -- after a launch --------------------------------------------------------------------
+
+    def _finish(self, rc: int, launch: Launch) -> int | None:
+        """The verdict on a launch that exited with ``rc``: the batch script's exit status, or
+        None to launch again in this allocation (after :attr:`_wait_s`)."""
+        self._ended_at = self.clock()
+        launch.first_step(self._ended_at, self.timeline.events, force=True)  # a short run's
+        while launch.said:
+            self.log(launch.said.pop(0))
         self.log(f"training step exited with status {rc}")
         events = self.timeline.events()
         self.timeline.mark("exited", rc=rc)
-        faults = read_faults(self.fault_file, self._started_at)
-        for fault in faults:
-            self.log(fault.describe())
+        if self.job is None:
+            return rc
         kind = end_kind(rc, self.term, self.config.no_retry)
-        streak = Streak()
+        streak, here = Streak(), NO_ROOM
         if kind == "failed":
+            if self.nodes.lost(f.host for f in launch.faults):
+                self._release_lost()
             exited = Event("exited", self.clock(), self.restart, {"rc": rc})
-            failed = self._mark_failed([*events, exited], rc, describe_status(rc), faults)
+            failed = self._mark_failed([*events, exited], rc, describe_status(rc), launch.faults)
             streak = failure_streak([*events, exited, failed])
+        self._store_tries = self._store_tries + 1 if kind == "store" else 0
+        if kind in ("failed", "store") and streak.count < self.config.max_failures:
+            here = self._room(kind, events)
         verdict = decide(
             kind,
             rc,
@@ -542,20 +501,88 @@ class Supervisor:
             restarts=self.restart,
             config=self.config,
             requeued=self.requeued,
+            here=here,
         )
+        return self._act(verdict, kind, here)
+
+    def _act(self, verdict: Verdict, kind: str, here: Room) -> int | None:
         if verdict.action == "give_up":
             return self._give_up(verdict)
         if kind == "slurm" and self._term_verdict is not None:
             verdict = self._term_verdict  # said when the SIGTERM came
         else:
             self.log(verdict.message)
+        if verdict.action == "restart":
+            self._wait_s = here.wait
+            return None
         if verdict.action == "end":
             return verdict.code
-        with _sigterm_ignored():  # SLURM signals every process of the job once it accepts
-            ok = self._requeue()
-            if ok and kind == "failed" and faults:
-                self._exclude({f.host for f in faults if f.host})
-        return 0 if ok else verdict.code
+        return self._requeue_job(verdict)
+
+    def _room(self, kind: str, events: Sequence[Event]) -> Room:
+        """Can the step start again in this allocation, and is it worth the time left?"""
+        if not self.config.restart_here:
+            return NO_ROOM
+        placed = self._next_placement()
+        if isinstance(placed, str):
+            return Room(False, placed)
+        wait = self._store_pause() if kind == "store" else 0.0
+        cost = restart_cost(events).seconds(guess=self.config.startup_guess, steps=RESTART_STEPS)
+        need = wait + cost + _MARGIN_S
+        left = self._seconds_left()
+        where = f"; {placed.why}" if placed is not None and placed.why else ""
+        if left is None:
+            return Room(True, f"no time limit known{where}", wait)
+        said = f"{left:.0f} s left, a restart needs ~{need:.0f} s"
+        if left < need:
+            return Room(False, f"{said} in this allocation")
+        self.placement = placed
+        return Room(True, said + where, wait)
+
+    def _next_placement(self) -> Placement | str | None:
+        """Where the next launch goes: None as the first did; a reason when it cannot."""
+        if not self.nodes.gone:
+            return self.placement
+        hosts = self._allocation_hosts()
+        if not hosts:
+            return "the allocation's nodes are not known (SLURM_JOB_NODELIST)"
+        c = self.config
+        placed = place(hosts, lost=self.nodes.gone, spare=c.spare_nodes, min_nodes=c.min_nodes)
+        if isinstance(placed, str):
+            return placed
+        cap = c.step_nodes or len(placed.nodes)
+        placed = Placement(placed.nodes[:cap], placed.healthy, placed.why)
+        if self.scheduler.step_command(self._argv, placed.nodes) == list(self._argv):
+            return f"`{self._argv[0]}` is not srun: the step cannot be placed on the nodes left"
+        return placed
+
+    def _release_lost(self) -> None:
+        """Give the lost nodes back to SLURM (``scontrol update JobId= NodeList=`` with the
+        others: a job may shrink itself). Until SLURM marks a node DOWN -- SlurmdTimeout, 300 s
+        by default -- a job that holds it cannot end: a requeue, or the job's own end, would
+        wait that long."""
+        hosts = self._allocation_hosts()
+        keep = [h for h in hosts if h.split(".")[0] not in self.nodes.gone]
+        if not keep or len(keep) == len(hosts) or self.job is None:
+            return
+        gone = [h for h in hosts if h not in keep]
+        job, timeout, nodes = self.job, self.config.command_timeout, ",".join(keep)
+        if self._tell(lambda: self.scheduler.update_job(job, timeout=timeout, NodeList=nodes)):
+            self.log(
+                f"gave node(s) {', '.join(gone)} back to SLURM (NodeList={nodes}): the job "
+                "does not wait for them to end"
+            )
+
+    def _allocation_hosts(self) -> list[str]:
+        if self._hosts is None:
+            nodes, timeout = self.facts.nodes, self.config.command_timeout
+            asked = self._ask(lambda: self.scheduler.hostnames(nodes, timeout=timeout))
+            self._hosts = asked or []
+        return self._hosts
+
+    def _store_pause(self) -> float:
+        first, most = self.config.store_pause
+        return float(min(most, first * 2 ** max(0, self._store_tries - 1)))
 
     def _mark_failed(
         self, events: Sequence[Event], rc: int | None, why: str, faults: Sequence[Fault] = ()
@@ -590,7 +617,7 @@ class Supervisor:
             for s, handler in previous.items():
                 signal.signal(s, handler)
 
-    def _handle_signals(self, proc: subprocess.Popen[bytes] | None) -> None:
+    def _handle_signals(self, proc: Any) -> None:
         while self._pending:
             signum = self._pending.pop(0)
             if signum == signal.SIGUSR2:
@@ -598,7 +625,7 @@ class Supervisor:
             else:
                 self._on_term(proc)
 
-    def _on_term(self, proc: subprocess.Popen[bytes] | None) -> None:
+    def _on_term(self, proc: Any) -> None:
         if self.term is not None:
             # Decided at the first one: SLURM is ending this allocation, or the user stops it
             # (then a stop stays a stop, whatever comes after, and is forwarded again).
@@ -633,17 +660,19 @@ class Supervisor:
             self.log("received SIGTERM: the job was cancelled (scancel): not requeueing")
 
     def _requeue_at_term(self, kind: str) -> None:
-        verdict = _requeue_or_end(
-            f"ended by {_term_words(kind)}", EXIT_STOPPED, self.restart, self.config
-        )
+        why = f"ended by {term_words(kind)}"
+        verdict = requeue_or_end(why, EXIT_STOPPED, self.restart, self.config)
         if verdict.action != "requeue":
             self._term_verdict = verdict
             self.log(verdict.message)
             return
-        with _sigterm_ignored():
-            self.requeued = self._requeue()
+        self.requeued, impossible = self._requeue_planned()
+        if impossible is not None:
+            line = f"gave up: {impossible}; not requeueing. Resume: {self.config.resume_hint}"
+            self._term_verdict = Verdict("end", EXIT_STOPPED, line)
+            self._give_up(self._term_verdict)
 
-    def _on_usr2(self, proc: subprocess.Popen[bytes] | None) -> None:
+    def _on_usr2(self, proc: Any) -> None:
         if proc is None:
             self.log(
                 "received SIGUSR2 before training started: the trainer reads the end time itself"
@@ -661,17 +690,17 @@ class Supervisor:
                 self.timeline.mark("signal", name="USR2", forwarded=0)
                 return
         self.log("received SIGUSR2: forwarding to the training step")
-        _kill(proc.pid, signal.SIGUSR2)  # srun passes it on to every task
+        kill(proc.pid, signal.SIGUSR2)  # srun passes it on to every task
         self.timeline.mark("signal", name="USR2")
 
-    def _forward_term(self, proc: subprocess.Popen[bytes] | None) -> None:
+    def _forward_term(self, proc: Any) -> None:
         # Not through srun: it answers its own SIGTERM by killing the step within a second.
         # `scancel --signal` without --batch signals the job's steps, not this script.
         job, timeout = self.job, self.config.command_timeout
         if job is not None and self._tell(lambda: self.scheduler.signal(job, timeout=timeout)):
             return
         if proc is not None:
-            _kill(proc.pid, signal.SIGTERM)
+            kill(proc.pid, signal.SIGTERM)
 
     # -- SLURM -----------------------------------------------------------------------------
 
@@ -703,6 +732,42 @@ class Supervisor:
         watcher = DeadlineWatcher(env=self.env, scheduler=self.scheduler, clock=self.clock)
         return watcher.get().seconds_left(self.clock())
 
+    def _requeue_job(self, verdict: Verdict) -> int:
+        """Requeue (the verdict said so), unless the partition cannot give the job its
+        minimum any more: then the chain stops with one line."""
+        ok, impossible = self._requeue_planned()
+        if impossible is not None:
+            line = f"gave up: {impossible}; not requeueing. Resume: {self.config.resume_hint}"
+            return self._give_up(Verdict("give_up", verdict.code or 1, line))
+        return 0 if ok else verdict.code
+
+    def _requeue_planned(self) -> tuple[bool, str | None]:
+        """``scontrol requeue``, and what the next allocation asks for (planned while the job
+        runs: once SLURM has accepted, this process has KillWait seconds to live); (requeued,
+        why the partition cannot give the job its minimum: then no requeue)."""
+        plan = self._requeue_plan()
+        if plan is not None and plan.give_up is not None:
+            return False, plan.give_up
+        with _sigterm_ignored():  # SLURM signals every process of the job once it accepts
+            ok = self._requeue()
+            if ok and plan is not None:
+                self.nodes.apply(plan, self._tasks_per_node())
+        return ok, None
+
+    def _requeue_plan(self) -> RequeuePlan | None:
+        """What the next allocation asks for, for a job of several nodes or with lost ones."""
+        if self.facts.num_nodes <= 1 and not self.nodes.gone:
+            return None
+        view = self._job_view()
+        if view is None:
+            return None
+        c, asked = self.config, self.facts.num_nodes
+        return self._ask(
+            lambda: self.nodes.before_requeue(
+                view, c.min_nodes, asked=asked, keep_out=c.exclude_failed_nodes
+            )
+        )
+
     def _requeue(self) -> bool:
         result = requeue(
             env=self.env,
@@ -718,53 +783,8 @@ class Supervisor:
         if view is not None and view.restarts is not None and view.restarts > self.restart:
             self.log(f"requeued job {self.job} (restart {view.restarts})")
             return True
-        self.log(
-            f"{result.message}; requeue failed: {self.config.resume_hint}".replace(
-                "{job}", self.job or "JOBID"
-            )
-        )
+        self.log(f"{result.message}; requeue failed: {self.config.resume_hint}")
         return False
-
-    def _exclude(self, hosts: set[str]) -> None:
-        """Keep the reported nodes out of the next allocation where the job still fits."""
-        if not self.config.exclude_failed_nodes or not hosts or self.job is None:
-            return
-        view = self._job_view()
-        if view is None:
-            return
-        job, timeout, sched = self.job, self.config.command_timeout, self.scheduler
-        listed = self._ask(lambda: sched.nodes(view.partition, timeout=timeout))
-        if listed is None:
-            return
-        usable = {node.name for node in listed if node.usable}
-        short = {n.split(".")[0] for n in hosts}
-        bad = {n for n in usable if n in hosts or n in short}
-        unknown = sorted(short - {n.split(".")[0] for n in bad})
-        if unknown:
-            self.log(
-                f"node(s) {', '.join(unknown)} not in partition {view.partition}: not excluded"
-            )
-        before = self._ask(lambda: sched.hostnames(view.exc_nodes, timeout=timeout)) or []
-        excluded = set(before) | bad
-        if not bad:
-            return
-        left = usable - excluded
-        if len(left) < view.num_nodes:
-            self.log(
-                f"not excluding node(s) {', '.join(sorted(bad))}: partition {view.partition} "
-                f"would have {len(left)} usable node(s) left for a job of {view.num_nodes}"
-            )
-            return
-        nodes = ",".join(sorted(excluded))
-        if self._tell(lambda: sched.update_job(job, timeout=timeout, ExcNodeList=nodes)):
-            self.log(f"the next allocation avoids node(s) {', '.join(sorted(bad))} (ExcNodeList)")
-
-
-def _kill(pid: int, sig: signal.Signals) -> None:
-    try:
-        os.kill(pid, sig)
-    except OSError:
-        pass  # the step has just exited
 
 
 @contextmanager

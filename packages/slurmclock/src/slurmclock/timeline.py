@@ -21,6 +21,11 @@ event           written by, with which details
 ``failed``      ``slurmclock supervise`` when the step failed: ``rc``, ``step`` (newest checkpoint),
                 ``why``, ``nodes``
 ``gave_up``     ``slurmclock supervise`` when it stopped the chain: ``why`` (the line it logged)
+``first_step``  the trainer (``TimeLoop``) when its first step is done: ``step``, ``seconds``
+``fault``       ``slurmclock supervise`` when it read a rank's fault record (ddpkit's) while the
+                step ran: ``node``, ``rank``, ``what``, ``reporter``, ``reported`` (its time)
+``relaunched``  ``slurmclock supervise`` when it starts the step again in the allocation:
+                ``attempt`` (the launch), ``nodes`` (where it placed it; empty: as launched)
 ==============  ===================================================================================
 
 Every line also has ``event``, ``time`` (epoch seconds), ``restart`` (the run:
