@@ -314,4 +314,5 @@ def test_the_stop_save_is_marked_in_the_jobs_timeline(
     _, timer, _ = train(tmp_path / "out", usr2)
     assert timer.exit_code == EXIT_STOPPED
     marks = [(e.name, e.info.get("step")) for e in JobTimeline().events()]
-    assert marks == [("checkpoint", 7), ("saved", None)]
+    # first_step: the start-up a restart in the allocation is planned with
+    assert marks == [("first_step", 1), ("checkpoint", 7), ("saved", None)]
