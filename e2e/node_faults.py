@@ -106,7 +106,7 @@ def drive_node_faults(
                                               cpus=2)  # fmt: skip
         clusters.append(cluster)
         cluster.start()
-        cluster.env = localslurm._client_env(cluster.conf_path, env)
+        cluster.env = localslurm.client_env(cluster.conf_path, env)
         job = Job(cluster, work, name)
         bg.start(name, lambda c=case, j=job: drive(c, j, corpus, cache, quiet))
 
