@@ -77,6 +77,8 @@ def wait_for_checkpoints(timeline: Path, proc: subprocess.Popen[str], n: int) ->
 def test_exit_codes_agree_across_the_packages() -> None:
     assert slurmclock.EXIT_PEER_LOST == ddpkit.EXIT_PEER_LOST
     assert slurmclock.EXIT_ERROR == trainer.EXIT_ERROR
+    assert slurmclock.EXIT_STORE_UNAVAILABLE == trainer.EXIT_STORE_UNAVAILABLE == 74
+    assert end_kind(trainer.EXIT_STORE_UNAVAILABLE, None, frozenset()) == "store"  # not a failure
     assert slurmclock.EXIT_USAGE in SuperviseConfig().no_retry  # never retried by default
     with pytest.raises(ddpkit.DistConfigError):  # ddpkit refuses to mean "stopped, resume"
         ddpkit.WatchdogOptions(exit_code=slurmclock.EXIT_STOPPED)

@@ -56,8 +56,10 @@ __all__ = [
 log = logging.getLogger("pyrecover_train")
 
 
-EXIT_ERROR = 1  # and 2: a usage error; 0 and 75: slurmclock.EXIT_FINISHED, EXIT_STOPPED
-EXIT_STORE_UNAVAILABLE = 74  # the store did not answer at the start or the final save (EX_IOERR)
+# The job's exit codes are slurmclock's (its supervisor acts on them): 1 a crash, 74 (EX_IOERR)
+# the store did not answer at the start or the final save; 0, 2 and 75 likewise.
+EXIT_ERROR = slurmclock.EXIT_ERROR
+EXIT_STORE_UNAVAILABLE = slurmclock.EXIT_STORE_UNAVAILABLE
 
 
 @dataclass(slots=True)
