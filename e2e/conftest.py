@@ -83,18 +83,25 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
 # Set when the first test of a background scenario begins: the foreground (CPU-bound) ones are done.
 FOREGROUND_DONE = threading.Event()
 
+# The fixtures through which a test waits for a scenario run in the background. Named, not matched
+# by a "long" prefix: the autouse session fixture long_runs is in every test's fixturenames, which
+# set FOREGROUND_DONE at the first test and started every background driver beside the foreground.
+BACKGROUND_FIXTURES = frozenset({"long", "long_faults", "long_multinode", "long_node_faults"})
+
+
+def in_background(item: pytest.Item) -> bool:
+    return not BACKGROUND_FIXTURES.isdisjoint(getattr(item, "fixturenames", ()))
+
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
-    if any(f.startswith("long") for f in getattr(item, "fixturenames", ())):
+    if in_background(item):
         FOREGROUND_DONE.set()
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The long SLURM scenarios run in the background from the session's start; their tests only
     wait and assert. Last, so the CPU-bound scenarios run in the foreground meanwhile."""
-    items.sort(
-        key=lambda item: any(f.startswith("long") for f in getattr(item, "fixturenames", ()))
-    )
+    items.sort(key=in_background)
 
 
 # -- real parts ----------------------------------------------------------------------------------
