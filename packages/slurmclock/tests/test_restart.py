@@ -370,7 +370,9 @@ def test_a_requeue_asks_for_no_more_nodes_than_the_partition_has(
         ("requeue", JOB),
         ("update_job", JOB, "NumTasks=2"),
         ("update_job", JOB, "NumNodes=2-2"),
-        ("update_job", JOB, "NumNodes=2-2"),  # again: SLURM may take the two out of order
+        ("update_job", JOB, "NumTasks=2"),  # again: SLURM may take them out of order
+        ("update_job", JOB, "NumNodes=2-2"),
+        ("update_job", JOB, "NumTasks=2"),  # last: a task count after the node count holds
     ]
     assert "the next allocation asks for 2 instead of 3 (NumNodes)" in log(sup)
 
@@ -393,7 +395,9 @@ def test_a_requeue_at_the_limit_after_a_node_loss_asks_for_the_nodes_left(
         ("requeue", JOB),
         ("update_job", JOB, "NumTasks=2"),
         ("update_job", JOB, "NumNodes=2-2"),
+        ("update_job", JOB, "NumTasks=2"),
         ("update_job", JOB, "NumNodes=2-2"),
+        ("update_job", JOB, "NumTasks=2"),
     ]
     assert "already requeued at the time limit" in out
 

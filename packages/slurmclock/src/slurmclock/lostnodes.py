@@ -27,7 +27,7 @@ from slurmclock.placement import requeue_size
 
 __all__ = ["STAGGER_S", "NodeKeeper", "RequeuePlan"]
 
-STAGGER_S = 0.05  # between the updates of a requeued job, sent at once
+STAGGER_S = 0.1  # between the updates of a requeued job, sent at once
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,8 +135,10 @@ class NodeKeeper:
         until the requeue is done, which is after this process is gone, so updates sent one
         after the other do not all get there; one with both counts keeps the task count and
         drops the node count (checked first, against the old task count): the job pends as
-        BadConstraints. Hence the task count, then the node count (with ExcNodeList), then the
-        node count again."""
+        BadConstraints. Hence the task count, then the node count (with ExcNodeList), then both
+        again, the task count last: a task count that arrives before the node count may be
+        refused (seen once in CI: the job pended with 1 node and the old 2 tasks at one per
+        node), one after it always holds."""
         for line in plan.said:
             self.log(line)
         exclude = {} if plan.exclude is None else {"ExcNodeList": plan.exclude}
@@ -145,7 +147,7 @@ class NodeKeeper:
             n = plan.nodes
             counts = {"NumNodes": f"{n}-{n}"}
             tasks = [] if tasks_per_node is None else [{"NumTasks": str(n * tasks_per_node)}]
-            updates = [*tasks, {**counts, **exclude}, counts]
+            updates = [*tasks, {**counts, **exclude}, *tasks, counts, *tasks]
         threads = []
         for fields in updates:
             thread = threading.Thread(target=self._update, args=(fields,), daemon=True)
