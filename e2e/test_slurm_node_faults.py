@@ -143,6 +143,9 @@ def gone(run: NodeRun, log: str, figures: dict[str, Any]) -> None:
     assert restarts >= 1, log
     msgs = log_messages(log)
     assert any("the next allocation asks for 1 instead of 2 (NumNodes)" in m for m in msgs), log
+    # It gave the node back (a resize): without accounting, slurmctld holds its updates until
+    # the requeue is done, after the batch script -- the rounds sent until then landed.
+    assert any(m.startswith("slurmctld holds the updates of job") for m in msgs), log
     assert any(re.match(r"job \S+, restart \d+, 1 node\(s\)", m) for m in msgs), log
     figures["allocations"] = restarts + 1
 

@@ -326,6 +326,7 @@ class Supervisor:
                 return 127
             code = self._finish(self._wait(launch), launch)
             if code is not None:
+                self.nodes.last_round()  # held requeue updates: in flight as this script ends
                 return code
             if (code := self._pause(self._wait_s)) is not None:
                 return code

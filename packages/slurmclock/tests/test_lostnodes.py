@@ -1,0 +1,145 @@
+"""What a requeued job that lost nodes asks for, and how the updates reach slurmctld: at once
+when it takes them, round after round while it holds them (a job that gave nodes back is not
+updated before its requeue is done when SLURM has no accounting database)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import pytest
+
+from slurmclock import CommandError, JobView, lostnodes
+from slurmclock.lostnodes import NodeKeeper, RequeuePlan, requeue_updates
+
+JOB = "7"
+HELD = "Job update not available right now, the DB index is being set, try again in a bit"
+
+
+@pytest.fixture
+def quick(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(lostnodes, "STAGGER_S", 0.01)
+    monkeypatch.setattr(lostnodes, "FIRST_WAIT_S", 0.2)
+    monkeypatch.setattr(lostnodes, "RESEND_S", 0.05)
+
+
+class Slurmctld:
+    """``update_job`` as slurmctld answers it: taken at once, or -- while ``held`` -- refused
+    after ``retry_s`` (its 5 s of retries)."""
+
+    def __init__(self, retry_s: float = 0.3) -> None:
+        self.held = threading.Event()
+        self.retry_s = retry_s
+        self.taken: list[dict[str, str]] = []
+        self.refused = 0
+        self.lock = threading.Lock()
+
+    def update_job(self, job: str, *, timeout: float = 10.0, **fields: str) -> None:
+        if self.held.is_set():
+            time.sleep(self.retry_s)
+            if self.held.is_set():
+                with self.lock:
+                    self.refused += 1
+                argv = ["scontrol", "update", f"JobId={job}"]
+                raise CommandError(argv, "failed", f"slurm_update error: {HELD}", returncode=1)
+        with self.lock:
+            self.taken.append(fields)
+
+
+def keeper(scheduler: Any, said: list[str]) -> NodeKeeper:
+    return NodeKeeper(scheduler, JOB, log=said.append, timeout=5, probe_timeout=5, here="n1")
+
+
+PLAN = RequeuePlan(exclude="n2", nodes=1, said=("the next allocation asks for 1 instead of 2",))
+
+
+def test_the_updates_of_a_requeue_in_the_order_slurm_takes_them() -> None:
+    assert requeue_updates(PLAN, 4) == [
+        {"NumTasks": "4"},
+        {"NumNodes": "1-1", "ExcNodeList": "n2"},
+        {"NumTasks": "4"},
+        {"NumNodes": "1-1"},
+        {"NumTasks": "4"},  # last: a task count after the node count holds
+    ]
+    assert requeue_updates(PLAN, None) == [
+        {"NumNodes": "1-1", "ExcNodeList": "n2"},
+        {"NumNodes": "1-1"},
+    ]
+    assert requeue_updates(RequeuePlan(exclude="n2"), 1) == [{"ExcNodeList": "n2"}]
+    assert requeue_updates(RequeuePlan(), 1) == []
+
+
+def test_updates_taken_at_once_are_sent_once(quick: None) -> None:
+    ctld, said = Slurmctld(), []
+    keeper(ctld, said).apply(PLAN, 1)
+    assert ctld.taken == requeue_updates(PLAN, 1)
+    assert said == list(PLAN.said)
+    time.sleep(0.2)  # no rounds after
+    assert len(ctld.taken) == 5
+
+
+def test_held_updates_are_sent_again_until_slurmctld_takes_them(quick: None) -> None:
+    """slurmctld holds them (the requeue of a resized job is not done): rounds go on, one
+    line says so and how to ask by hand; once it takes a round, no more are sent."""
+    ctld, said = Slurmctld(), []
+    ctld.held.set()
+    keeper_ = keeper(ctld, said)
+    keeper_.apply(PLAN, 1)
+    assert said[-1] == (
+        f"slurmctld holds the updates of job {JOB} (a job that gave nodes back takes none "
+        "until its requeue is done): sent again every 0 s until this script ends. Should the "
+        f"job pend asking for its old size: scontrol update JobId={JOB} NumNodes=1-1 "
+        f"ExcNodeList=n2; scontrol update JobId={JOB} NumTasks=1"
+    )
+    time.sleep(1.0)
+    assert ctld.refused > 5 and not ctld.taken  # several rounds, all refused
+    ctld.held.clear()  # the requeue is done
+    deadline = time.monotonic() + 5
+    while len(ctld.taken) < 5 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    time.sleep(0.5)
+    settled = len(ctld.taken)
+    time.sleep(0.5)
+    assert len(ctld.taken) == settled, "rounds went on after slurmctld took one"
+    # whatever the order the held ones landed in, a task count came after a node count
+    last_tasks = max(i for i, u in enumerate(ctld.taken) if "NumTasks" in u)
+    assert any("NumNodes" in u for u in ctld.taken[:last_tasks]), ctld.taken
+    # the first round's refusals are in the log; the later rounds are quiet
+    refusals = [line for line in said if HELD in line]
+    assert 1 <= len(refusals) <= 5, said
+    keeper_.last_round()  # nothing held any more: nothing sent
+    time.sleep(0.1)
+    assert len(ctld.taken) == settled
+
+
+def test_the_last_round_goes_as_the_script_ends(
+    quick: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The supervisor's last act: one more round, retrying in slurmctld the longest after."""
+    monkeypatch.setattr(lostnodes, "RESEND_S", 30.0)  # no round of the keeper's meanwhile
+    ctld, said = Slurmctld(retry_s=5.0), []
+    ctld.held.set()
+    keeper_ = keeper(ctld, said)
+    keeper_.apply(PLAN, None)
+    assert not ctld.taken  # the first round waits in slurmctld
+    ctld.held.clear()
+    keeper_.last_round()
+    time.sleep(0.1)
+    assert ctld.taken == requeue_updates(PLAN, None)
+
+
+def test_updates_of_a_job_that_lost_nodes_go_through_the_scheduler_interface(
+    fakes: Any, quick: None
+) -> None:
+    view = JobView(state="RUNNING", partition="p", num_nodes=2, exc_nodes="")
+    scheduler = fakes.Scheduler({JOB: view})
+    said: list[str] = []
+    keeper(scheduler, said).apply(PLAN, 2)
+    assert [c for c in scheduler.calls if c[0] == "update_job"] == [
+        ("update_job", JOB, "NumTasks=2"),
+        ("update_job", JOB, "NumNodes=1-1", "ExcNodeList=n2"),
+        ("update_job", JOB, "NumTasks=2"),
+        ("update_job", JOB, "NumNodes=1-1"),
+        ("update_job", JOB, "NumTasks=2"),
+    ]
