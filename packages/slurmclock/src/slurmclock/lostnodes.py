@@ -158,6 +158,7 @@ class NodeKeeper:
         first = self._round(updates, quiet=False)
         if first.wait(FIRST_WAIT_S):
             return
+        first.quiet = True  # its refusals, after slurmctld's 5 s, are what this line says
         by_hand = [next(u for u in updates if "NumTasks" not in u)]
         by_hand += [updates[-1]] if "NumTasks" in updates[-1] else []
         commands = "; ".join(
@@ -190,20 +191,19 @@ class NodeKeeper:
 
     def _round(self, updates: list[dict[str, str]], *, quiet: bool) -> _Round:
         """Send ``updates`` at once, each in a thread of its own, :data:`STAGGER_S` apart."""
-        round_ = _Round(len(updates))
+        round_ = _Round(len(updates), quiet=quiet)
         for fields in updates:
-            args = (fields, round_, quiet)
-            threading.Thread(target=self._update, args=args, daemon=True).start()
+            threading.Thread(target=self._update, args=(fields, round_), daemon=True).start()
             time.sleep(STAGGER_S)
         return round_
 
-    def _update(self, fields: dict[str, str], round_: _Round, quiet: bool) -> None:
+    def _update(self, fields: dict[str, str], round_: _Round) -> None:
         try:
             self.scheduler.update_job(self.job, timeout=self.timeout, **fields)
             round_.done(True)
         except CommandError as e:
             round_.done(False)
-            if not quiet:
+            if not round_.quiet:
                 self.log(f"{' '.join(e.argv)}: {e}")
 
 
@@ -219,10 +219,11 @@ def requeue_updates(plan: RequeuePlan, tasks_per_node: int | None) -> list[dict[
 
 
 class _Round:
-    """The answers to one round of updates: ``taken`` when slurmctld took every one."""
+    """The answers to one round of updates: ``taken`` when slurmctld took every one;
+    ``quiet``: its refusals are not logged."""
 
-    def __init__(self, size: int) -> None:
-        self.started = time.monotonic()
+    def __init__(self, size: int, *, quiet: bool) -> None:
+        self.started, self.quiet = time.monotonic(), quiet
         self._left, self._ok = size, True
         self._all = threading.Event()
         self._lock = threading.Lock()
