@@ -89,8 +89,10 @@ class Throttle:
         self._thread.start()
 
     def hold(self, pids: set[int]) -> None:
-        with self._lock:
-            self.pids = pids  # those of the earlier allocation are gone
+        with self._lock:  # those of the earlier allocation are gone
+            for pid in self.pids - pids:  # let go of now: never left stopped
+                _send(pid, signal.SIGCONT)
+            self.pids = pids
 
     def _signal(self, sig: int) -> None:
         with self._lock:  # a pid that is gone is dropped: it may soon be another process's

@@ -31,6 +31,7 @@ from e2e_helpers import (
     Job,
     JobRecord,
     last_step,
+    runs,
     trainer_flags,
     wait_until,
 )
@@ -167,15 +168,22 @@ def hit(run: NodeRun, throttle: Throttle | None) -> None:
 
 def keep_slow(job: Job, throttle: Throttle, victim: str, timeout: float = 1500) -> None:
     """The trainer the job starts again after the fault is slowed too (not the victim's: a
-    frozen one stays frozen), until the allocation ends and the job is requeued: what the next
-    allocation asks for is what the case is about; it then trains at full speed."""
+    frozen one stays frozen) from its first step, until the allocation ends and the job is
+    requeued: what the next allocation asks for is what the case is about; it then trains at
+    full speed. Its start-up is not slowed: the supervisor restarts it in the allocation when
+    the time left holds the start-up it measured, at full speed."""
     cluster, end = job.cluster, time.monotonic() + timeout
     others = [n for n in cluster.nodes if n != victim]
     restarts = job.state().get("Restarts")
+    before = len(runs(job.metrics))
     while time.monotonic() < end and job.state().get("JobState") not in FINAL:
         if job.state().get("Restarts") != restarts:
             return
-        throttle.hold({p for n in others for p in trainers(cluster, n, job.name)})
+        rs = runs(job.metrics)
+        stepping = len(rs) > before and any(e["event"] == "step" for e in rs[-1])
+        throttle.hold(
+            {p for n in others for p in trainers(cluster, n, job.name)} if stepping else set()
+        )
         time.sleep(0.3)
 
 
