@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import slurmclock
-from slurmclock.supervise import Supervisor
+from slurmclock.supervisor import Supervisor
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "apps" / "train" / "slurm" / "submit-training-simple.sh"

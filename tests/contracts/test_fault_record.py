@@ -20,7 +20,8 @@ import pytest
 import ddpkit
 import slurmclock
 from ddpkit.faults import FAULT_RECORD_KEYS, Fault, append
-from slurmclock.supervise import Supervisor, read_faults
+from slurmclock.supervisor import Supervisor
+from slurmclock.supervisor.faults import read_faults
 
 
 @pytest.mark.parametrize(

@@ -22,7 +22,9 @@ import ckptstore
 import ddpkit
 import slurmclock
 from pyrecover_train import trainer
-from slurmclock.supervise import SuperviseConfig, end_kind, newest_checkpoint
+from slurmclock.supervisor import SuperviseConfig
+from slurmclock.supervisor.history import newest_checkpoint
+from slurmclock.supervisor.verdict import end_kind
 
 START_S = 300  # a trainer importing torch on a loaded 2-core machine
 

@@ -32,7 +32,8 @@ from slurmclock.job import tasks_per_node
 
 
 def test_exit_codes_are_the_contract() -> None:
-    from slurmclock import loop, supervise
+    from slurmclock import loop
+    from slurmclock.supervisor import config
 
     codes = {
         "EXIT_FINISHED": 0,
@@ -45,7 +46,7 @@ def test_exit_codes_are_the_contract() -> None:
     assert {name: getattr(slurmclock, name) for name in codes} == codes
     assert sorted(slurmclock.EXIT_CODES) == sorted(codes.values())
     # The loop and the supervisor act on the same 75 (it was written twice).
-    assert loop.EXIT_STOPPED is supervise.EXIT_STOPPED is slurmclock.job.EXIT_STOPPED
+    assert loop.EXIT_STOPPED is config.EXIT_STOPPED is slurmclock.job.EXIT_STOPPED
 
 
 # -- who leads: one reading of every launcher's variables ---------------------------------------
@@ -282,7 +283,7 @@ def test_tasks_per_node(env: dict[str, str], per_node: int | None) -> None:
 
 
 def test_the_supervisor_excludes_a_node_through_the_interface(fakes: Any, tmp_path: Path) -> None:
-    from slurmclock.lostnodes import NodeKeeper
+    from slurmclock.supervisor.lostnodes import NodeKeeper
 
     view = JobView(state="RUNNING", partition="p", num_nodes=1, exc_nodes="")
     scheduler = fakes.Scheduler({"9": view})

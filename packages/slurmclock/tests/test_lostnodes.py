@@ -10,8 +10,9 @@ from typing import Any
 
 import pytest
 
-from slurmclock import CommandError, JobView, lostnodes
-from slurmclock.lostnodes import NodeKeeper, RequeuePlan, requeue_updates
+from slurmclock import CommandError, JobView
+from slurmclock.supervisor import lostnodes
+from slurmclock.supervisor.lostnodes import NodeKeeper, RequeuePlan, requeue_updates
 
 JOB = "7"
 HELD = "Job update not available right now, the DB index is being set, try again in a bit"

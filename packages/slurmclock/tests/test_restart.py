@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from slurmclock import EndTime, JobTimeline, JobView, Node, Step
-from slurmclock.supervise import SuperviseConfig, Supervisor
+from slurmclock.supervisor import SuperviseConfig, Supervisor
 
 JOB = "42"
 NOW = float(int(time.time()))  # the steps mark the timeline with the real clock

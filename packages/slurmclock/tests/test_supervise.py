@@ -1,4 +1,4 @@
-"""slurmclock.supervise: what ended an allocation, the failure budget, the verdict -- from
+"""slurmclock.supervisor: what ended an allocation, the failure budget, the verdict -- from
 ``scontrol show job -o`` text as SLURM 22.05 printed it in each case (captured on the local
 cluster), fake runners and clocks; and the supervisor's loop with real child processes."""
 
@@ -17,20 +17,11 @@ import pytest
 from slurmclock import CommandError, JobTimeline
 from slurmclock.cli import main
 from slurmclock.slurm import parse_job_record
-from slurmclock.supervise import (
-    Fault,
-    Streak,
-    SuperviseConfig,
-    Supervisor,
-    classify_term,
-    decide,
-    describe_status,
-    end_kind,
-    failure_streak,
-    newest_checkpoint,
-    read_faults,
-    vanished_run,
-)
+from slurmclock.supervisor.config import SuperviseConfig
+from slurmclock.supervisor.faults import Fault, read_faults
+from slurmclock.supervisor.history import Streak, failure_streak, newest_checkpoint, vanished_run
+from slurmclock.supervisor.supervise import Supervisor
+from slurmclock.supervisor.verdict import classify_term, decide, describe_status, end_kind
 from slurmclock.timeline import Event
 
 # What `scontrol show job -o` said in the batch script's SIGTERM trap (SLURM 22.05.8).

@@ -16,7 +16,7 @@
     slurmclock supervise -- CMD...  run the job's step (the end of a batch script: exec it);
                                     start it again in the allocation after a failure or a lost
                                     node (a budget of failures), requeue after a stop, the time
-                                    limit and preemption; see slurmclock.supervise
+                                    limit and preemption; see slurmclock.supervisor
 
 The job is this process's ($SLURM_JOB_ID), or the one given as JOBID or --job-id (status,
 seconds-left, end-time, requeue, timeline): from a login shell, its facts (restarts, array task)
@@ -61,7 +61,7 @@ from slurmclock.job import (
 )
 from slurmclock.requeue import requeue
 from slurmclock.slurm import Slurm
-from slurmclock.supervise import SuperviseConfig, Supervisor
+from slurmclock.supervisor import SuperviseConfig, Supervisor
 from slurmclock.timeline import Event, ExitSample, JobTimeline, find_timeline
 
 __all__ = ["main", "status"]

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from slurmclock.commands import CommandError
 from slurmclock.job import JobView, Scheduler
-from slurmclock.placement import requeue_size
+from slurmclock.supervisor.placement import requeue_size
 
 __all__ = ["FIRST_WAIT_S", "RESEND_S", "STAGGER_S", "NodeKeeper", "RequeuePlan", "requeue_updates"]
 

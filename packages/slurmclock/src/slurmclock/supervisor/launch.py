@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from slurmclock.commands import CommandError
-from slurmclock.faults import Fault, FaultWatch
+from slurmclock.supervisor.faults import Fault, FaultWatch
 from slurmclock.job import PROBE_NAME, Scheduler
 from slurmclock.timeline import Event
 

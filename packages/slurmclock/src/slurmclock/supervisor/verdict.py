@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import signal
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-from slurmclock.history import Streak, as_int
 from slurmclock.job import (
     CANCELLED,
     EXIT_STOPPED,
@@ -25,9 +23,8 @@ from slurmclock.job import (
     TERM_KINDS,
     JobView,
 )
-
-if TYPE_CHECKING:
-    from slurmclock.supervise import SuperviseConfig
+from slurmclock.supervisor.config import SuperviseConfig
+from slurmclock.supervisor.history import Streak, as_int
 
 __all__ = [
     "NO_ROOM",

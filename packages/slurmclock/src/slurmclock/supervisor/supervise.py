@@ -35,10 +35,10 @@ that see a dead or frozen peer append ddpkit's fault record (DESIGN.md "Contract
 supervisor reads it while the step runs: each report is named in
 the log and the timeline (``fault``) within a poll, and the step -- which ``srun`` cannot end
 while a node does not answer, until SLURM marks the node DOWN after ``SlurmdTimeout`` -- is ended
-through SLURM (:mod:`slurmclock.launch`). A reported node that does not answer a no-op step is
-lost (:mod:`slurmclock.lostnodes`); the step starts again on the nodes left: a hot spare takes
+through SLURM (:mod:`slurmclock.supervisor.launch`). A reported node that does not answer a no-op step is
+lost (:mod:`slurmclock.supervisor.lostnodes`); the step starts again on the nodes left: a hot spare takes
 its place (``--spare-nodes``: the allocation has more nodes than the step trains on), else the
-step goes on with fewer nodes down to ``--min-nodes`` (:mod:`slurmclock.placement`). The job must
+step goes on with fewer nodes down to ``--min-nodes`` (:mod:`slurmclock.supervisor.placement`). The job must
 be submitted with ``--no-kill``, or SLURM ends the whole allocation when the node goes DOWN. A
 requeue keeps lost nodes out (``ExcNodeList``) and asks for no more nodes than the partition
 can give (``NumNodes``, down to ``--min-nodes``; below that: ``gave up``, one line).
@@ -87,11 +87,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO, TypeVar
 
-from slurmclock.budget import signal_lead_from_env
 from slurmclock.commands import CommandError, Runner
 from slurmclock.deadline import DeadlineWatcher
-from slurmclock.faults import Fault, FaultWatch, read_faults
-from slurmclock.history import (
+from slurmclock.supervisor.faults import Fault, FaultWatch, read_faults
+from slurmclock.supervisor.history import (
     Streak,
     failure_streak,
     newest_checkpoint,
@@ -111,13 +110,15 @@ from slurmclock.job import (
     tasks_per_node,
     this_job,
 )
-from slurmclock.launch import Launch, kill
-from slurmclock.lostnodes import NodeKeeper, RequeuePlan
-from slurmclock.placement import Placement, place, training_nodes
+from slurmclock.supervisor.launch import Launch, kill
+from slurmclock.supervisor.lostnodes import NodeKeeper, RequeuePlan
+from slurmclock.supervisor.placement import Placement, place, training_nodes
 from slurmclock.requeue import requeue
+from slurmclock.signals import signal_lead_from_env
 from slurmclock.slurm import Slurm
+from slurmclock.supervisor.config import SuperviseConfig
 from slurmclock.timeline import Event, JobTimeline
-from slurmclock.verdict import (
+from slurmclock.supervisor.verdict import (
     NO_ROOM,
     Room,
     Verdict,
@@ -130,101 +131,12 @@ from slurmclock.verdict import (
     term_words,
 )
 
-__all__ = [
-    "EXIT_STOPPED",
-    "TERM_KINDS",
-    "Fault",
-    "FaultWatch",
-    "JobView",
-    "Streak",
-    "SuperviseConfig",
-    "Supervisor",
-    "Verdict",
-    "classify_term",
-    "decide",
-    "describe_status",
-    "end_kind",
-    "failure_streak",
-    "gave_up_line",
-    "newest_checkpoint",
-    "read_faults",
-    "vanished_run",
-]
+__all__ = ["Supervisor"]
 
 _POLL_S = 0.1  # how often the wait for the step looks at signals and the fault file
 RESTART_STEPS = 5  # a restart is worth it when the time left holds its start-up and this many
 _MARGIN_S = 10.0  # steps, a final save and this margin
 _T = TypeVar("_T")
-
-
-@dataclass(kw_only=True, slots=True)
-class SuperviseConfig:
-    """What :class:`Supervisor` does; validated on construction (one line says how to fix).
-
-    ``max_failures``: the chain stops at this many failures in a row at the same checkpoint step.
-    ``max_restarts``: no requeue once the job was restarted this often (any reason).
-    ``requeue``: False never requeues: an unfinished run ends with its status and the line says
-    how to resume; with ``next_job_resumes`` (an array task, a chain) it ends 0 instead.
-    ``no_retry``: exit statuses that are not failures worth a retry (2: a usage error).
-    ``name``: the log lines' prefix. ``resume_hint``: how to resume after giving up (``{job}`` is
-    replaced by the job id). ``exclude_failed_nodes``: keep a lost node out of the next
-    allocation. ``restart_here``: start a failed step again in the allocation when the time
-    left is worth it (``startup_guess`` seconds of start-up until one is measured).
-    ``spare_nodes``: nodes of the allocation kept idle to replace a lost one; ``min_nodes``: the
-    fewest nodes the step goes on with; ``step_nodes``: the most it trains on (None: the
-    allocation's, less the spares); ``tasks_per_node`` (None: the job's). ``relaunch_args``:
-    appended to the command when it starts again in the allocation (``--resume-from-checkpoint
-    latest``). ``probe_timeout``: seconds a reported node has to answer a no-op step.
-    """
-
-    max_failures: int = 3
-    max_restarts: int = 50
-    requeue: bool = True
-    next_job_resumes: bool = False
-    no_retry: frozenset[int] = frozenset({2})
-    name: str = "slurmclock"
-    resume_hint: str = "scontrol requeue {job} (while SLURM still lists the job), else submit again"
-    exclude_failed_nodes: bool = True
-    command_timeout: float = 30.0
-    restart_here: bool = True
-    startup_guess: float = 60.0
-    spare_nodes: int = 0
-    min_nodes: int = 1
-    step_nodes: int | None = None
-    tasks_per_node: int | None = None
-    relaunch_args: tuple[str, ...] = ()
-    probe_timeout: float = 10.0
-    store_pause: tuple[float, float] = (5.0, 300.0)
-
-    def __post_init__(self) -> None:
-        for key, low in (("max_failures", 1), ("max_restarts", 0), ("spare_nodes", 0)):
-            _whole(key, getattr(self, key), low)
-        _whole("min_nodes", self.min_nodes, 1)
-        for key in ("step_nodes", "tasks_per_node"):
-            if getattr(self, key) is not None:
-                _whole(key, getattr(self, key), 1)
-        bad = sorted(c for c in self.no_retry if c in (0, EXIT_STOPPED) or not 0 < c < 256)
-        if bad:
-            raise ValueError(
-                f"no_retry: {bad} cannot be a failure status (0 = done, 75 = stopped early; "
-                "give exit statuses 1-255)"
-            )
-        if not self.name or any(c in self.name for c in "\r\n"):
-            raise ValueError(f"name must be one non-empty line, got {self.name!r}")
-        for key in ("command_timeout", "startup_guess", "probe_timeout"):
-            value = getattr(self, key)
-            if not (isinstance(value, (int, float)) and 0 < value < float("inf")):
-                raise ValueError(f"{key} must be > 0 seconds, got {value!r}")
-        if self.step_nodes is not None and self.step_nodes < self.min_nodes:
-            raise ValueError(
-                f"step_nodes {self.step_nodes} is fewer than min_nodes {self.min_nodes}: give "
-                "a minimum no larger than the nodes the step trains on"
-            )
-
-
-def _whole(key: str, value: object, low: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise ValueError(f"{key} must be a whole number >= {low}, got {value!r}")
 
 
 class Supervisor:

@@ -1,0 +1,83 @@
+"""What the supervisor does: :class:`SuperviseConfig`, validated on construction.
+
+Its own module so that the supervisor's decisions (:mod:`.verdict`) and its I/O
+(:mod:`.supervise`) both import it from here, and neither imports the other.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from slurmclock.job import EXIT_STOPPED
+
+__all__ = ["SuperviseConfig"]
+
+
+@dataclass(kw_only=True, slots=True)
+class SuperviseConfig:
+    """What :class:`Supervisor` does; validated on construction (one line says how to fix).
+
+    ``max_failures``: the chain stops at this many failures in a row at the same checkpoint step.
+    ``max_restarts``: no requeue once the job was restarted this often (any reason).
+    ``requeue``: False never requeues: an unfinished run ends with its status and the line says
+    how to resume; with ``next_job_resumes`` (an array task, a chain) it ends 0 instead.
+    ``no_retry``: exit statuses that are not failures worth a retry (2: a usage error).
+    ``name``: the log lines' prefix. ``resume_hint``: how to resume after giving up (``{job}`` is
+    replaced by the job id). ``exclude_failed_nodes``: keep a lost node out of the next
+    allocation. ``restart_here``: start a failed step again in the allocation when the time
+    left is worth it (``startup_guess`` seconds of start-up until one is measured).
+    ``spare_nodes``: nodes of the allocation kept idle to replace a lost one; ``min_nodes``: the
+    fewest nodes the step goes on with; ``step_nodes``: the most it trains on (None: the
+    allocation's, less the spares); ``tasks_per_node`` (None: the job's). ``relaunch_args``:
+    appended to the command when it starts again in the allocation (``--resume-from-checkpoint
+    latest``). ``probe_timeout``: seconds a reported node has to answer a no-op step.
+    """
+
+    max_failures: int = 3
+    max_restarts: int = 50
+    requeue: bool = True
+    next_job_resumes: bool = False
+    no_retry: frozenset[int] = frozenset({2})
+    name: str = "slurmclock"
+    resume_hint: str = "scontrol requeue {job} (while SLURM still lists the job), else submit again"
+    exclude_failed_nodes: bool = True
+    command_timeout: float = 30.0
+    restart_here: bool = True
+    startup_guess: float = 60.0
+    spare_nodes: int = 0
+    min_nodes: int = 1
+    step_nodes: int | None = None
+    tasks_per_node: int | None = None
+    relaunch_args: tuple[str, ...] = ()
+    probe_timeout: float = 10.0
+    store_pause: tuple[float, float] = (5.0, 300.0)
+
+    def __post_init__(self) -> None:
+        for key, low in (("max_failures", 1), ("max_restarts", 0), ("spare_nodes", 0)):
+            _whole(key, getattr(self, key), low)
+        _whole("min_nodes", self.min_nodes, 1)
+        for key in ("step_nodes", "tasks_per_node"):
+            if getattr(self, key) is not None:
+                _whole(key, getattr(self, key), 1)
+        bad = sorted(c for c in self.no_retry if c in (0, EXIT_STOPPED) or not 0 < c < 256)
+        if bad:
+            raise ValueError(
+                f"no_retry: {bad} cannot be a failure status (0 = done, 75 = stopped early; "
+                "give exit statuses 1-255)"
+            )
+        if not self.name or any(c in self.name for c in "\r\n"):
+            raise ValueError(f"name must be one non-empty line, got {self.name!r}")
+        for key in ("command_timeout", "startup_guess", "probe_timeout"):
+            value = getattr(self, key)
+            if not (isinstance(value, (int, float)) and 0 < value < float("inf")):
+                raise ValueError(f"{key} must be > 0 seconds, got {value!r}")
+        if self.step_nodes is not None and self.step_nodes < self.min_nodes:
+            raise ValueError(
+                f"step_nodes {self.step_nodes} is fewer than min_nodes {self.min_nodes}: give "
+                "a minimum no larger than the nodes the step trains on"
+            )
+
+
+def _whole(key: str, value: object, low: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ValueError(f"{key} must be a whole number >= {low}, got {value!r}")
