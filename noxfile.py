@@ -68,6 +68,7 @@ nox.options.sessions = [
     "contracts",
     "integrations",
     "e2e",
+    "chaos",
     "bench_smoke",
 ]
 
@@ -303,6 +304,18 @@ def e2e(session: nox.Session) -> None:
         session, *ALL_LOCAL, "./apps/train[s3,plot]", *TEST_TOOLS, "moto[server]>=5"
     )
     _pytest(session, "e2e", "-p", "no:cacheprovider", "-s")
+
+
+@nox.session
+def chaos(session: nox.Session) -> None:
+    """The world misbehaving, from tables (fault x moment): a store that stalls, refuses or
+    answers 500/503/403 (tools/faultproxy.py in front of moto_server), nodes an admin sets
+    DOWN/DRAIN/FAIL on a real multi-node SLURM, garbage, huge, FIFO and symlinked files at
+    every shared-file path. chaos/README.md lists the tables."""
+    _install_with_torch(
+        session, *ALL_LOCAL, "./apps/train[s3,plot]", *TEST_TOOLS, "moto[server]>=5"
+    )
+    _pytest(session, "chaos", "-p", "no:cacheprovider")
 
 
 BENCH_INSTALL = (
