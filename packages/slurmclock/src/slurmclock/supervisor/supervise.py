@@ -99,6 +99,7 @@ from slurmclock.supervisor.history import (
 )
 from slurmclock.job import (
     EXIT_STOPPED,
+    EXIT_USAGE,
     LIMIT,
     PREEMPTED,
     REQUEUED,
@@ -118,6 +119,7 @@ from slurmclock.signals import signal_lead_from_env
 from slurmclock.slurm import Slurm
 from slurmclock.supervisor.config import SuperviseConfig
 from slurmclock.timeline import Event, JobTimeline
+from slurmclock.untrusted import quote
 from slurmclock.supervisor.verdict import (
     NO_ROOM,
     Room,
@@ -328,7 +330,11 @@ class Supervisor:
             self.timeline.mark("relaunched", attempt=self.launches, nodes=",".join(placed or ()))
         try:
             launch = Launch.start(
-                command, env, started=self.clock(), fault_file=env.get("DDPKIT_FAULT_FILE")
+                command,
+                env,
+                started=self.clock(),
+                fault_file=env.get("DDPKIT_FAULT_FILE"),
+                nodes=self._allocation_hosts if self.job is not None else None,
             )
         except OSError as e:
             self.log(f"cannot start the training step `{command[0]}`: {e}")
@@ -396,6 +402,9 @@ class Supervisor:
         if self.job is None:
             return rc
         kind = end_kind(rc, self.term, self.config.no_retry)
+        refused = launch.refused() if kind == "failed" else None
+        if refused is not None:  # a setting error: never a failure, never retried
+            return self._refused(refused)
         streak, here = Streak(), NO_ROOM
         if kind == "failed":
             if self.nodes.lost(f.host for f in launch.faults):
@@ -509,6 +518,15 @@ class Supervisor:
         info["nodes"] = ",".join(nodes)
         self.timeline.mark("failed", **info)
         return Event("failed", self.clock(), self.restart, info)
+
+    def _refused(self, line: str) -> int:
+        message = (
+            f"srun refused the step's settings ({quote(line)}): a setting error, not retried; "
+            "fix the job's or the step's options and submit again"
+        )
+        self.log(message)
+        self.timeline.mark("gave_up", why=message)
+        return EXIT_USAGE
 
     def _give_up(self, verdict: Verdict) -> int:
         line = verdict.message.replace("{job}", self.job or "JOBID")
