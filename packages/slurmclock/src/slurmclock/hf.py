@@ -164,7 +164,7 @@ class TimeAwareCallback(TimeAware, TrainerCallback):
         *,
         deadline: DeadlineWatcher | Deadline | None = None,
         margin: float | None = None,
-        initial_save_estimate: float = 60.0,
+        initial_save_estimate: float | None = None,
         warmup_steps: int = 2,
         signals: Iterable[str | int] = STOP_SIGNALS,
         probe_saves: bool = True,
@@ -290,23 +290,17 @@ def _store_budget(budget: TimeBudget, folder: Path) -> None:
     folder (a hyperparameter search's run folder) or a failing disk only costs the estimates."""
     if not folder.is_dir():
         return
-    tmp = folder / f".{BUDGET_FILE}.tmp"
-    try:
-        tmp.write_text(json.dumps(budget.state_dict()), encoding="utf-8")
-        os.replace(tmp, folder / BUDGET_FILE)
-    except OSError as e:
-        log.warning("slurmclock: could not write %s: %s", folder / BUDGET_FILE, e)
+    problem = budget.save_state_file(folder / BUDGET_FILE)
+    if problem is not None:
+        log.warning("slurmclock: %s", problem)
 
 
 def _load_budget(budget: TimeBudget, path: Path) -> None:
     """A missing or unreadable file (a checkpoint from before, or from another callback) means
-    starting from the initial estimates, said once."""
-    try:
-        budget.load_state_dict(json.loads(path.read_text(encoding="utf-8")))
-    except FileNotFoundError:
-        return
-    except (OSError, ValueError, TypeError, KeyError) as e:
-        log.warning("slurmclock: ignoring %s (%s): starting from the initial estimates", path, e)
+    starting from the initial estimates, said once (the file is read as untrusted input)."""
+    problem = budget.load_state_file(path)
+    if problem is not None:
+        log.warning("slurmclock: %s: starting from the initial estimates", problem)
 
 
 def _agree(values: tuple[int, ...], device: Any) -> tuple[int, ...]:
