@@ -21,8 +21,8 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from slurmclock.commands import CommandError
-from slurmclock.supervisor.faults import Fault, FaultWatch
 from slurmclock.job import PROBE_NAME, Scheduler
+from slurmclock.supervisor.faults import Fault, FaultWatch
 from slurmclock.supervisor.verdict import srun_refusal
 from slurmclock.timeline import Event
 from slurmclock.untrusted import read_bytes

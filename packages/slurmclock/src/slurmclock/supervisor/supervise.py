@@ -35,11 +35,12 @@ that see a dead or frozen peer append ddpkit's fault record (DESIGN.md "Contract
 supervisor reads it while the step runs: each report is named in
 the log and the timeline (``fault``) within a poll, and the step -- which ``srun`` cannot end
 while a node does not answer, until SLURM marks the node DOWN after ``SlurmdTimeout`` -- is ended
-through SLURM (:mod:`slurmclock.supervisor.launch`). A reported node that does not answer a no-op step is
-lost (:mod:`slurmclock.supervisor.lostnodes`); the step starts again on the nodes left: a hot spare takes
-its place (``--spare-nodes``: the allocation has more nodes than the step trains on), else the
-step goes on with fewer nodes down to ``--min-nodes`` (:mod:`slurmclock.supervisor.placement`). The job must
-be submitted with ``--no-kill``, or SLURM ends the whole allocation when the node goes DOWN. A
+through SLURM (:mod:`slurmclock.supervisor.launch`). A reported node that does not answer a
+no-op step is lost (:mod:`slurmclock.supervisor.lostnodes`); the step starts again on the nodes
+left: a hot spare takes its place (``--spare-nodes``: the allocation has more nodes than the
+step trains on), else the step goes on with fewer nodes down to ``--min-nodes``
+(:mod:`slurmclock.supervisor.placement`). The job must be submitted with ``--no-kill``, or
+SLURM ends the whole allocation when the node goes DOWN. A
 requeue keeps lost nodes out (``ExcNodeList``) and asks for no more nodes than the partition
 can give (``NumNodes``, down to ``--min-nodes``; below that: ``gave up``, one line).
 
@@ -83,20 +84,11 @@ import sys
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO, TypeVar
 
 from slurmclock.commands import CommandError, Runner
 from slurmclock.deadline import DeadlineWatcher
-from slurmclock.supervisor.faults import Fault, FaultWatch, read_faults
-from slurmclock.supervisor.history import (
-    Streak,
-    failure_streak,
-    newest_checkpoint,
-    restart_cost,
-    vanished_run,
-)
 from slurmclock.job import (
     EXIT_STOPPED,
     EXIT_USAGE,
@@ -104,22 +96,27 @@ from slurmclock.job import (
     PREEMPTED,
     REQUEUED,
     STOP,
-    TERM_KINDS,
     JobView,
     Scheduler,
     job_id_problem,
     tasks_per_node,
     this_job,
 )
-from slurmclock.supervisor.launch import Launch, kill
-from slurmclock.supervisor.lostnodes import NodeKeeper, RequeuePlan
-from slurmclock.supervisor.placement import Placement, place, training_nodes
 from slurmclock.requeue import requeue
 from slurmclock.signals import signal_lead_from_env
 from slurmclock.slurm import Slurm
 from slurmclock.supervisor.config import SuperviseConfig
-from slurmclock.timeline import Event, JobTimeline
-from slurmclock.untrusted import quote
+from slurmclock.supervisor.faults import Fault
+from slurmclock.supervisor.history import (
+    Streak,
+    failure_streak,
+    newest_checkpoint,
+    restart_cost,
+    vanished_run,
+)
+from slurmclock.supervisor.launch import Launch, kill
+from slurmclock.supervisor.lostnodes import NodeKeeper, RequeuePlan
+from slurmclock.supervisor.placement import Placement, place, training_nodes
 from slurmclock.supervisor.verdict import (
     NO_ROOM,
     Room,
@@ -132,6 +129,8 @@ from slurmclock.supervisor.verdict import (
     requeue_or_end,
     term_words,
 )
+from slurmclock.timeline import Event, JobTimeline
+from slurmclock.untrusted import quote
 
 __all__ = ["Supervisor"]
 
