@@ -353,3 +353,33 @@ def test_the_budget_reads_through_the_timeline_reader(tmp_path: Path) -> None:
     start = time.monotonic()
     TimeBudget(timeline=timeline).should_stop()
     assert time.monotonic() - start < 10
+
+
+@FILES
+@given(st.binary(max_size=3000))
+def test_any_budget_state_file_loads_or_is_one_line(tmp_path: Path, data: bytes) -> None:
+    path = tmp_path / "time_budget.json"
+    path.write_bytes(data)
+    budget = TimeBudget()
+    problem = finishes(lambda: budget.load_state_file(path))
+    assert problem is None or "\n" not in problem
+    budget.should_stop()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_budget_state_file_that_is_no_file_is_one_line(tmp_path: Path, kind: str) -> None:
+    budget = TimeBudget()
+    problem = finishes(lambda: budget.load_state_file(nonregular(tmp_path, kind)))
+    assert problem is not None and "\n" not in problem and budget.save_estimate is None
+
+
+def test_a_budget_state_file_round_trips(tmp_path: Path) -> None:
+    path = tmp_path / "time_budget.json"
+    first = TimeBudget()
+    first.record_save(3.0)
+    first.record_step(0.5)
+    assert first.save_state_file(path) is None
+    second = TimeBudget()
+    assert second.load_state_file(path) is None and second.state_dict() == first.state_dict()
+    assert TimeBudget().load_state_file(tmp_path / "missing.json") is None
+    assert first.save_state_file(tmp_path / "no" / "such" / "folder.json") is not None
