@@ -49,6 +49,7 @@ from slurmclock.budget import TimeBudget
 from slurmclock.deadline import Deadline, DeadlineWatcher
 from slurmclock.loop import EXIT_FINISHED, EXIT_STOPPED, TimeAware
 from slurmclock.signals import STOP_SIGNALS
+from slurmclock.untrusted import read_bytes
 
 try:
     from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
@@ -118,9 +119,8 @@ def last_checkpoint(output_dir: str | os.PathLike[str]) -> str | None:
 def _incomplete(checkpoint: str) -> str | None:
     """Why ``checkpoint``'s ``trainer_state.json`` does not show a finished save, or None."""
     path = os.path.join(checkpoint, _WRITTEN_LAST)
-    try:
-        with open(path, "rb") as f:
-            text = f.read()
+    try:  # written by another process: a regular file, bounded, never a blocking read
+        text, _, cut = read_bytes(path)
     except FileNotFoundError:
         return f"no {_WRITTEN_LAST}"
     except OSError as e:
@@ -128,8 +128,10 @@ def _incomplete(checkpoint: str) -> str | None:
     if not text.strip():
         return f"{_WRITTEN_LAST} is empty"
     try:
-        state = json.loads(text)
-    except ValueError:
+        state = None if cut else json.loads(text)
+    except (ValueError, RecursionError):
+        state = None
+    if state is None:
         return f"{_WRITTEN_LAST} is not whole JSON"
     if not isinstance(state, dict) or not isinstance(state.get("global_step"), int):
         return f"{_WRITTEN_LAST} has no global_step"
