@@ -7,6 +7,7 @@ import io
 import json
 import logging
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -18,6 +19,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from slurmclock import TimeBudget
+from slurmclock.commands import CommandError
+from slurmclock.supervisor import SuperviseConfig, Supervisor
 from slurmclock.supervisor.faults import Fault, FaultWatch, parse_fault, read_faults
 from slurmclock.timeline import JobTimeline
 from slurmclock.untrusted import (
@@ -383,3 +386,68 @@ def test_a_budget_state_file_round_trips(tmp_path: Path) -> None:
     assert second.load_state_file(path) is None and second.state_dict() == first.state_dict()
     assert TimeBudget().load_state_file(tmp_path / "missing.json") is None
     assert first.save_state_file(tmp_path / "no" / "such" / "folder.json") is not None
+
+
+# -- the supervisor: a fault record must name a node of the job -------------------------------
+
+LIMIT_VIEW = (
+    "JobId=2 JobState=COMPLETING Reason=TimeLimit Dependency=(null) Requeue=1 Restarts=0 "
+    "BatchFlag=1 EndTime=2026-11-25T18:24:58 Partition=debug NodeList=n[1-2] NumNodes=2"
+)
+
+
+class FakeSlurm:
+    """scontrol answers the job and its hostnames, sinfo the partition, srun probes time out."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def __call__(self, argv: Any, timeout: float) -> str:
+        argv = tuple(argv)
+        if argv[:3] == ("scontrol", "show", "job"):
+            return LIMIT_VIEW
+        if argv[:3] == ("scontrol", "show", "hostnames"):
+            return "\n".join(argv[3].split(","))
+        if argv[0] == "sinfo":
+            return "n1 idle\nn2 idle\nn3 mix\n"
+        if argv[0] == "squeue":
+            raise CommandError(argv, "missing", "squeue not found")
+        self.calls.append(" ".join(argv))
+        if argv[0] == "srun":
+            raise CommandError(argv, "timeout", "`srun ...` timed out after 10 s")
+        return ""
+
+
+@pytest.mark.parametrize(
+    ("host", "counts"),
+    [("n2", True), ("n9", False), ("n2\n[2026-01-01 00:00:00] slurmclock: forged", False)],
+)
+def test_only_a_fault_of_a_node_of_the_job_ends_the_step_and_excludes_it(
+    tmp_path: Path, host: str, counts: bool
+) -> None:
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "RANK"))},
+        "SLURM_JOB_ID": "42",
+        "SLURM_RESTART_COUNT": "0",
+        "SLURMCLOCK_DIR": str(tmp_path),
+        "SLURM_JOB_NODELIST": "n1,n2",
+    }
+    env.pop("PYRECOVER_SIGNAL_LEAD", None)
+    slurm, out = FakeSlurm(), io.StringIO()
+    config = SuperviseConfig(restart_here=False)
+    sup = Supervisor(config, env=env, runner=slurm, out=out, here="n1")
+    report = {"time": 4e9, "rank": 1, "host": host, "what": "dead", "reporter": 0}
+    code = (
+        "import json, os; f = open(os.environ['DDPKIT_FAULT_FILE'], 'a'); "
+        f"f.write(json.dumps({report!r}) + '\\n'); f.close(); raise SystemExit(3)"
+    )
+    assert sup.run([sys.executable, "-c", code]) == 0  # requeued: exit 3 is a crash
+    said = out.getvalue()
+    assert "training step exited with status 3" in said
+    assert not any(line.startswith("[2026-01-01 00:00:00]") for line in said.splitlines())
+    if counts:
+        assert "rank 1 on node n2 was dead (reported by rank 0)" in said
+        assert "scontrol update JobId=42 ExcNodeList=n2" in slurm.calls
+    else:
+        assert f"ignored a fault record naming {quote(host)}, not a node of this job" in said
+        assert not any("ExcNodeList" in c or c.startswith("srun") for c in slurm.calls)
