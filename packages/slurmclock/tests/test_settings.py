@@ -155,3 +155,32 @@ def test_slurmclock_stop_says_what_happens_to_a_chain(capsys: pytest.CaptureFixt
     out = capsys.readouterr().out
     assert "asked job 1234 to save and stop" in out
     assert "chain" in out and "still start" in out and "scancel" in out
+
+
+@pytest.mark.slurm
+@pytest.mark.parametrize(
+    ("srun_args", "said"),
+    [
+        (["--ntasks=64"], "More processors requested than permitted"),
+        (["--bogus-option"], "unrecognized option"),
+    ],
+)
+def test_a_real_srun_refusal_is_a_setting_error(
+    cluster: Any, tmp_path: Path, srun_args: list[str], said: str
+) -> None:
+    """On a real SLURM: the supervisor's step is an srun asking for what the job does not have
+    (or an option srun does not know); the job ends with exit 2 and one line, once, no retry."""
+    log = tmp_path / "job.log"
+    path = f"{Path(sys.executable).parent}:{os.environ.get('PATH', '/usr/bin:/bin')}"
+    script = (
+        "#!/bin/bash\n"
+        f"exec {sys.executable} -m slurmclock supervise -- srun {' '.join(srun_args)} true\n"
+    )
+    env = {"SLURMCLOCK_DIR": str(tmp_path / "timelines"), "PATH": path}
+    job = cluster.sbatch(script, "--time=2", "--ntasks=1", f"--output={log}", env=env)
+    info = cluster.wait_for(job, {"COMPLETED", "FAILED", "TIMEOUT", "CANCELLED"}, timeout=90)
+    text = log.read_text(errors="replace")
+    assert info["JobState"] == "FAILED" and info.get("ExitCode") == "2:0", text
+    (line,) = [x for x in text.splitlines() if "srun refused the step's settings" in x]
+    assert said in line and "not retried" in line, text
+    assert "failure 1 of" not in text and "requeued" not in text and "starting the" not in text
