@@ -114,6 +114,7 @@ from slurmclock.supervisor.history import (
 )
 from slurmclock.supervisor.launch import Launch, kill
 from slurmclock.supervisor.lostnodes import NodeKeeper, RequeuePlan
+from slurmclock.supervisor.nodestates import NodeStates, no_resize_scripts
 from slurmclock.supervisor.placement import Placement, place, training_nodes
 from slurmclock.supervisor.verdict import (
     NO_ROOM,
@@ -162,7 +163,9 @@ class Supervisor:
         self.env = dict(os.environ if env is None else env)
         if scheduler is not None and runner is not None:
             raise TypeError("give a scheduler or a runner for SLURM's commands, not both")
-        self.scheduler: Scheduler = Slurm(runner) if scheduler is None else scheduler
+        self.scheduler: Scheduler = (
+            Slurm(runner or no_resize_scripts()) if scheduler is None else scheduler
+        )
         self.clock = time.time if clock is None else clock
         self.sleep = time.sleep if sleep is None else sleep
         self.out = sys.stdout if out is None else out
@@ -183,6 +186,13 @@ class Supervisor:
             here=here,
         )
         self._hosts: list[str] | None = None  # the allocation's nodes, once asked
+        self.states = NodeStates(
+            self.scheduler,
+            self.job or "",
+            timeout=self.config.command_timeout,
+            log=self.log,
+            mark=self.timeline.mark,
+        )
         self.placement: Placement | None = None  # where the next launch goes (None: as is)
         self.launches = 0
         self._store_tries = 0
@@ -363,6 +373,7 @@ class Supervisor:
             )
         if self.job is not None:
             launch.end_if_stuck(now, self.scheduler, self.job, self.config.command_timeout)
+            self._look_at_nodes(soon=True)
         launch.first_step(now, self.timeline.events)
         while launch.said:
             self.log(launch.said.pop(0))
@@ -452,6 +463,7 @@ class Supervisor:
 
     def _next_placement(self) -> Placement | str | None:
         """Where the next launch goes: None as the first did; a reason when it cannot."""
+        self._look_at_nodes()
         if not self.nodes.gone:
             return self.placement
         hosts = self._allocation_hosts()
@@ -466,6 +478,23 @@ class Supervisor:
         if self.scheduler.step_command(self._argv, placed.nodes) == list(self._argv):
             return f"`{self._argv[0]}` is not srun: the step cannot be placed on the nodes left"
         return placed
+
+    def _look_at_nodes(self, *, soon: bool = False) -> None:
+        """The job's nodes as SLURM shows them now, never the list it started with (a node set
+        DOWN left the job; one FAIL or DRAIN is named): those gone join the lost nodes.
+        ``soon``: while the step runs, read in a thread and named at a later tick only."""
+        hosts = (self._hosts or []) if soon else self._allocation_hosts()
+        if self.job is None or len(hosts) <= 1:
+            return
+        placed = self.placement.nodes if self.placement is not None else hosts
+        spares = [h for h in hosts if h not in placed]
+        hosts = [h for h in hosts if h.split(".")[0] not in self.nodes.gone]  # named already
+        if soon:  # named now; left out at the next launch (the probes of a fault go first)
+            self.states.look_soon(hosts, spares)
+            self.states.collect()
+            return
+        self.states.look(hosts, spares)
+        self.nodes.gone |= self.states.gone
 
     def _release_lost(self) -> None:
         """Give the lost nodes back to SLURM (``scontrol update JobId= NodeList=`` with the
