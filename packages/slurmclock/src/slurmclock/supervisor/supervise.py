@@ -115,6 +115,7 @@ from slurmclock.supervisor.history import (
 from slurmclock.supervisor.launch import Launch, kill
 from slurmclock.supervisor.lostnodes import NodeKeeper, RequeuePlan
 from slurmclock.supervisor.nodestates import NodeStates, no_resize_scripts
+from slurmclock.supervisor.sentinel import SentinelStep, batch_node_lost
 from slurmclock.supervisor.placement import Placement, place, training_nodes
 from slurmclock.supervisor.verdict import (
     NO_ROOM,
@@ -186,6 +187,7 @@ class Supervisor:
             here=here,
         )
         self._hosts: list[str] | None = None  # the allocation's nodes, once asked
+        self.sentinel: SentinelStep | None = None  # watches this node from another one
         self.states = NodeStates(
             self.scheduler,
             self.job or "",
@@ -235,7 +237,8 @@ class Supervisor:
                 return code
             if (code := self._before_step()) is not None:
                 return code
-            return self._supervise(argv)
+            with self._sentinel_step():
+                return self._supervise(argv)
 
     def _supervise(self, argv: Sequence[str]) -> int:
         """Launch, wait, decide -- until the verdict is not a restart in this allocation."""
@@ -258,6 +261,9 @@ class Supervisor:
             return code
         lost = vanished_run(events)
         if lost is None:
+            return None
+        if (line := batch_node_lost(events)) is not None:
+            self.log(line)  # its job log ended with the node; the sentinel requeued it
             return None
         why = (
             f"run {lost.restart} ended without a word (a node failure, or its batch script killed)"
@@ -320,6 +326,8 @@ class Supervisor:
         """Start the step: placed on :attr:`placement`'s nodes when it is an srun (a relaunch
         with ``--overlap`` and the relaunch arguments); None when it cannot start."""
         again = self.launches > 0
+        if self.sentinel is not None:
+            self.sentinel.ensure(self._allocation_hosts(), self.nodes.gone)
         if again:
             argv = [*argv, *self.config.relaunch_args]
         nodes = self.placement.nodes if self.placement is not None else None
@@ -495,6 +503,22 @@ class Supervisor:
             return
         self.states.look(hosts, spares)
         self.nodes.gone |= self.states.gone
+
+    @contextmanager
+    def _sentinel_step(self) -> Iterator[None]:
+        """A job of several nodes: a sentinel on another node requeues it should this one,
+        the batch node, be lost (:mod:`slurmclock.supervisor.sentinel`)."""
+        path = self.timeline.path
+        if self.job is not None and path is not None and len(self._allocation_hosts()) > 1:
+            base = path.with_name(f"{path.stem}.{self.restart}")
+            files = (Path(f"{base}.beat"), Path(f"{base}.sentinel-stop"))
+            here = self.nodes.here
+            self.sentinel = SentinelStep(self.job, here, files, self.env, self.log)
+        try:
+            yield
+        finally:
+            if self.sentinel is not None:
+                self.sentinel.stop()
 
     def _release_lost(self) -> None:
         """Give the lost nodes back to SLURM (``scontrol update JobId= NodeList=`` with the
