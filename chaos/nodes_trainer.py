@@ -37,8 +37,11 @@ def straight(steps: int) -> str:
 
 
 def main() -> int:
-    folder, steps, every, step_s = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), float(
-        sys.argv[4]
+    folder, steps, every, step_s = (
+        Path(sys.argv[1]),
+        int(sys.argv[2]),
+        int(sys.argv[3]),
+        float(sys.argv[4]),
     )
     rank = int(os.environ.get("SLURM_PROCID", "0"))
     ckpt = folder / "ckpt.json"

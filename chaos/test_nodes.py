@@ -198,13 +198,14 @@ def test_node_state(case: Case, moment: str, healthy: Any, tmp_path: Path) -> No
     if case.fault in ("down", "kill") and case.target != "spare":
         last_run = (folder / "steps-0.log").read_text().split()[-2]
         assert last_run != node, f"trained on {node} after it was lost\n{log}"
-    marks = [json.loads(line) for p in (tmp_path / "timelines").glob("*.jsonl")
-             if not p.name.endswith("faults.jsonl") for line in p.read_text().splitlines()]  # fmt: skip
+    timelines = [p for p in (tmp_path / "timelines").glob("*.jsonl") if "faults" not in p.name]
+    marks = [json.loads(line) for p in timelines for line in p.read_text().splitlines()]
     requeued = [m for m in marks if m["event"] == "requeued" and m["time"] > hit_epoch]
     if case.requeued:  # by the sentinel: when, and what made it act
         sentinel = next(m for m in marks if m["event"] == "node" and m.get("batch") == 1)
         figures = f"requeued {requeued[0]['time'] - hit_epoch:.0f} s after ({sentinel['why']}), "
     else:
         figures = ""
+    done = time.monotonic() - hit_at
     print(f"\n{case.name}/{moment}: job {job} {took:.0f} s, named {named[0]!r}, {figures}"
-          f"done {time.monotonic() - hit_at:.0f} s after the hit; rank 0 on {trained_on}")  # fmt: skip
+          f"done {done:.0f} s after the hit; rank 0 on {trained_on}")  # fmt: skip

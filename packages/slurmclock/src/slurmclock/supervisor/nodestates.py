@@ -112,7 +112,6 @@ class NodeStates:
         self,
         scheduler: Scheduler,
         job: str,
-        *,
         timeout: float,
         log: Callable[[str], None],
         mark: Callable[..., object],
@@ -131,7 +130,9 @@ class NodeStates:
         """The changes SLURM shows now (CommandError when it cannot say)."""
         view = self.scheduler.show_job(self.job, timeout=self.timeout)
         in_job = self.scheduler.hostnames(view.nodes, timeout=self.timeout) if view.nodes else []
-        listed = self.scheduler.nodes(view.partition, timeout=self.timeout) if view.partition else []
+        listed = (
+            self.scheduler.nodes(view.partition, timeout=self.timeout) if view.partition else []
+        )
         states = {_short(n.name): n for n in listed}
         return changes(hosts, in_job or hosts, states, spares=spares)
 

@@ -81,7 +81,12 @@ class Sentinel:
         silent: float = SILENT_S,
     ) -> None:
         self.job, self.batch, self.beat, self.stop = job, batch.split(".")[0], beat, stop
-        self.scheduler, self.timeline, self.timeout, self.silent = scheduler, timeline, timeout, silent
+        self.scheduler, self.timeline, self.timeout, self.silent = (
+            scheduler,
+            timeline,
+            timeout,
+            silent,
+        )
         self.term = False
 
     def batch_gone(self) -> tuple[str, str] | None:
@@ -114,7 +119,7 @@ class Sentinel:
         looked = 0.0
         while not self.stop.exists():
             if self.term:
-                return self._act("SLURM ended the job")
+                return self._act("SLURM ended the job") or 0
             now = time.monotonic()
             if self.silent_for() > self.silent and now - looked >= BEAT_S:
                 looked = now

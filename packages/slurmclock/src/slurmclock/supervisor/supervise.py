@@ -115,8 +115,8 @@ from slurmclock.supervisor.history import (
 from slurmclock.supervisor.launch import Launch, kill
 from slurmclock.supervisor.lostnodes import NodeKeeper, RequeuePlan
 from slurmclock.supervisor.nodestates import NodeStates, no_resize_scripts
-from slurmclock.supervisor.sentinel import SentinelStep, batch_node_lost
 from slurmclock.supervisor.placement import Placement, place, training_nodes
+from slurmclock.supervisor.sentinel import SentinelStep, batch_node_lost
 from slurmclock.supervisor.verdict import (
     NO_ROOM,
     Room,
@@ -164,9 +164,7 @@ class Supervisor:
         self.env = dict(os.environ if env is None else env)
         if scheduler is not None and runner is not None:
             raise TypeError("give a scheduler or a runner for SLURM's commands, not both")
-        self.scheduler: Scheduler = (
-            Slurm(runner or no_resize_scripts()) if scheduler is None else scheduler
-        )
+        self.scheduler: Scheduler = scheduler or Slurm(runner or no_resize_scripts())
         self.clock = time.time if clock is None else clock
         self.sleep = time.sleep if sleep is None else sleep
         self.out = sys.stdout if out is None else out
@@ -188,13 +186,8 @@ class Supervisor:
         )
         self._hosts: list[str] | None = None  # the allocation's nodes, once asked
         self.sentinel: SentinelStep | None = None  # watches this node from another one
-        self.states = NodeStates(
-            self.scheduler,
-            self.job or "",
-            timeout=self.config.command_timeout,
-            log=self.log,
-            mark=self.timeline.mark,
-        )
+        said = (self.log, self.timeline.mark)  # what SLURM shows of the job's nodes, named
+        self.states = NodeStates(self.scheduler, self.job or "", self.config.command_timeout, *said)
         self.placement: Placement | None = None  # where the next launch goes (None: as is)
         self.launches = 0
         self._store_tries = 0
