@@ -230,8 +230,11 @@ class SentinelStep:
         self._beating.start()
 
     def stop(self) -> None:
-        """As the supervisor ends: the sentinel told to leave, its step ended."""
+        """As the supervisor ends: the sentinel told to leave and its step ended, waiting at
+        most 2 s (an srun whose node is lost would hold the batch script, and with it the
+        requeue updates that must land within seconds of its end; SLURM ends what is left)."""
         self._done.set()
+        self.beat.unlink(missing_ok=True)
         if self.proc is None:
             return
         try:
@@ -239,15 +242,14 @@ class SentinelStep:
         except OSError:
             pass
         try:
-            self.proc.wait(timeout=2 * _TICK_S + 1)
+            self.proc.wait(timeout=2 * _TICK_S)
         except subprocess.TimeoutExpired:
             self.proc.terminate()  # srun passes it on; the sentinel sees the node healthy
             try:
-                self.proc.wait(timeout=5)
+                self.proc.wait(timeout=1)
             except subprocess.TimeoutExpired:
-                self.proc.kill()
+                return
         self.stop_file.unlink(missing_ok=True)
-        self.beat.unlink(missing_ok=True)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
