@@ -84,7 +84,11 @@ CASES = [
          r"SLURM(, reason '[^']*')?\): requeued by the sentinel on '\S+'; not counted as a "
          r"failure", requeued=True),
 ]  # fmt: skip
-MOMENTS = ["training"]  # after FAULT_AT steps, a checkpoint durable
+# When the node is hit: mid-interval (FAULT_AT: the steps since the checkpoint at 20 are lost
+# and done again), or right after a checkpoint became durable (step 30: nothing to do again).
+MOMENTS = {"training": lambda folder: steps_done(folder) >= FAULT_AT,
+           "after_checkpoint": lambda folder: saved_step(folder) >= 3 * EVERY}  # fmt: skip
+ROWS = [(c, "training") for c in CASES] + [(CASES[0], "after_checkpoint")]
 
 
 @pytest.fixture(scope="module")
@@ -132,6 +136,13 @@ def steps_done(folder: Path) -> int:
     return int(lines[-1]) if lines else 0
 
 
+def saved_step(folder: Path) -> int:
+    try:
+        return int(json.loads((folder / "ckpt.json").read_text())["step"])
+    except (OSError, ValueError, KeyError):
+        return 0
+
+
 def wait(what: str, ready: Any, timeout: float) -> None:
     end = time.monotonic() + timeout
     while not ready():
@@ -164,8 +175,7 @@ def messages(log: str) -> list[str]:
     return re.findall(r"^\[[0-9-]+ [0-9:]+\] slurmclock: (.*)$", log, flags=re.MULTILINE)
 
 
-@pytest.mark.parametrize("moment", MOMENTS)
-@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+@pytest.mark.parametrize(("case", "moment"), ROWS, ids=[f"{c.name}-{m}" for c, m in ROWS])
 def test_node_state(case: Case, moment: str, healthy: Any, tmp_path: Path) -> None:
     cluster = healthy
     folder, submit = tmp_path / "run", tmp_path / "repo"
@@ -176,7 +186,7 @@ def test_node_state(case: Case, moment: str, healthy: Any, tmp_path: Path) -> No
             "--open-mode=append", f"--output={tmp_path / 'job.log'}"]  # fmt: skip
     started = time.monotonic()
     job = cluster.sbatch(script(case, folder), *args, env=env, cwd=submit)
-    wait("training under way", lambda: steps_done(folder) >= FAULT_AT, 120)
+    wait(f"the moment {moment}", lambda: MOMENTS[moment](folder), 120)
     node = target(cluster, case, job)
     hit(cluster, case, node)
     hit_at, hit_epoch = time.monotonic(), time.time()
