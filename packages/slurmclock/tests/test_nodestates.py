@@ -32,10 +32,20 @@ def test_states_sorted_into_gone_and_drained() -> None:
         Node("n4", "drain*", False),
         Node("n5", "down*", False),
         Node("n6", "alloc", True),
+        Node("n7", "mix@", True),  # a reboot asked for once the node is idle: no change yet
+        Node("n8", "boot", False),  # rebooting
+        Node("n9", "drng@", True, "Reboot ASAP"),  # `scontrol reboot ASAP`: drains first
     )
-    found = changes([f"n{i}" for i in range(1, 7)], [f"n{i}" for i in range(1, 7)], listed)
-    kinds = {c.node: c.kind for c in found}
-    assert kinds == {"n2": "drained", "n3": "gone", "n4": "drained", "n5": "gone"}
+    hosts = [f"n{i}" for i in range(1, 10)]
+    kinds = {c.node: c.kind for c in changes(hosts, hosts, listed)}
+    assert kinds == {
+        "n2": "drained",
+        "n3": "gone",
+        "n4": "drained",
+        "n5": "gone",
+        "n8": "gone",
+        "n9": "drained",
+    }
 
 
 def test_the_line_quotes_what_an_administrator_wrote() -> None:

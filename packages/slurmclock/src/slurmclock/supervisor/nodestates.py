@@ -60,6 +60,8 @@ class NodeChange:
         what = "hot spare" if self.spare else "node"
         why = f", reason {quote(self.reason)}" if self.reason else ""
         where = "" if self.in_job else "; SLURM took it out of the job"
+        if not self.in_job and _kind(self.state) is None:  # back in service since (resumed)
+            where = "; SLURM took it out of the job (it may since have been resumed)"
         if self.kind == "drained":
             then = "it finishes this allocation; no later allocation is given it"
         elif self.spare:
