@@ -409,6 +409,7 @@ class Supervisor:
         streak, here = Streak(), NO_ROOM
         if kind == "failed":
             if self.nodes.lost(f.host for f in launch.faults):
+                self._look_at_nodes()  # one SLURM took out meanwhile is not in NodeList=
                 self._release_lost()
             exited = Event("exited", self.clock(), self.restart, {"rc": rc})
             failed = self._mark_failed([*events, exited], rc, describe_status(rc), launch.faults)
