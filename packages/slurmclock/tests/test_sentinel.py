@@ -82,12 +82,14 @@ def test_a_slow_supervisor_on_a_healthy_node_is_left_alone(tmp_path: Path, fakes
 
 def test_sigterm_reaches_the_watch(tmp_path: Path, fakes: Any) -> None:
     made, scheduler, _ = sentinel(tmp_path, fakes, batch_state="down", in_job=False)
-    previous = signal.getsignal(signal.SIGTERM)
+    previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)}
     try:
+        threading.Timer(0.1, os.kill, (os.getpid(), signal.SIGUSR2)).start()  # a warning: ignored
         threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGTERM)).start()
         assert made.watch() == 0
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     assert ("requeue", JOB) in scheduler.calls
 
 

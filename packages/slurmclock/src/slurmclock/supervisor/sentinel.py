@@ -116,6 +116,8 @@ class Sentinel:
     def watch(self) -> int:
         """Until the stop file, a requeue, or the end of the job; the exit status."""
         signal.signal(signal.SIGTERM, self._on_term)
+        for warning in (signal.SIGUSR1, signal.SIGUSR2):  # `--signal=USR2@N` reaches every step
+            signal.signal(warning, signal.SIG_IGN)
         looked = 0.0
         while not self.stop.exists():
             if self.term:
