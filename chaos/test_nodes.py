@@ -83,9 +83,9 @@ CASES = [
     Case("batch_down", "down", "batch", r"run 0 lost its batch node '(\S+)' \('down' in SLURM, "
          r"reason 'chaos down'\): requeued by the sentinel on '\S+'; not counted as a failure",
          requeued=True),
-    Case("batch_killed", "kill", "batch", r"run 0 lost its batch node '(\S+)' \('down\*?' in "
+    Case("batch_killed", "kill", "batch", r"run 0 lost its batch node '(\S+)' \('[a-z]+\*' in "
          r"SLURM(, reason '[^']*')?\): requeued by the sentinel on '\S+'; not counted as a "
-         r"failure", requeued=True),
+         r"failure", requeued=True),  # 'down*', or 'mix*' (not responding) at SlurmdTimeout 300
 ]  # fmt: skip
 # When the node is hit: mid-interval (FAULT_AT: the steps since the checkpoint at 20 are lost
 # and done again), or right after a checkpoint became durable (step 30: nothing to do again).
