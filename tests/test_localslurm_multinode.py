@@ -263,7 +263,7 @@ def test_the_command_line_up_run_status_down(tmp_path: Path) -> None:
         daemons = localslurm._read_pids(tmp_path / "c")
         # A job left running (its processes must go) and a bystander with the cluster's
         # SLURM_CONF in its environment, as the shell that ran `up`'s export line (must live).
-        cli("run", "--", "sbatch", "-N2", "--wrap", "srun sleep 300")
+        cli("run", "--", "sbatch", "-N2", "--output=/dev/null", "--wrap", "srun sleep 300")
         conf = tmp_path / "c" / "slurm.conf"
         bystander = subprocess.Popen(["sleep", "300"], env={**os.environ, "SLURM_CONF": str(conf)})
     finally:
