@@ -109,6 +109,8 @@ def left_out(run: NodeRun, log: str) -> None:
     msgs = log_messages(log)
     assert any(m.startswith(f"node {run.victim} does not answer") for m in msgs), log
     assert any(m.startswith(f"gave node(s) {run.victim} back to SLURM") for m in msgs), log
+    # scontrol writes resize scripts into its cwd when it sees SLURM_JOBID: not into the user's.
+    assert not list(run.job.dir.glob("slurm_job_*_resize.*")), "resize scripts in the submit dir"
 
 
 def positions_exact(metrics: Path, steps: int) -> tuple[list[int], int]:

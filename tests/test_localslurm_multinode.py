@@ -248,6 +248,7 @@ def test_the_command_line_up_run_status_down(tmp_path: Path) -> None:
         return subprocess.run(argv, capture_output=True, text=True, timeout=300)
 
     up = cli("up", "--nodes", "2", "--cpus", "1")
+    bystander: subprocess.Popen[bytes] | None = None
     try:
         assert up.returncode == 0, up.stderr
         tag = localslurm._tag_of(tmp_path / "c" / "slurm.conf")
@@ -260,8 +261,19 @@ def test_the_command_line_up_run_status_down(tmp_path: Path) -> None:
         on = cli("run", "--on", nodes[1], "--", "hostname")
         assert on.stdout.strip() == nodes[1], on.stdout + on.stderr
         daemons = localslurm._read_pids(tmp_path / "c")
+        # A job left running (its processes must go) and a bystander with the cluster's
+        # SLURM_CONF in its environment, as the shell that ran `up`'s export line (must live).
+        cli("run", "--", "sbatch", "-N2", "--output=/dev/null", "--wrap", "srun sleep 300")
+        conf = tmp_path / "c" / "slurm.conf"
+        bystander = subprocess.Popen(["sleep", "300"], env={**os.environ, "SLURM_CONF": str(conf)})
     finally:
         down = cli("down")
-    assert down.returncode == 0, down.stderr
+    try:
+        assert down.returncode == 0, down.stderr
+        assert bystander is not None and bystander.poll() is None, "down killed a bystander"
+    finally:
+        if bystander is not None:
+            bystander.kill()
+            bystander.wait()
     assert leftovers(str(tag), tmp_path / "c" / "slurm.conf", daemons) == []
     assert cli("status").returncode == 1

@@ -86,8 +86,10 @@ the controller thinks of it (sinfo: ``down*``, where ``*`` means "not responding
 
 Shutdown order matters: ``scancel`` everything, wait for an empty queue (a ``slurmstepd`` that
 outlives its ``slurmd`` can hang), then stop the daemons by PID -- never by name, other clusters
-may be running -- and kill what is left of the jobs (processes started with this cluster's
-``SLURM_CONF``, and every process in a multi-node cluster's namespaces). Before the ``scancel``
+may be running -- and kill what is left of the jobs (the slurmstepd processes holding a socket
+in this cluster's spool folder, and what they started; every process in a multi-node
+cluster's namespaces) -- never a process because of its environment: the shell that ran
+``export SLURM_CONF=...`` and any bystander live on. Before the ``scancel``
 a multi-node cluster's faulted nodes are brought back (network up, processes continued) and
 those without a slurmd are set DOWN, or their jobs would stay COMPLETING until SlurmdTimeout;
 after the daemons its hosts lines, namespaces (their links go with them), UTS mounts and
@@ -1109,17 +1111,69 @@ def _cancel_all(env: Mapping[str, str], timeout: float, client: Sequence[str] = 
 
 
 def _kill_jobs(conf: Path) -> list[int]:
-    """SIGKILL what is left of the jobs once the daemons are down: processes started with this
-    cluster's SLURM_CONF (slurmstepd and the job steps it ran). Linux (/proc)."""
-    key, killed = f"SLURM_CONF={conf}".encode(), []
-    for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
-        if not entry.isdigit() or int(entry) == os.getpid():
-            continue
-        with contextlib.suppress(OSError):
-            if key in Path(f"/proc/{entry}/environ").read_bytes().split(b"\0"):
-                os.kill(int(entry), signal.SIGKILL)
-                killed.append(int(entry))
-    return killed
+    """SIGKILL what is left of the jobs once the daemons are down: this cluster's slurmstepd
+    processes -- those holding a socket SLURM made in the cluster's SlurmdSpoolDir, SLURM's own
+    record of a step (what ``scontrol listpids`` reads) -- and their descendants (the job
+    steps they ran); never a process only because its environment names this cluster's
+    SLURM_CONF (the shell that ran the ``export`` line ``up`` printed, a bystander). Linux."""
+    spool = _conf_value(conf, "SlurmdSpoolDir")
+    if not spool or not os.path.isdir("/proc"):
+        return []
+    root = spool.split("%", 1)[0].rstrip("/") or spool  # multi-node: ``.../spool/%n``
+    stepds = [pid for pid in _all_pids() if _comm(pid) == "slurmstepd" and _in_spool(pid, root)]
+    pids = _descendants(stepds)
+    for pid in pids:  # all stopped first: none sees another die and acts on it
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGSTOP)
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    return sorted(pids)
+
+
+def _all_pids() -> list[int]:
+    me = os.getpid()
+    return [int(e) for e in os.listdir("/proc") if e.isdigit() and int(e) != me]
+
+
+def _in_spool(pid: int, root: str) -> bool:
+    """Does ``pid`` hold a unix socket bound under ``root`` (its network namespace's table)?"""
+    inodes = set()
+    with contextlib.suppress(OSError):
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            with contextlib.suppress(OSError):
+                link = os.readlink(f"/proc/{pid}/fd/{fd}")
+                if link.startswith("socket:["):
+                    inodes.add(link[8:-1])
+    if not inodes:
+        return False
+    with contextlib.suppress(OSError):
+        for line in Path(f"/proc/{pid}/net/unix").read_text().splitlines()[1:]:
+            fields = line.split()
+            if len(fields) >= 8 and fields[6] in inodes and fields[7].startswith(root + "/"):
+                return True
+    return False
+
+
+def _descendants(pids: Collection[int]) -> set[int]:
+    """``pids`` and every process below them (by parent, in /proc)."""
+    children: dict[int, list[int]] = {}
+    for pid in _all_pids():
+        children.setdefault(_stat(pid)[1], []).append(pid)
+    found, todo = set(pids), list(pids)
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return found
+
+
+def _conf_value(conf: Path, key: str) -> str | None:
+    with contextlib.suppress(OSError):
+        if m := re.search(rf"^{key}=(.+)$", conf.read_text(), flags=re.MULTILINE):
+            return m.group(1).strip()
+    return None
 
 
 def _tag_of(conf: Path) -> str | None:

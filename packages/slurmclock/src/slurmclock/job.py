@@ -107,6 +107,7 @@ EVENTS = (
     "first_step",
     "fault",
     "relaunched",
+    "node",
 )
 """The timeline's event names: who writes each, and its fields, in slurmclock.timeline."""
 # What a SIGTERM to the batch script meant: the ``kind`` of a ``signal`` event.
@@ -421,11 +422,13 @@ class JobView:
 @dataclass(frozen=True, slots=True)
 class Node:
     """One node of a partition: ``state`` as the scheduler prints it (``idle``, ``down*``), and
-    whether a job can be given it now or soon (``usable``: not down, drained, failing, ...)."""
+    whether a job can be given it now or soon (``usable``: not down, drained, failing, ...);
+    ``reason``: why an administrator or the scheduler set that state ("" when none)."""
 
     name: str
     state: str
     usable: bool
+    reason: str = ""
 
 
 @dataclass(frozen=True, slots=True)

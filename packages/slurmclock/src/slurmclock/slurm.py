@@ -117,16 +117,19 @@ class Slurm:
         return self._run(["scontrol", "show", "hostnames", nodelist], timeout).split()
 
     def nodes(self, partition: str, *, timeout: float = COMMAND_TIMEOUT) -> list[Node]:
-        """``sinfo -h -N -p PARTITION -o "%N %t"``: a node in several partitions is listed once;
-        one that does not respond (``idle*``, ``mix*``) is not usable."""
-        out = self._run(["sinfo", "-h", "-N", "-p", partition, "-o", "%N %t"], timeout)
+        """``sinfo -h -N -p PARTITION -o "%N %t %E"``: a node in several partitions is listed
+        once; one that does not respond (``idle*``, ``mix*``) is not usable; the reason (``%E``,
+        ``none`` when there is none) is the rest of the line."""
+        out = self._run(["sinfo", "-h", "-N", "-p", partition, "-o", "%N %t %E"], timeout)
         found: dict[str, Node] = {}
         for line in out.splitlines():
-            parts = line.split()
-            if len(parts) == 2:
-                name, state = parts
+            parts = line.split(None, 2)
+            if len(parts) >= 2:
+                name, state = parts[:2]
+                reason = parts[2].strip() if len(parts) > 2 else ""
                 usable = not state.startswith(_UNUSABLE) and not state.endswith("*")
-                found.setdefault(name, Node(name, state, usable))
+                why = "" if reason.lower() in _NOT_SET else reason
+                found.setdefault(name, Node(name, state, usable, why))
         return list(found.values())
 
     def cluster_name(self, *, timeout: float = COMMAND_TIMEOUT) -> str:

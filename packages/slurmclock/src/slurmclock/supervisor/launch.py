@@ -29,6 +29,7 @@ from slurmclock.untrusted import read_bytes
 
 __all__ = ["GRACE_S", "KILL_S", "LOOK_S", "Launch", "kill"]
 
+_NOT_TRAINING = (PROBE_NAME, "slurmclock-sentinel")  # the supervisor's own steps
 GRACE_S = 3.0  # after a fault report: srun's time to end the step by itself
 LOOK_S = 1.0  # how often a relaunch's first step is looked for in the job's timeline
 KILL_S = 3.0  # after `scancel JOB.STEP`: srun's time to leave before it is killed
@@ -143,7 +144,7 @@ class Launch:
         except CommandError as e:
             self.said.append(f"could not list the job's steps: {e}")
             return None
-        mine = [s for s in steps if s.number is not None and s.name != PROBE_NAME]
+        mine = [s for s in steps if s.number is not None and s.name not in _NOT_TRAINING]
         newest = max(mine, key=lambda s: s.number or 0, default=None)
         return None if newest is None else newest.id
 

@@ -116,7 +116,9 @@ from slurmclock.supervisor.history import (
 )
 from slurmclock.supervisor.launch import Launch, kill
 from slurmclock.supervisor.lostnodes import NodeKeeper, RequeuePlan
+from slurmclock.supervisor.nodestates import NodeStates, no_resize_scripts
 from slurmclock.supervisor.placement import Placement, place, training_nodes
+from slurmclock.supervisor.sentinel import SentinelStep, batch_node_lost
 from slurmclock.supervisor.verdict import (
     NO_ROOM,
     Room,
@@ -165,7 +167,7 @@ class Supervisor:
         self.env = dict(os.environ if env is None else env)
         if scheduler is not None and runner is not None:
             raise TypeError("give a scheduler or a runner for SLURM's commands, not both")
-        self.scheduler: Scheduler = Slurm(runner) if scheduler is None else scheduler
+        self.scheduler: Scheduler = scheduler or Slurm(runner or no_resize_scripts())
         self.clock = time.time if clock is None else clock
         self.sleep = time.sleep if sleep is None else sleep
         self.out = sys.stdout if out is None else out
@@ -186,6 +188,9 @@ class Supervisor:
             here=here,
         )
         self._hosts: list[str] | None = None  # the allocation's nodes, once asked
+        self.sentinel: SentinelStep | None = None  # watches this node from another one
+        said = (self.log, self.timeline.mark)  # what SLURM shows of the job's nodes, named
+        self.states = NodeStates(self.scheduler, self.job or "", self.config.command_timeout, *said)
         self.placement: Placement | None = None  # where the next launch goes (None: as is)
         self.launches = 0
         self._store_tries = 0
@@ -228,7 +233,8 @@ class Supervisor:
                 return code
             if (code := self._before_step()) is not None:
                 return code
-            return self._supervise(argv)
+            with self._sentinel_step():
+                return self._supervise(argv)
 
     def _supervise(self, argv: Sequence[str]) -> int:
         """Launch, wait, decide -- until the verdict is not a restart in this allocation."""
@@ -251,6 +257,9 @@ class Supervisor:
             return code
         lost = vanished_run(events)
         if lost is None:
+            return None
+        if (line := batch_node_lost(events)) is not None:
+            self.log(line)  # its job log ended with the node; the sentinel requeued it
             return None
         why = (
             f"run {lost.restart} ended without a word (a node failure, or its batch script killed)"
@@ -313,6 +322,8 @@ class Supervisor:
         """Start the step: placed on :attr:`placement`'s nodes when it is an srun (a relaunch
         with ``--overlap`` and the relaunch arguments); None when it cannot start."""
         again = self.launches > 0
+        if self.sentinel is not None:
+            self.sentinel.ensure(self._allocation_hosts(), self.nodes.gone)
         if again:
             argv = [*argv, *self.config.relaunch_args]
         nodes = self.placement.nodes if self.placement is not None else None
@@ -370,6 +381,7 @@ class Supervisor:
             )
         if self.job is not None:
             launch.end_if_stuck(now, self.scheduler, self.job, self.config.command_timeout)
+            self._look_at_nodes(soon=True)
         launch.first_step(now, self.timeline.events)
         while launch.said:
             self.log(launch.said.pop(0))
@@ -407,6 +419,7 @@ class Supervisor:
         streak, here = Streak(), NO_ROOM
         if kind == "failed":
             if self.nodes.lost(f.host for f in launch.faults):
+                self._look_at_nodes()  # one SLURM took out meanwhile is not in NodeList=
                 self._release_lost()
             exited = Event("exited", self.clock(), self.restart, {"rc": rc})
             failed = self._mark_failed([*events, exited], rc, describe_status(rc), launch.faults)
@@ -462,6 +475,7 @@ class Supervisor:
 
     def _next_placement(self) -> Placement | str | None:
         """Where the next launch goes: None as the first did; a reason when it cannot."""
+        self._look_at_nodes()
         if not self.nodes.gone:
             return self.placement
         hosts = self._allocation_hosts()
@@ -476,6 +490,39 @@ class Supervisor:
         if self.scheduler.step_command(self._argv, placed.nodes) == list(self._argv):
             return f"`{self._argv[0]}` is not srun: the step cannot be placed on the nodes left"
         return placed
+
+    def _look_at_nodes(self, *, soon: bool = False) -> None:
+        """The job's nodes as SLURM shows them now, never the list it started with (a node set
+        DOWN left the job; one FAIL or DRAIN is named): those gone join the lost nodes.
+        ``soon``: while the step runs, read in a thread and named at a later tick only."""
+        hosts = (self._hosts or []) if soon else self._allocation_hosts()
+        if self.job is None or len(hosts) <= 1:
+            return
+        placed = self.placement.nodes if self.placement is not None else hosts
+        spares = [h for h in hosts if h not in placed]
+        hosts = [h for h in hosts if h.split(".")[0] not in self.nodes.gone]  # named already
+        if soon:  # named now; left out at the next launch (the probes of a fault go first)
+            self.states.look_soon(hosts, spares)
+            self.states.collect()
+            return
+        self.states.look(hosts, spares)
+        self.nodes.gone |= self.states.gone
+
+    @contextmanager
+    def _sentinel_step(self) -> Iterator[None]:
+        """A job of several nodes: a sentinel on another node requeues it should this one,
+        the batch node, be lost (:mod:`slurmclock.supervisor.sentinel`)."""
+        path = self.timeline.path
+        if self.job is not None and path is not None and len(self._allocation_hosts()) > 1:
+            base = path.with_name(f"{path.stem}.{self.restart}")
+            files = (Path(f"{base}.beat"), Path(f"{base}.sentinel-stop"))
+            here = self.nodes.here
+            self.sentinel = SentinelStep(self.job, here, files, self.env, self.log)
+        try:
+            yield
+        finally:
+            if self.sentinel is not None:
+                self.sentinel.stop()
 
     def _release_lost(self) -> None:
         """Give the lost nodes back to SLURM (``scontrol update JobId= NodeList=`` with the

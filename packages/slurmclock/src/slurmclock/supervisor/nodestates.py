@@ -1,0 +1,205 @@
+"""The job's nodes as SLURM shows them now: what an administrator or SLURM changed mid-run.
+
+A node set DOWN (``scontrol update nodename=X state=down``) is taken out of a ``--no-kill``
+job by SLURM, and the step that ran on it is killed whole (srun: "Node failure on X", exit
+137), before any rank can report it; a relaunch on the allocation's first node list is refused
+by srun at once ("Requested node configuration is not available"). So before every relaunch,
+and every :data:`LOOK_S` while the step runs, the supervisor reads the job's node list and the
+states of its nodes from SLURM (never a list it kept) and sorts each node that changed:
+
+- **gone**: SLURM took it out of the job (DOWN, a reboot, ...), or it is FAIL/FAILING, in
+  maintenance, powering down or rebooting: the next launch leaves it out (a hot spare, if one
+  is left, takes its place; else the step goes on with the nodes left down to ``min_nodes``);
+- **drained** (DRAIN, DRAINING): it finishes this allocation -- the running step goes on, a
+  relaunch may use it -- and SLURM gives it to no new allocation, so a requeue does not count
+  it among the partition's usable nodes.
+
+Each change is one line in the job log (state and reason quoted) and a ``node`` event in the
+job's timeline; a hot spare that changed is named as one and no longer counted as a spare.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+from slurmclock.commands import CommandError, Runner, SubprocessRunner
+from slurmclock.job import Node, Scheduler
+
+__all__ = ["LOOK_S", "NodeChange", "NodeStates", "changes", "no_resize_scripts", "quote"]
+
+LOOK_S = 10.0  # how often the job's nodes are read from SLURM while the step runs
+_GONE = ("down", "fail", "maint", "boot", "reboot", "powe", "pow", "futr", "inval", "npc")
+_DRAINED = ("drain", "drng", "drained", "draining")
+_MAX_QUOTED = 120  # characters of a value SLURM prints, in a log line
+
+
+def quote(value: str) -> str:
+    """``value`` (from SLURM, set by whoever ran scontrol) quoted for one log line: no newline
+    or escape passes, and at most :data:`_MAX_QUOTED` characters."""
+    text = value if len(value) <= _MAX_QUOTED else value[:_MAX_QUOTED] + "..."
+    return repr(text)
+
+
+@dataclass(frozen=True, slots=True)
+class NodeChange:
+    """One node of the job in a new state: ``kind`` gone or drained; ``state`` and ``reason``
+    as SLURM prints them; ``in_job``: still in the job's node list; ``spare``: a hot spare."""
+
+    node: str
+    kind: str
+    state: str
+    reason: str = ""
+    in_job: bool = True
+    spare: bool = False
+
+    def line(self) -> str:
+        what = "hot spare" if self.spare else "node"
+        why = f", reason {quote(self.reason)}" if self.reason else ""
+        where = "" if self.in_job else "; SLURM took it out of the job"
+        if not self.in_job and _kind(self.state) is None:  # back in service since (resumed)
+            where = "; SLURM took it out of the job (it may since have been resumed)"
+        if self.kind == "drained":
+            then = "it finishes this allocation; no later allocation is given it"
+        elif self.spare:
+            then = "no longer counted as a spare"
+        else:
+            then = "the next launch leaves it out"
+        return f"{what} {self.node} is {quote(self.state)} in SLURM{why}{where}: {then}"
+
+
+def changes(
+    hosts: Sequence[str],
+    in_job: Sequence[str],
+    states: Mapping[str, Node],
+    *,
+    spares: Sequence[str] = (),
+) -> list[NodeChange]:
+    """The nodes of ``hosts`` (the allocation's, as it started) that left the job's node list
+    ``in_job`` or whose state in ``states`` (short name -> Node) is gone or drained."""
+    now = {_short(h) for h in in_job}
+    spare = {_short(h) for h in spares}
+    found = []
+    for host in hosts:
+        name = _short(host)
+        node = states.get(name)
+        state, reason = (node.state, node.reason) if node is not None else ("", "")
+        kind = _kind(state)
+        if name not in now:
+            kind = "gone"
+            state = state or "not in the job"
+        if kind is not None:
+            found.append(NodeChange(name, kind, state, reason, name in now, name in spare))
+    return found
+
+
+def _kind(state: str) -> str | None:
+    low = state.lower().rstrip("*~#!%$@^-+")
+    if low.startswith(_DRAINED) or "drain" in low:
+        return "drained"
+    if low.startswith(_GONE):
+        return "gone"
+    return None
+
+
+class NodeStates:
+    """The job's nodes read from ``scheduler``: :meth:`look` names each change once through
+    ``log`` and ``mark`` (the timeline's ``node`` event) and keeps :attr:`gone` and
+    :attr:`drained` (short names)."""
+
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        job: str,
+        timeout: float,
+        log: Callable[[str], None],
+        mark: Callable[..., object],
+    ) -> None:
+        self.scheduler, self.job, self.timeout = scheduler, job, timeout
+        self.log, self.mark = log, mark
+        self.gone: set[str] = set()
+        self.drained: set[str] = set()
+        self.said: dict[str, str] = {}  # node -> the state last named
+        self._thread: threading.Thread | None = None
+        self._found: list[NodeChange] = []
+        self._looked = 0.0
+        self._lock = threading.Lock()
+
+    def read(self, hosts: Sequence[str], spares: Sequence[str] = ()) -> list[NodeChange]:
+        """The changes SLURM shows now (CommandError when it cannot say)."""
+        view = self.scheduler.show_job(self.job, timeout=self.timeout)
+        in_job = self.scheduler.hostnames(view.nodes, timeout=self.timeout) if view.nodes else []
+        listed = (
+            self.scheduler.nodes(view.partition, timeout=self.timeout) if view.partition else []
+        )
+        states = {_short(n.name): n for n in listed}
+        return changes(hosts, in_job or hosts, states, spares=spares)
+
+    def look(self, hosts: Sequence[str], spares: Sequence[str] = ()) -> list[NodeChange]:
+        """Read SLURM now and name what is new; the new changes (none when SLURM did not
+        answer: said in one line)."""
+        try:
+            found = self.read(hosts, spares)
+        except CommandError as e:
+            self.log(f"could not read the job's nodes from SLURM ({e}): the nodes known stand")
+            return []
+        return self.name(found)
+
+    def look_soon(self, hosts: Sequence[str], spares: Sequence[str] = ()) -> None:
+        """While the step runs: read SLURM in a thread, at most every :data:`LOOK_S`; what it
+        found is named by the next :meth:`collect`."""
+        now = time.monotonic()
+        if now - self._looked < LOOK_S or (self._thread and self._thread.is_alive()):
+            return
+        self._looked = now
+
+        def read() -> None:
+            try:
+                found = self.read(hosts, spares)
+            except CommandError:
+                return  # said at the next relaunch, when it matters
+            with self._lock:
+                self._found.extend(found)
+
+        self._thread = threading.Thread(target=read, daemon=True)
+        self._thread.start()
+
+    def collect(self) -> list[NodeChange]:
+        """Name what the last :meth:`look_soon` found."""
+        with self._lock:
+            found, self._found = self._found, []
+        return self.name(found)
+
+    def name(self, found: Sequence[NodeChange]) -> list[NodeChange]:
+        new = [c for c in found if self.said.get(c.node) != c.state]
+        for change in new:
+            self.said[change.node] = change.state
+            (self.gone if change.kind == "gone" else self.drained).add(change.node)
+            self.log(change.line())
+            self.mark(
+                "node",
+                node=change.node,
+                state=change.state,
+                reason=change.reason,
+                kind=change.kind,
+                in_job=int(change.in_job),
+                spare=int(change.spare),
+            )
+        return new
+
+
+def no_resize_scripts(env: Mapping[str, str] | None = None) -> Runner:
+    """The runner of the supervisor's SLURM commands: ``env`` (default this process's) without
+    ``SLURM_JOBID``. After an update of a job's size (``NodeList=``, ``NumNodes=``) scontrol
+    writes ``slurm_job_N_resize.sh`` and ``.csh`` into its working directory -- the job's submit
+    directory, the user's repository -- whenever it finds ``SLURM_JOBID`` (SLURM 22.05,
+    ``scontrol/update_job.c``: ``_update_job_size``). The commands name the job themselves."""
+    base = os.environ if env is None else env
+    return SubprocessRunner({k: v for k, v in base.items() if k != "SLURM_JOBID"})
+
+
+def _short(host: str) -> str:
+    return host.split(".")[0]
