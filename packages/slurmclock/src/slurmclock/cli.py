@@ -223,6 +223,20 @@ def _supervise_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     )
     _restart_options(p)
     p.add_argument(
+        "--successor",
+        default="",
+        metavar="TEXT",
+        help="instead of scontrol requeue, submit a job with these sbatch options, script and "
+        "arguments after this one (--dependency=afterany): no requeue hold",
+    )
+    p.add_argument(
+        "--time-min",
+        type=int,
+        default=None,
+        metavar="MIN",
+        help="the successor's --time-min, raised to the measured start-up + a save + steps",
+    )
+    p.add_argument(
         "--no-retry",
         default="2",
         metavar="CODES",
@@ -301,6 +315,8 @@ def _supervise(
             step_nodes=args.step_nodes,
             tasks_per_node=args.tasks_per_node,
             relaunch_args=tuple(shlex.split(args.relaunch_args)),
+            successor=tuple(shlex.split(args.successor)),
+            successor_time_min=args.time_min,
             **extra,
         )
     except ValueError as e:
