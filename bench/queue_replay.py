@@ -250,14 +250,14 @@ def report(
     window = ended - submitted
     scale = args.scale
     allocs = _allocations(events, submitted, ended)
-    saved = [(at, int(rest.split()[0].split("=")[1])) for k, at, _, rest in events if k == "saved"]
-    steps = max((n for at, n in saved if at <= ended), default=0)
+    saved, steps = trained(events, ended, args.step / scale)
     step_real = args.step / scale
     waits = [a["wait_s"] * scale for a in allocs]
     hours = window * scale / 3600
     return {
         "policy": args.policy,
         "load": args.load,
+        "seed": args.seed,
         "scale": scale,
         "window_model_h": round(hours, 2),
         "our_first_job": our,
@@ -265,6 +265,9 @@ def report(
         "wait_per_allocation_model_s": _stats(waits),
         "granted_limits": [a["time_limit"] for a in allocs],
         "steps": steps,
+        "steps_saved": saved,
+        "submitted": submitted,
+        "ended": ended,
         "steps_per_model_hour": round(steps / hours, 1),
         "goodput": round(steps * step_real / window, 4),
         "next_first_step_after_stop_model_s": _stats(
@@ -278,6 +281,38 @@ def report(
         "other_jobs_in_model": n_jobs,
         "allocation_records": allocs,
     }
+
+
+def trained(
+    events: list[tuple[str, float, str, str]], ended: float, step_real: float
+) -> tuple[int, int]:
+    """(steps saved by ``ended``, steps trained by then): the allocation running at the end
+    counts the steps it did (it would save them at its own end), so that a run is not judged by
+    where the window happens to cut it."""
+    saved = [(at, int(rest.split()[0].split("=")[1])) for k, at, _, rest in events if k == "saved"]
+    done = max((n for at, n in saved if at <= ended), default=0)
+    first = [at for k, at, _, _ in events if k == "first_step" and at <= ended]
+    last_first = max(first, default=None)
+    if last_first is not None and not any(last_first < at <= ended for at, _ in saved):
+        return done, done + 1 + int((ended - last_first) / step_real)
+    return done, done
+
+
+def rescore(folder: Path) -> None:
+    """Recompute each run's steps from its ``state/events.log`` (after a change of the rule)."""
+    for path in sorted(folder.glob("*/result.json")):
+        r = json.loads(path.read_text())
+        events = read_events(path.parent / "state/events.log")
+        scale, step_real = r["scale"], 15.0 / r["scale"]
+        if "submitted" not in r:
+            first = r["allocation_records"][0]
+            r["submitted"] = first["start"] - first["wait_s"]
+            r["ended"] = r["submitted"] + r["window_model_h"] * 3600 / scale
+        window = r["ended"] - r["submitted"]
+        r["steps_saved"], r["steps"] = trained(events, r["ended"], step_real)
+        r["steps_per_model_hour"] = round(r["steps"] / (window * scale / 3600), 1)
+        r["goodput"] = round(r["steps"] * step_real / window, 4)
+        path.write_text(json.dumps(r, indent=2) + "\n")
 
 
 def others(records: list[dict[str, str]], t0: float, t1: float, scale: float) -> dict[str, Any]:
@@ -319,9 +354,44 @@ def _stats(values: list[float]) -> dict[str, float | int]:
     }
 
 
+def summarize(folder: Path) -> list[dict[str, Any]]:
+    """One row per ``result.json`` under ``folder`` (runs of several policies, loads and
+    seeds), and each one's steps per hour as a ratio of today's (``requeue``) on the same
+    replay (load and seed)."""
+    rows = []
+    for path in sorted(folder.glob("*/result.json")):
+        r = json.loads(path.read_text())
+        rows.append(
+            {
+                "run": path.parent.name,
+                "policy": r["policy"],
+                "load": r["load"],
+                "seed": r.get("seed"),
+                "allocations": r["allocations"],
+                "wait_mean_model_min": round(
+                    r["wait_per_allocation_model_s"].get("mean", 0) / 60, 1
+                ),
+                "steps_per_model_hour": r["steps_per_model_hour"],
+                "goodput": r["goodput"],
+                "others_wait_mean_model_min": round(
+                    r["others"]["wait_model_s"].get("mean", 0) / 60, 1
+                ),
+                "others_bounded_slowdown_mean": r["others"]["bounded_slowdown"].get("mean"),
+            }
+        )
+    base = {
+        (r["load"], r["seed"]): r["steps_per_model_hour"] for r in rows if r["policy"] == "requeue"
+    }
+    for r in rows:
+        b = base.get((r["load"], r["seed"]))
+        r["vs_requeue"] = round(r["steps_per_model_hour"] / b, 3) if b else None
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--policy", choices=POLICIES, required=True)
+    p.add_argument("--policy", choices=POLICIES)
+    p.add_argument("--summarize", type=Path, help="a folder of runs: print their table")
     p.add_argument("--load", type=float, default=0.85, help="the others' offered load (0: idle)")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--scale", type=float, default=20.0, help="model seconds per real second")
@@ -335,8 +405,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--save", type=float, default=30.0, help="model seconds")
     p.add_argument("--margin", type=float, default=30.0, help="model seconds for the exit")
     p.add_argument("--time-min-min", type=float, default=20.0, help="model minutes (--time-min)")
-    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--out", type=Path)
     args = p.parse_args(argv)
+    if args.summarize is not None:
+        rescore(args.summarize)
+        rows = summarize(args.summarize)
+        (args.summarize / "summary.json").write_text(json.dumps(rows, indent=2) + "\n")
+        keys = list(rows[0]) if rows else []
+        print("| " + " | ".join(keys) + " |")
+        print("|" + "---|" * len(keys))
+        for r in rows:
+            print("| " + " | ".join(str(r[k]) for k in keys) + " |")
+        return 0
+    if args.policy is None or args.out is None:
+        p.error("give --policy and --out (or --summarize FOLDER)")
     args.out.mkdir(parents=True, exist_ok=True)
     result = run_policy(args, args.out)
     (args.out / "result.json").write_text(json.dumps(result, indent=2) + "\n")

@@ -211,31 +211,8 @@ def _supervise_parser(sub: Any, common: argparse.ArgumentParser) -> None:
         metavar="N",
         help="no requeue once the job was restarted N times (50)",
     )
-    p.add_argument(
-        "--no-requeue",
-        action="store_true",
-        help="never requeue: an unfinished run ends with its status and says how to resume",
-    )
-    p.add_argument(
-        "--next-job-resumes",
-        action="store_true",
-        help="never requeue: the next array task or chained job resumes (an unfinished run ends 0)",
-    )
     _restart_options(p)
-    p.add_argument(
-        "--successor",
-        default="",
-        metavar="TEXT",
-        help="instead of scontrol requeue, submit a job with these sbatch options, script and "
-        "arguments after this one (--dependency=afterany): no requeue hold",
-    )
-    p.add_argument(
-        "--time-min",
-        type=int,
-        default=None,
-        metavar="MIN",
-        help="the successor's --time-min, raised to the measured start-up + a save + steps",
-    )
+    _next_job_options(p)
     p.add_argument(
         "--no-retry",
         default="2",
@@ -254,6 +231,35 @@ def _supervise_parser(sub: Any, common: argparse.ArgumentParser) -> None:
         help="do not exclude a node ddpkit reported dead/frozen from the next run",
     )
     p.add_argument("argv", nargs=argparse.REMAINDER, metavar="-- COMMAND ...")
+
+
+def _next_job_options(p: argparse.ArgumentParser) -> None:
+    """supervise's options for what resumes an unfinished run: no requeue, another job, a
+    successor job instead of a requeue (supervisor/successor)."""
+    p.add_argument(
+        "--no-requeue",
+        action="store_true",
+        help="never requeue: an unfinished run ends with its status and says how to resume",
+    )
+    p.add_argument(
+        "--next-job-resumes",
+        action="store_true",
+        help="never requeue: the next array task or chained job resumes (an unfinished run ends 0)",
+    )
+    p.add_argument(
+        "--successor",
+        default="",
+        metavar="TEXT",
+        help="instead of scontrol requeue, submit a job with these sbatch options, script and "
+        "arguments after this one (--dependency=afterany): no requeue hold",
+    )
+    p.add_argument(
+        "--time-min",
+        type=int,
+        default=None,
+        metavar="MIN",
+        help="the successor's --time-min, raised to the measured start-up + a save + steps",
+    )
 
 
 def _restart_options(p: argparse.ArgumentParser) -> None:
