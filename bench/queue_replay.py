@@ -235,7 +235,11 @@ def _allocations(
         elif kind == "stop" and allocs:
             allocs[-1]["stop"] = at
             ready = at
-    return [a for a in allocs if a["start"] <= ended]
+    allocs = [a for a in allocs if a["start"] <= ended]
+    if allocs and "stop" in allocs[-1] and allocs[-1]["stop"] < ended:
+        # Still waiting when the window ends: a wait of at least this long (not an allocation).
+        allocs.append({"job": None, "start": None, "wait_s": ended - allocs[-1]["stop"]})
+    return allocs
 
 
 def report(
@@ -261,9 +265,9 @@ def report(
         "scale": scale,
         "window_model_h": round(hours, 2),
         "our_first_job": our,
-        "allocations": len(allocs),
+        "allocations": sum(1 for a in allocs if a["start"] is not None),
         "wait_per_allocation_model_s": _stats(waits),
-        "granted_limits": [a["time_limit"] for a in allocs],
+        "granted_limits": [a["time_limit"] for a in allocs if a["start"] is not None],
         "steps": steps,
         "steps_saved": saved,
         "submitted": submitted,
@@ -310,6 +314,10 @@ def rescore(folder: Path) -> None:
             r["ended"] = r["submitted"] + r["window_model_h"] * 3600 / scale
         window = r["ended"] - r["submitted"]
         r["steps_saved"], r["steps"] = trained(events, r["ended"], step_real)
+        allocs = _allocations(events, r["submitted"], r["ended"])
+        r["allocations"] = sum(1 for a in allocs if a["start"] is not None)
+        r["wait_per_allocation_model_s"] = _stats([a["wait_s"] * scale for a in allocs])
+        r["allocation_records"] = allocs
         r["steps_per_model_hour"] = round(r["steps"] / (window * scale / 3600), 1)
         r["goodput"] = round(r["steps"] * step_real / window, 4)
         path.write_text(json.dumps(r, indent=2) + "\n")

@@ -133,6 +133,7 @@ def test_successor_starts_within_seconds_not_after_the_requeue_hold(
     script.write_text(
         "#!/bin/bash\n"
         f"export PATH={shlex.quote(str(bindir))}:$PATH\n"
+        f"export SLURMCLOCK_DIR={shlex.quote(str(tmp_path / 'timelines'))}\n"
         f"exec slurmclock supervise --name t --time-min 1 --successor {shlex.quote(succ)} -- "
         f"{shlex.quote(sys.executable)} {step} {log}\n"
     )
@@ -155,5 +156,10 @@ def test_successor_starts_within_seconds_not_after_the_requeue_hold(
     # (SLURM's times are whole seconds: +1).
     assert started - ended <= 10 + 1, (info1["EndTime"], info2["StartTime"])
     assert recs[1]["first_step"] - ended <= 10 + (recs[1]["first_step"] - started) + 1
+    # The first job's timeline names its successor (its `requeued` event).
+    first_timeline = "".join(
+        f.read_text() for f in (tmp_path / "timelines").glob(f"*{first}.jsonl")
+    )
+    assert f'"successor": "{second}"' in first_timeline, first_timeline
     # The finished chain submits nothing more.
     assert not list(c.jobs())
