@@ -94,6 +94,22 @@ def test_chain_index_reads_only_whole_numbers() -> None:
     assert chain_index({CHAIN_INDEX: "-1"}) == 0 and chain_index({CHAIN_INDEX: "x"}) == 0
 
 
+def test_timeline_points_at_the_successor(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from slurmclock.cli import main
+
+    lines = [
+        {"event": "start", "time": 1.9e9, "restart": 0},
+        {"event": "requeued", "time": 1.9e9 + 60, "restart": 0, "successor": "77"},
+    ]
+    (tmp_path / "job-41.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    assert main(["timeline", "41"], env={"SLURMCLOCK_DIR": str(tmp_path)}) == 0
+    out = capsys.readouterr().out
+    assert "successor=77" in out
+    assert "the run goes on in job 77 (its successor): slurmclock timeline 77" in out
+
+
 # -- on a real SLURM -------------------------------------------------------------------------
 
 # The step: the first job's stops early (exit 75: steps left), its successor's finishes (0).

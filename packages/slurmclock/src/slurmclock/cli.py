@@ -572,6 +572,11 @@ def _print_timeline(
     for x in exits:
         part = "" if x.exit_s is None else f" (exit {x.exit_s:.2f} s)"
         print(f"  run {x.restart}: {x.seconds:.2f} s from the final save to the end{part}")
+    # A successor job (supervise --successor) carries the run on under its own id.
+    after = [e.info["successor"] for e in events if e.name == "requeued" and "successor" in e.info]
+    if after:
+        nxt = _text(after[-1])
+        print(f"  the run goes on in job {nxt} (its successor): slurmclock timeline {nxt}")
     if timeline.unreadable:
         n, shown = len(timeline.unreadable), ", ".join(map(str, timeline.unreadable[:10]))
         more = ", ..." if n > 10 else ""
