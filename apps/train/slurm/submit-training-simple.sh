@@ -69,7 +69,16 @@ STAGE_DATASET=${STAGE_DATASET:-0} # 1 = copy --dataset to node-local $SLURM_TMPD
 MAX_RESTARTS=${MAX_RESTARTS:-50}  # stop requeueing after this many restarts (a safety net)
 MAX_FAILURES=${MAX_FAILURES:-3}   # stop after this many failures in a row at the same checkpoint
 REQUEUE=${REQUEUE:-auto}          # auto: requeue unless part of a job array / chain; 1: always;
-                                  # 0: never (an unfinished run then ends with its exit status)
+                                  # 0: never (an unfinished run then ends with its exit status);
+                                  # successor: instead of a requeue, sbatch the next job after this
+                                  # one (--dependency=afterany): no requeue hold (121 s at SLURM's
+                                  # default), see docs/guides/slurm.md
+TIME_LIMIT=${TIME_LIMIT:-}        # e.g. 4:00:00: sbatch --time for this job and every successor
+                                  # (empty: the #SBATCH line, or the running job's own limit)
+TIME_MIN=${TIME_MIN:-}            # whole minutes, e.g. 30: sbatch --time-min (backfill may start
+                                  # the job earlier with a limit down to it); needs
+                                  # REQUEUE=successor and TIME_LIMIT; raised by the supervisor to
+                                  # the measured start-up + a save + 20 steps
 MIN_NODES=${MIN_NODES:-1}         # after a node loss, go on with no fewer nodes than this
 SPARE_NODES=${SPARE_NODES:-0}     # nodes of the allocation kept idle to replace a lost one
 SLURMCLOCK_DIR=${SLURMCLOCK_DIR:-} # job timelines, on a file system all nodes see (default
@@ -82,9 +91,17 @@ log() { echo "[$(date '+%F %T')] submit-training-simple: $*"; }
 usage_error() { log "usage error: $*"; exit 2; }
 
 case $REQUEUE in
-    auto|0|1) ;;
-    *) usage_error "REQUEUE=$REQUEUE: give auto (requeue unless in an array or a chain), 1 or 0" ;;
+    auto|0|1|successor) ;;
+    *) usage_error "REQUEUE=$REQUEUE: give auto (requeue unless in an array or a chain), 1, 0 or successor" ;;
 esac
+if [ -n "$TIME_MIN" ]; then
+    [[ $TIME_MIN =~ ^[1-9][0-9]*$ ]] || usage_error "TIME_MIN=$TIME_MIN: give whole minutes >= 1 (e.g. TIME_MIN=30)"
+    # SLURM keeps the lowered limit of a requeued job for every later allocation (measured on
+    # 22.05): only a new job asks for TIME_LIMIT again.
+    [ "$REQUEUE" = successor ] || usage_error "TIME_MIN=$TIME_MIN needs REQUEUE=successor: a requeued job keeps the lowered limit for every later allocation"
+    [ -n "$TIME_LIMIT" ] || usage_error "TIME_MIN=$TIME_MIN needs TIME_LIMIT (the limit each successor asks for, e.g. TIME_LIMIT=1:00:00)"
+fi
+orig_args=("$@")
 [[ $MIN_NODES =~ ^[1-9][0-9]*$ ]] || usage_error "MIN_NODES=$MIN_NODES: give a whole number >= 1"
 [[ $SPARE_NODES =~ ^[0-9]+$ ]] || usage_error "SPARE_NODES=$SPARE_NODES: give a whole number >= 0"
 
@@ -94,6 +111,8 @@ if [ -z "${SLURM_JOB_ID:-}" ]; then
     args=()
     [ -n "$PARTITION" ] && args+=(--partition="$PARTITION")
     [ -n "$ACCOUNT" ] && args+=(--account="$ACCOUNT")
+    [ -n "$TIME_LIMIT" ] && args+=(--time="$TIME_LIMIT")
+    [ -n "$TIME_MIN" ] && args+=(--time-min="$TIME_MIN")
     if ! said=$(sbatch --test-only ${args[@]+"${args[@]}"} "$0" "$@" 2>&1); then
         log "not submitted: SLURM cannot give this job what it asks for (sbatch --test-only: $(echo "$said" | tail -1)); ask for fewer nodes (--nodes, or a range --nodes=MIN-MAX) or another partition"
         exit 1
@@ -217,6 +236,18 @@ supervise=(--name submit-training-simple --max-restarts "$MAX_RESTARTS"
            --max-failures "$MAX_FAILURES" --spare-nodes "$SPARE_NODES" "${place[@]}"
            --resume-hint "submit again with --continue (or scontrol requeue {job} while SLURM lists the job)")
 [ "$requeue" = 0 ] && supervise+=(--no-requeue)
+if [ "$REQUEUE" = successor ]; then
+    # The next job: this script (SLURM's copy: its #SBATCH lines) with the same arguments and
+    # resources, resuming; the supervisor submits it at the stop instead of a requeue.
+    next=(--job-name="${SLURM_JOB_NAME:-pyrecover}" --nodes="${SLURM_JOB_NUM_NODES:-1}")
+    [ -n "${SLURM_JOB_PARTITION:-}" ] && next+=(--partition="$SLURM_JOB_PARTITION")
+    [ -n "${SLURM_JOB_ACCOUNT:-}" ] && next+=(--account="$SLURM_JOB_ACCOUNT")
+    limit=$TIME_LIMIT
+    [ -n "$limit" ] || limit=$(squeue -h -j "$SLURM_JOB_ID" -o %l 2>/dev/null)
+    [ -n "$limit" ] && next+=(--time="$limit")
+    supervise+=(--successor "$(printf '%q ' "${next[@]}" "$0" --continue ${orig_args[@]+"${orig_args[@]}"})")
+    [ -n "$TIME_MIN" ] && supervise+=(--time-min "$TIME_MIN")
+fi
 [ "$requeue" = successor ] && supervise+=(--next-job-resumes)
 # A step started again in this allocation resumes from the newest checkpoint.
 [ "$continue_run" = 1 ] || [ "$restarts" -gt 0 ] || supervise+=(--relaunch-args "--resume-from-checkpoint latest")

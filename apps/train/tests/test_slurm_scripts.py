@@ -319,11 +319,16 @@ def test_requeue_off_in_a_plain_job_says_how_to_go_on_and_does_not_complete(fake
     ("env", "said"),
     [
         ({"REQUEUE": "banana"}, "REQUEUE=banana: give auto (requeue unless in an array or a "
-         "chain), 1 or 0"),
+         "chain), 1, 0 or successor"),
         ({"MIN_NODES": "0"}, "MIN_NODES=0: give a whole number >= 1"),
         ({"SPARE_NODES": "one"}, "SPARE_NODES=one: give a whole number >= 0"),
+        ({"TIME_MIN": "0:30", "REQUEUE": "successor", "TIME_LIMIT": "60"},
+         "TIME_MIN=0:30: give whole minutes >= 1"),
+        ({"TIME_MIN": "30", "TIME_LIMIT": "60"}, "TIME_MIN=30 needs REQUEUE=successor: a requeued "
+         "job keeps the lowered limit"),
+        ({"TIME_MIN": "30", "REQUEUE": "successor"}, "TIME_MIN=30 needs TIME_LIMIT"),
     ],
-    ids=["REQUEUE", "MIN_NODES", "SPARE_NODES"],
+    ids=["REQUEUE", "MIN_NODES", "SPARE_NODES", "TIME_MIN", "TIME_MIN-requeue", "TIME_MIN-limit"],
 )  # fmt: skip
 @pytest.mark.parametrize("job", [True, False], ids=["in-job", "submitting"])
 def test_a_bad_setting_is_one_line_and_nothing_runs(
@@ -334,6 +339,38 @@ def test_a_bad_setting_is_one_line_and_nothing_runs(
     assert r.stdout.count("\n") == 1 and f"usage error: {said}" in r.stdout
     assert srun_calls(fake) == [] and all_calls(fake) == []
     assert not (fake / "sbatch.log").exists()
+
+
+def test_successor_instead_of_requeue_keeps_script_arguments_and_time_min(fake: Path) -> None:
+    """REQUEUE=successor (issue 35): exit 75 submits the same script with the same arguments
+    after this job (afterany), with TIME_LIMIT and TIME_MIN; no scontrol requeue."""
+    r = run_script(
+        fake, SIMPLE, "--exp_name", "a b", "--lr", "0.1", FAKE_RC="75", REQUEUE="successor",
+        TIME_LIMIT="60", TIME_MIN="20", SLURM_JOB_NAME="pyrecover", SLURM_JOB_NUM_NODES="1",
+    )  # fmt: skip
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "submitted job 1000 to resume after job 4242 ends" in r.stdout
+    assert not any(c.startswith("scontrol requeue") for c in all_calls(fake))
+    argv = (fake / "sbatch.log").read_text().split("---\n")[0].splitlines()
+    assert argv[:5] == [
+        "--parsable",
+        "--dependency=afterany:4242",
+        "--kill-on-invalid-dep=yes",
+        "--export=ALL,SLURMCLOCK_CHAIN_INDEX=1",
+        "--time-min=20",
+    ]
+    assert "--time=60" in argv and "--nodes=1" in argv and "--job-name=pyrecover" in argv
+    script = argv.index(str(SIMPLE))
+    assert argv[script + 1 :] == ["--continue", "--exp_name", "a b", "--lr", "0.1"]
+
+
+def test_time_limit_and_time_min_reach_the_submission(fake: Path) -> None:
+    r = run_script(
+        fake, SIMPLE, job=False, REQUEUE="successor", TIME_LIMIT="1:00:00", TIME_MIN="30"
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    argv = (fake / "sbatch.log").read_text().split("---\n")[0].splitlines()
+    assert "--time=1:00:00" in argv and "--time-min=30" in argv
 
 
 def test_a_train_cmd_that_is_not_there_is_not_found(fake: Path) -> None:

@@ -212,17 +212,8 @@ def _supervise_parser(sub: Any, common: argparse.ArgumentParser) -> None:
         metavar="N",
         help="no requeue once the job was restarted N times (50)",
     )
-    p.add_argument(
-        "--no-requeue",
-        action="store_true",
-        help="never requeue: an unfinished run ends with its status and says how to resume",
-    )
-    p.add_argument(
-        "--next-job-resumes",
-        action="store_true",
-        help="never requeue: the next array task or chained job resumes (an unfinished run ends 0)",
-    )
     _restart_options(p)
+    _next_job_options(p)
     p.add_argument(
         "--no-retry",
         default="2",
@@ -241,6 +232,35 @@ def _supervise_parser(sub: Any, common: argparse.ArgumentParser) -> None:
         help="do not exclude a node ddpkit reported dead/frozen from the next run",
     )
     p.add_argument("argv", nargs=argparse.REMAINDER, metavar="-- COMMAND ...")
+
+
+def _next_job_options(p: argparse.ArgumentParser) -> None:
+    """supervise's options for what resumes an unfinished run: no requeue, another job, a
+    successor job instead of a requeue (supervisor/successor)."""
+    p.add_argument(
+        "--no-requeue",
+        action="store_true",
+        help="never requeue: an unfinished run ends with its status and says how to resume",
+    )
+    p.add_argument(
+        "--next-job-resumes",
+        action="store_true",
+        help="never requeue: the next array task or chained job resumes (an unfinished run ends 0)",
+    )
+    p.add_argument(
+        "--successor",
+        default="",
+        metavar="TEXT",
+        help="instead of scontrol requeue, submit a job with these sbatch options, script and "
+        "arguments after this one (--dependency=afterany): no requeue hold",
+    )
+    p.add_argument(
+        "--time-min",
+        type=int,
+        default=None,
+        metavar="MIN",
+        help="the successor's --time-min, raised to the measured start-up + a save + steps",
+    )
 
 
 def _restart_options(p: argparse.ArgumentParser) -> None:
@@ -302,6 +322,8 @@ def _supervise(
             step_nodes=args.step_nodes,
             tasks_per_node=args.tasks_per_node,
             relaunch_args=tuple(shlex.split(args.relaunch_args)),
+            successor=tuple(shlex.split(args.successor)),
+            successor_time_min=args.time_min,
             **extra,
         )
     except ValueError as e:
@@ -555,6 +577,11 @@ def _print_timeline(
     for x in exits:
         part = "" if x.exit_s is None else f" (exit {x.exit_s:.2f} s)"
         print(f"  run {x.restart}: {x.seconds:.2f} s from the final save to the end{part}")
+    # A successor job (supervise --successor) carries the run on under its own id.
+    after = [e.info["successor"] for e in events if e.name == "requeued" and "successor" in e.info]
+    if after:
+        nxt = _text(after[-1])
+        print(f"  the run goes on in job {nxt} (its successor): slurmclock timeline {nxt}")
     if timeline.unreadable:
         n, shown = len(timeline.unreadable), ", ".join(map(str, timeline.unreadable[:10]))
         more = ", ..." if n > 10 else ""

@@ -42,6 +42,9 @@ class SuperviseConfig:
     allocation's, less the spares); ``tasks_per_node`` (None: the job's). ``relaunch_args``:
     appended to the command when it starts again in the allocation (``--resume-from-checkpoint
     latest``). ``probe_timeout``: seconds a reported node has to answer a no-op step.
+    ``successor``: sbatch options, script and arguments of the next job: instead of ``scontrol
+    requeue`` a successor (:mod:`.successor`) is submitted, asking for ``successor_time_min``
+    minutes at least (raised to the measured floor).
     """
 
     max_failures: int = 3
@@ -62,6 +65,8 @@ class SuperviseConfig:
     relaunch_args: tuple[str, ...] = ()
     probe_timeout: float = 10.0
     store_pause: tuple[float, float] = (5.0, 300.0)
+    successor: tuple[str, ...] = ()
+    successor_time_min: int | None = None
 
     def __post_init__(self) -> None:
         for key, low in (("max_failures", 1), ("max_restarts", 0), ("spare_nodes", 0)):
@@ -88,6 +93,8 @@ class SuperviseConfig:
             value = getattr(self, key)
             if not (isinstance(value, (int, float)) and 0 < value < float("inf")):
                 raise ValueError(f"{key} must be > 0 seconds, got {value!r}")
+        if self.successor_time_min is not None:
+            _whole("successor_time_min", self.successor_time_min, 1)
         if self.step_nodes is not None and self.step_nodes < self.min_nodes:
             raise ValueError(
                 f"step_nodes {self.step_nodes} is fewer than min_nodes {self.min_nodes}: give "

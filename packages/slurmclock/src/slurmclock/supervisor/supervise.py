@@ -119,6 +119,7 @@ from slurmclock.supervisor.lostnodes import NodeKeeper, RequeuePlan
 from slurmclock.supervisor.nodestates import NodeStates, no_resize_scripts
 from slurmclock.supervisor.placement import Placement, place, training_nodes
 from slurmclock.supervisor.sentinel import SentinelStep, batch_node_lost
+from slurmclock.supervisor.successor import submit_successor, time_min_floor
 from slurmclock.supervisor.verdict import (
     NO_ROOM,
     Room,
@@ -727,7 +728,7 @@ class Supervisor:
             return False, plan.give_up
         with _sigterm_ignored():  # SLURM signals every process of the job once it accepts
             ok = self._requeue()
-            if ok and plan is not None:
+            if ok and plan is not None and not self.config.successor:
                 self.nodes.apply(plan, self._tasks_per_node())
         return ok, None
 
@@ -746,6 +747,8 @@ class Supervisor:
         )
 
     def _requeue(self) -> bool:
+        if self.config.successor:
+            return self._hand_over()
         result = requeue(
             env=self.env,
             scheduler=self.scheduler,
@@ -762,6 +765,25 @@ class Supervisor:
             return True
         self.log(f"{result.message}; requeue failed: {self.config.resume_hint}")
         return False
+
+    def _hand_over(self) -> bool:
+        """A successor job instead of a requeue (``--successor``; :mod:`.successor`)."""
+        c, job = self.config, self.job or ""
+        floor = time_min_floor(restart_cost(self.timeline.events()), guess=c.startup_guess)
+        result = submit_successor(
+            job,
+            c.successor,
+            env=self.env,
+            max_chain=c.max_restarts,
+            time_min=c.successor_time_min,
+            floor=floor,
+            runner=getattr(self.scheduler, "runner", None),
+            timeout=c.command_timeout,
+        )
+        self.log(result.message if result.ok else f"{result.message}: {c.resume_hint}")
+        if result.ok:
+            self.timeline.mark("requeued", successor=result.job_id)
+        return result.ok
 
 
 @contextmanager

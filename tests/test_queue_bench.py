@@ -1,0 +1,75 @@
+"""bench/queue_replay.py's logic without a cluster: the Lublin-Feitelson workload it replays
+and how it scores a run from the job's events (the replay itself needs SLURM and ~15 minutes:
+not in CI)."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[1] / "bench"
+
+
+def _load(name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def workload() -> ModuleType:
+    return _load("queue_workload")
+
+
+@pytest.fixture(scope="module")
+def replay(workload: ModuleType) -> ModuleType:
+    sys.path.insert(0, str(BENCH))
+    try:
+        return _load("queue_replay")
+    finally:
+        sys.path.remove(str(BENCH))
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_workload_is_seeded_sized_and_offers_the_load(workload: ModuleType, seed: int) -> None:
+    kw = {"seed": seed, "cluster": 16, "span_s": 18000.0, "load": 1.2, "max_runtime_s": 14400.0}
+    jobs = workload.lublin_jobs(**kw)
+    assert jobs == workload.lublin_jobs(**kw)
+    assert all(1 <= j.size <= 16 and 1 <= j.runtime <= 14400 for j in jobs)
+    assert all(j.limit_min * 60 >= j.runtime for j in jobs)  # users ask for at least the runtime
+    assert [j.arrival for j in jobs] == sorted(j.arrival for j in jobs)
+    assert jobs[-1].arrival == pytest.approx(18000.0)
+    offered = sum(j.size * j.runtime for j in jobs) / (16 * 18000.0)
+    assert 1.2 <= offered < 1.2 + max(j.size * j.runtime for j in jobs) / (16 * 18000.0) + 1e-9
+
+
+def test_the_running_allocation_counts_its_steps_and_a_wait_under_way_counts(
+    replay: ModuleType,
+) -> None:
+    ev = [
+        ("alloc", 100.0, "1", "StartTime=x"),
+        ("first_step", 103.0, "1", ""),
+        ("saved", 200.0, "1", "steps=97 here=97"),
+        ("stop", 200.5, "1", "requeue"),
+        ("alloc", 210.0, "1", "StartTime=x"),
+        ("first_step", 213.0, "1", ""),
+    ]
+    assert replay.trained(ev, 250.0, 1.0) == (97, 97 + 1 + 37)
+    assert replay.trained(ev[:4], 250.0, 1.0) == (97, 97)
+    allocs = replay._allocations(ev[:4], 90.0, 250.0)
+    assert [a["start"] for a in allocs] == [100.0, None]
+    assert allocs[-1]["wait_s"] == pytest.approx(49.5)  # pending at the end: at least this
+
+
+def test_the_scaled_slurm_conf_keeps_slurm_defaults_in_model_time(replay: ModuleType) -> None:
+    conf = replay.slurm_conf(20.0)
+    assert conf["AuthInfo"] == "cred_expire=5"  # 121 s hold / 20 = 6 s = cred_expire 5 + 1
+    assert "bf_interval=2" in conf["SchedulerParameters"]  # 30 s / 20, rounded
+    assert conf["PriorityType"] == "priority/multifactor"
