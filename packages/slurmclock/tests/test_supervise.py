@@ -319,7 +319,8 @@ def test_finished(tmp_path: Path) -> None:
 
 def test_a_crash_is_requeued_and_the_fault_file_read(tmp_path: Path) -> None:
     """Without restarts in the allocation: the requeue, with the lost node excluded."""
-    job = Job(show=SHOW["limit"], sinfo="n1 idle\nn2 idle\nn3 mix\n")
+    two_nodes = SHOW["limit"].replace("NodeList=n1 NumNodes=1", "NodeList=n1,n2 NumNodes=2")
+    job = Job(show=two_nodes, sinfo="n1 idle\nn2 idle\nn3 mix\n")
     # n2 is one of the job's nodes: a record naming a node outside the job is ignored
     sup = supervisor(tmp_path, job, nodelist="n1,n2", restart_here=False)
     report = {"time": 4e9, "rank": 1, "host": "n2", "what": "dead", "reporter": 0}

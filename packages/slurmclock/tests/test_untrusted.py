@@ -392,7 +392,7 @@ def test_a_budget_state_file_round_trips(tmp_path: Path) -> None:
 
 LIMIT_VIEW = (
     "JobId=2 JobState=COMPLETING Reason=TimeLimit Dependency=(null) Requeue=1 Restarts=0 "
-    "BatchFlag=1 EndTime=2026-11-25T18:24:58 Partition=debug NodeList=n[1-2] NumNodes=2"
+    "BatchFlag=1 EndTime=2026-11-25T18:24:58 Partition=debug NodeList=n1,n2 NumNodes=2"
 )
 
 
