@@ -25,7 +25,6 @@ import json
 import os
 import re
 import shutil
-import tempfile
 from pathlib import Path
 
 import nox
@@ -217,20 +216,25 @@ def types(session: nox.Session) -> None:
 
 # Versions pinned in constraints.txt. No package is installed: mkdocstrings reads the sources
 # (mkdocs.yml's paths), so the site builds without torch.
-DOCS_TOOLS = ("mkdocs", "mkdocs-material", "mkdocstrings[python]")
+# ruff: mkdocstrings formats the API pages' signatures with it
+DOCS_TOOLS = ("mkdocs", "mkdocs-material", "mkdocstrings[python]", "ruff")
 
 
 @nox.session
 def docs(session: nox.Session) -> None:
-    """The documentation site (mkdocs.yml), built with --strict: a link, page or API reference
-    that does not resolve fails the session. Built into a temporary folder that is removed."""
+    """The documentation site (mkdocs.yml), built with --strict into ``site/`` (gitignored; open
+    ``site/index.html``): a link, page or API reference that does not resolve fails the session.
+    ``nox -s docs -- serve`` serves it on http://127.0.0.1:8000 instead (search works there, and
+    a page rebuilds as it is saved)."""
     _install(session, *DOCS_TOOLS)
-    site = tempfile.mkdtemp(prefix="pyrecover-docs-")
-    try:
-        env = {"NO_MKDOCS_2_WARNING": "1"}  # material's banner about MkDocs 2.0, not ours
-        session.run("mkdocs", "build", "--strict", "--site-dir", site, env=env)
-    finally:
-        shutil.rmtree(site, ignore_errors=True)
+    env = {"NO_MKDOCS_2_WARNING": "1"}  # material's banner about MkDocs 2.0, not ours
+    if session.posargs[:1] == ["serve"]:
+        address = ("--dev-addr", "127.0.0.1:8000")  # this machine only, never the network
+        session.run("mkdocs", "serve", "--strict", *address, *session.posargs[1:], env=env)
+        return
+    site = ROOT / "site"
+    session.run("mkdocs", "build", "--strict", "--clean", "--site-dir", str(site), env=env)
+    session.log(f"the site: {site / 'index.html'} (or nox -s docs -- serve)")
 
 
 # Packages whose install declares torch (directly or through an extra the session asks for).

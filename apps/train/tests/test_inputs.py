@@ -139,8 +139,8 @@ def test_a_resume_with_other_schedule_flags_says_what_changes(
     said = (
         "resume with --batch-size 4 -> 8: tokens per step 128 -> 256 (x2);",
         "the data goes on from the checkpoint's global position, 8 windows per step",
-        "resume with --training-steps 4 -> 6: the LR schedule now",
-        "decays to --min-lr 0.0003 at step 6 (was step 4); at the resumed step 4",
+        "resume with --training-steps 4 -> 6: extends a finished run (step 4 of 4): the cosine",
+        "decay is stretched to end at step 6, so the learning rate goes from 0.0003 (where it",
         "resume with --model-dtype fp32 -> bf16: weights and optimizer state stay fp32",
     )
     ckpt = tmp_path / "ckpt"

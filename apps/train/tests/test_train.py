@@ -268,12 +268,9 @@ def test_dry_run(
     assert main([*flags(corpus, cache_dir, ckpt), "--dry-run"]) == 0
     out = capsys.readouterr().out
     assert "dry run OK: 1 step" in out and "verified, read back equal" in out
-    # Nothing but the metrics/log folder stays: no checkpoint, no scratch experiment.
-    assert sorted(p.name for p in ckpt.iterdir()) == ["default-exp"]
-    assert sorted(p.name for p in (ckpt / "default-exp").iterdir()) == [
-        "metrics.jsonl",
-        "train.log",
-    ]
+    # Nothing stays: no checkpoint, no scratch experiment, no metrics or log (the console has
+    # its lines).
+    assert not (ckpt / "default-exp").exists() and not list(ckpt.glob("*dry-run*"))
     store = ckptstore.CheckpointStore(str(ckpt), experiment="default-exp")
     assert store.latest_step() is None
     store.close()
@@ -643,7 +640,7 @@ def test_distributed_dry_run(sharding: str, corpus: Path, cache_dir: Path, tmp_p
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "dry run OK: 1 step" in r.stdout
     assert "could not remove" not in r.stdout + r.stderr
-    assert sorted(p.name for p in ckpt.iterdir()) == ["default-exp"]
+    assert not ckpt.exists() or list(ckpt.iterdir()) == []  # nothing stays, no metrics either
 
 
 def test_a_file_where_a_folder_goes_is_one_line_exit_2(

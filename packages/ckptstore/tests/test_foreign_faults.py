@@ -255,14 +255,15 @@ def test_importing_below_the_latest_step_is_refused_unless_asked(
     with CheckpointStore(str(exp)) as store:
         store.save(50, {"w": torch.ones(2)})
     torch.save({"model": {"w": torch.zeros(2)}, "step": 5}, tmp_path / "s5.pt")
-    code, _, err = run_cli(capsys, "import", str(tmp_path / "s5.pt"), str(exp))
+    code, _, err = run_cli(capsys, "import", str(tmp_path / "s5.pt"), str(exp), "--into-run")
     line = one_line(err)
-    assert code == 1 and "is at step 50: step 5 would become its latest checkpoint" in line
+    assert code == 2 and "is at step 50: step 5 would become its latest checkpoint" in line
     assert "a resume would go back 45 steps" in line and "--rewind" in line
     with CheckpointStore(str(exp)) as store:
         assert store.steps() == [50] and store.latest_step() == 50
-    assert run_cli(capsys, "import", str(tmp_path / "s5.pt"), str(exp), "--rewind")[0] == 0
-    assert run_cli(capsys, "import", str(tmp_path / "s5.pt"), str(exp), "--step", "60")[0] == 0
+    into = ["import", str(tmp_path / "s5.pt"), str(exp), "--into-run"]
+    assert run_cli(capsys, *into, "--rewind")[0] == 0
+    assert run_cli(capsys, *into, "--step", "60")[0] == 0
     with CheckpointStore(str(exp)) as store:
         assert store.steps() == [5, 50, 60] and store.latest_step() == 60
 
@@ -278,7 +279,8 @@ def test_prune_says_why_each_checkpoint_stays_and_its_dry_run_lists_them(
         for step in (10, 20, 30, 40):
             store.save(step, {"w": torch.ones(2)})
     torch.save({"model": {"w": torch.zeros(2)}, "step": 5}, tmp_path / "s5.pt")
-    assert run_cli(capsys, "import", str(tmp_path / "s5.pt"), str(exp), "--rewind")[0] == 0
+    argv = ["import", str(tmp_path / "s5.pt"), str(exp), "--rewind", "--into-run"]
+    assert run_cli(capsys, *argv)[0] == 0
     for dry in (True, False):
         code, out, _ = run_cli(capsys, "prune", str(exp), "--keep-last", "1", *["--dry-run"] * dry)
         lines = out.strip().splitlines()

@@ -252,7 +252,7 @@ def test_an_existing_step_is_not_replaced_unless_asked(tmp_path: Path, capsys: A
     code, _, err = run_cli(
         capsys, "import", str(tmp_path / "w.pt"), str(tmp_path / "c"), "--step", "3"
     )
-    assert code == 1 and "--overwrite" in one_line(err)
+    assert code == 2 and "--overwrite" in one_line(err)
     argv = ["import", str(tmp_path / "w.pt"), str(tmp_path / "c"), "--step", "3", "--overwrite"]
     assert run_cli(capsys, *argv)[0] == 0
 

@@ -45,7 +45,9 @@ class Console:
     def open(self, *, flops_per_token: float, peak: float | None) -> None:
         cfg = self.cfg
         self._flops_per_token, self._peak = flops_per_token, peak
-        if self.rank == 0:
+        # A dry run leaves nothing in the experiment (it may hold a run's checkpoints, metrics
+        # and log): its lines go to the console only.
+        if self.rank == 0 and not cfg.dry_run:
             logs.add_file(cfg.exp_dir / "train.log")  # first: the lines below may go there
             self.metrics = MetricsLog(cfg.metrics_path, say=logs.say_warning)
             if cfg.log_loss_to_csv:
@@ -125,8 +127,14 @@ class Console:
             cfg.tokenizer,
         )
         log.info("  checkpoints: %s (%s, %s)", cfg.experiment_url, cfg.format, saves)
-        log.info("  metrics:     %s", cfg.metrics_path)
-        log.info("  log:         %s", cfg.exp_dir / "train.log")
+        if cfg.dry_run:
+            log.info(
+                "  dry run:     one save to a scratch experiment beside it, then removed; "
+                "no metrics or log written (this console only)"
+            )
+        else:
+            log.info("  metrics:     %s", cfg.metrics_path)
+            log.info("  log:         %s", cfg.exp_dir / "train.log")
         left = budget.seconds_left()
         if left is not None:
             log.info("  time left:   %s (%s)", fmt_duration(left), budget.deadline())
@@ -247,9 +255,12 @@ class Console:
                 exit_code,
                 cfg.training_steps - step,
             )
-        log.info("  checkpoints: %s", cfg.experiment_url)
-        log.info("  resume:      pyrecover-train --resume-from-checkpoint latest [same flags]")
-        log.info("  plot:        pyrecover-train report %s", cfg.exp_dir)
+        if cfg.dry_run:  # nothing of it stayed: no resume, no report
+            log.info("  checkpoints: %s (untouched)", cfg.experiment_url)
+        else:
+            log.info("  checkpoints: %s", cfg.experiment_url)
+            log.info("  resume:      pyrecover-train --resume-from-checkpoint latest [same flags]")
+            log.info("  plot:        pyrecover-train report %s", cfg.exp_dir)
         for file in (self.metrics.file, self._csv):
             if file is not None and file.failure is not None:  # said when it began; again here
                 log.warning(

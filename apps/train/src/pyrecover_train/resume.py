@@ -59,7 +59,7 @@ def plan(
     else:
         latest = _latest_step(cfg, store)
         if target is None:
-            if latest is not None:
+            if latest is not None and not cfg.dry_run:  # a dry run saves to a scratch folder
                 raise UsageError(
                     f"{_where_latest(cfg, store)} already holds checkpoints (latest step "
                     f"{latest}): pass --resume-from-checkpoint latest to continue, or pick "
@@ -70,9 +70,51 @@ def plan(
             log.info("--resume-from-checkpoint latest: no checkpoint yet, starting at step 0")
             return Start()
         which = "latest"
+        _explain_pointer(store)
     meta = _peek(store, which)
+    _check_not_imported(store, which, meta)
     _check_compatible(meta, model_cfg, tokenizer)
     return Start(which=which, metadata=meta)
+
+
+def _explain_pointer(store: ckptstore.CheckpointStore) -> None:
+    """One line when `latest` names a step folder that is gone (removed by hand): ckptstore
+    falls back to the newest committed checkpoint; say which, and that the next save mends it."""
+    try:
+        scan = store.scan()
+    except Exception:  # only for the message: the load says what is wrong
+        return
+    known = {*scan.checkpoints, *scan.broken, *scan.incomplete, *scan.newer}
+    if scan.pointer_problem and scan.pointer not in known and scan.head is not None:
+        log.info(
+            "%s/latest names step %s, whose folder is gone: resuming from step %d, the newest "
+            "committed checkpoint (this run's next save rewrites latest)",
+            scan.url.rstrip("/"),
+            scan.pointer,
+            scan.head,
+        )
+
+
+def _check_not_imported(
+    store: ckptstore.CheckpointStore, which: int | str, meta: dict[str, Any]
+) -> None:
+    """A checkpoint `ckptstore import` wrote (weights, perhaps an optimizer) is no checkpoint
+    of a run: a resume from it would miss the run's state. Say how to start from it instead."""
+    source = meta.get("imported_from")
+    if source is None or "args" in meta:  # the app's own import-checkpoint records its args
+        return
+    took = meta.get("took")
+    holds = ", ".join(map(str, took)) if isinstance(took, dict) and took else "another tool's state"
+    run = [s for s, m in store.scan().checkpoints.items() if "imported_from" not in m.metadata]
+    own = f", or resume the run from its own newest step: --resume-from-checkpoint {max(run)}"
+    own = own if run else ""
+    raise UsageError(
+        f"--resume-from-checkpoint {which}: that checkpoint was imported with `ckptstore import` "
+        f"from {str(source)[:200]!r} and holds {holds} only, not the optimizer, LR schedule, data "
+        "position and RNG states a resume loads: start a new run from its weights with "
+        f"`pyrecover-train --resume-from-checkpoint {str(source)[:200]} --experiment-name NEW` "
+        f"(the rest starts fresh){own} (nothing was changed)"
+    )
 
 
 def _check_foreign(
@@ -203,6 +245,8 @@ class Resume:
             manifest = self.store.load(template, which)
         except ckptstore.StoreUnreachableError:
             raise  # not a usage error: exit 74, the start is retried once the store is back
+        except ckptstore.IncompatibleCheckpointError as e:
+            raise UsageError(_incompatible(e, which, self.store.url)) from None
         except ckptstore.CheckpointError as e:
             raise UsageError(f"--resume-from-checkpoint: {first_line(e)}") from None
         self.state.step = int(template["step"])
@@ -233,6 +277,24 @@ class Resume:
             seed,
             self.state.loader.position,
         )
+
+
+def _incompatible(e: Exception, which: int | str, url: str) -> str:
+    """ckptstore's "has no [...]; pass strict=False" is for its Python callers; on the command
+    line, say what is missing and the commands that start a run from the weights it has."""
+    line = first_line(e)
+    if "pass strict=False" not in line:
+        return f"--resume-from-checkpoint: {line}"
+    missing = line.split("; pass strict=False", 1)[0]
+    named = isinstance(which, str) and which != "latest"  # a checkpoint folder
+    export = f"{which}" if named else f"{url} --step {which}"
+    return (
+        f"--resume-from-checkpoint: {missing}: not a checkpoint of this trainer's run, so it "
+        f"cannot be resumed; start a new run from its weights: `ckptstore export {export} "
+        "--key model --out weights.safetensors`, then `pyrecover-train "
+        "--resume-from-checkpoint weights.safetensors --experiment-name NEW` (the optimizer, "
+        "data position and RNGs start fresh)"
+    )
 
 
 def _resolve(target: ckptstore.StepSpec) -> int | str:
@@ -325,13 +387,33 @@ def _lr_change(old: dict[str, Any], cfg: TrainConfig, step: int) -> list[str]:
         total=cfg.training_steps,
         min_ratio=cfg.effective_min_lr / cfg.learning_rate,
     )
+    now, was = cfg.learning_rate * after(step), lr * before(step)
+    end = old.get("training_steps")
+    if isinstance(end, int) and step >= end and cfg.training_steps > step:
+        return [_extended(what, step, end, cfg, now=now, was=was)]
+    rate = (
+        f"{now:.3g} instead of {was:.3g}"
+        if f"{now:.3g}" != f"{was:.3g}"
+        else f"{now:.3g} as before"
+    )
     return [
         f"resume with {what}: the LR schedule now warms up for {cfg.warmup_steps} steps and "
         f"decays to --min-lr {cfg.effective_min_lr:g} at step {cfg.training_steps} (was step "
         f"{old.get('training_steps', '?')}); at the resumed step {step} the learning rate is "
-        f"{cfg.learning_rate * after(step):.3g} instead of {lr * before(step):.3g}, and "
-        f"{max(cfg.training_steps - step, 0)} steps are left"
+        f"{rate}, and {max(cfg.training_steps - step, 0)} steps are left"
     ]
+
+
+def _extended(what: str, step: int, end: int, cfg: TrainConfig, *, now: float, was: float) -> str:
+    """A finished run trained further: its cosine decay is stretched to the new end, so the
+    learning rate jumps from where it ended (a new decay); say so, and the way out."""
+    return (
+        f"resume with {what}: extends a finished run (step {step} of {end}): the cosine decay "
+        f"is stretched to end at step {cfg.training_steps}, so the learning rate goes from "
+        f"{was:.3g} (where it ended) to {now:.3g} at step {step} and decays to --min-lr "
+        f"{cfg.effective_min_lr:g} again; to go on at {was:.3g} instead, pass --learning-rate "
+        f"{was:.3g} --min-lr {was:.3g}"
+    )
 
 
 def _dtype(old: dict[str, Any], cfg: TrainConfig) -> list[str]:

@@ -111,6 +111,12 @@ def _import_command(sub: Any) -> None:
         "back to it)",
     )
     sp.add_argument(
+        "--into-run",
+        action="store_true",
+        help="import into an experiment that holds a run's checkpoints (the import becomes its "
+        "newest: the run's next resume loads it)",
+    )
+    sp.add_argument(
         "--storage-options", type=_json_dict, default=None, help="fsspec options of URL"
     )
     sp.add_argument(
@@ -244,7 +250,29 @@ def cmd_list(args: argparse.Namespace) -> int:
     (_list_json if args.json else _list_table)(scan)
     for line in scan.problems():
         print(f"ckptstore: cannot be trusted: {line}", file=sys.stderr)
+    _explain_pointer(scan, args.url)
     return 1 if scan.problems() else 0
+
+
+def _dangling(scan: Any) -> bool:
+    """`latest` names a step folder that is gone (removed by hand, say), and a committed
+    checkpoint is left for "latest" to fall back to: harmless, and repairable."""
+    gone = scan.pointer not in {*scan.checkpoints, *scan.broken, *scan.incomplete, *scan.newer}
+    return (
+        bool(scan.pointer_problem) and scan.pointer is not None and gone and scan.head is not None
+    )
+
+
+def _explain_pointer(scan: Any, url: str) -> None:
+    """One line on stderr when `latest` dangles: what "latest" means meanwhile, how to mend it."""
+    if _dangling(scan):
+        print(
+            f"ckptstore: note: latest names step {scan.pointer}, whose folder is gone: every "
+            f'load and resume of "latest" takes step {scan.head}, the newest committed '
+            f"checkpoint; `ckptstore prune {url} --keep-last K` (or the next save) rewrites the "
+            "pointer",
+            file=sys.stderr,
+        )
 
 
 def _list_json(scan: Any) -> None:
@@ -319,11 +347,15 @@ def cmd_verify(args: argparse.Namespace) -> int:
         print(f"INCOMPLETE step {s}: no manifest.json: an interrupted save, not a checkpoint")
     if scan.pointer_problem:
         print(f"BAD {scan.pointer_problem}")
+    _explain_pointer(scan, args.url)
     return 1 if bad or scan.pointer_problem else 0
 
 
 def _verify_one(store: Any, step: int | str, as_json: bool) -> int:
-    return _report(_or_nothing(store, step, store.verify), as_json)
+    code = _report(_or_nothing(store, step, store.verify), as_json)
+    if step == "latest":
+        _explain_pointer(store.scan(), store.url)
+    return code
 
 
 def _report(report: Any, as_json: bool) -> int:
@@ -341,7 +373,10 @@ def _report(report: Any, as_json: bool) -> int:
 # -- inspect, prune, export ------------------------------------------------------------------
 def cmd_inspect(args: argparse.Namespace) -> int:
     store, url_step = _open(args)
-    info = _or_nothing(store, _step(args, url_step), store.inspect)
+    step = _step(args, url_step)
+    info = _or_nothing(store, step, store.inspect)
+    if step == "latest":
+        _explain_pointer(store.scan(), args.url)
     if args.json:
         sys.stdout.write(orjson.dumps(info, option=orjson.OPT_INDENT_2).decode() + "\n")
         return 0
@@ -370,6 +405,7 @@ def cmd_prune(args: argparse.Namespace) -> int:
         if not store.scan().checkpoints:
             raise _nothing(store)
         done = store.pruning(dry_run=args.dry_run)
+        _repair_pointer(store, dry_run=args.dry_run)
     verb, keep = ("would delete", "would keep") if args.dry_run else ("deleted", "kept")
     listed = f": steps {', '.join(map(str, done.deleted))}" if done.deleted else ""
     print(f"{verb} {len(done.deleted)} checkpoint(s){listed}")
@@ -377,6 +413,25 @@ def cmd_prune(args: argparse.Namespace) -> int:
     for step, why in done.kept.items():
         print(f"  step {step}: {why}")
     return 0
+
+
+def _repair_pointer(store: Any, *, dry_run: bool) -> None:
+    """A `latest` whose step folder is gone names the newest committed checkpoint again (what
+    "latest" meant meanwhile). Prune is a writer: it holds the experiment's lock here."""
+    scan = store.scan()
+    if not _dangling(scan):
+        return
+    if dry_run:
+        print(
+            f"would rewrite latest (it names step {scan.pointer}, whose folder is gone) to "
+            f"step {scan.head}, the newest committed checkpoint"
+        )
+        return
+    store.primary.write_pointer(scan.head)
+    print(
+        f"rewrote latest: it named step {scan.pointer}, whose folder is gone; it names step "
+        f"{scan.head} now, the newest committed checkpoint"
+    )
 
 
 def cmd_export(args: argparse.Namespace) -> int:
@@ -426,6 +481,7 @@ def cmd_import(args: argparse.Namespace) -> int:
         source_storage_options=args.source_storage_options,
         overwrite=args.overwrite,
         rewind=args.rewind,
+        into_run=args.into_run,
     )
     if args.json:
         f = report.foreign

@@ -44,7 +44,7 @@ class ExportReport:
         how = (
             "torch.load(path, weights_only=True)"
             if self.format == "torch"
-            else "safetensors.torch.load_file(path)"
+            else "safetensors.torch.load_file(path), after pip install safetensors"
         )
         return (
             f"exported {', '.join(self.keys)} of step {self.step} to {self.path} "

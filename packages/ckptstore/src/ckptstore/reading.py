@@ -182,7 +182,8 @@ class Reader:
         if missing and request.strict:
             raise IncompatibleCheckpointError(
                 f"{manifest.url} has no {missing} (it has {sorted(tree)}); pass strict=False to "
-                "load the rest"
+                "load the rest (on the command line: `ckptstore export URL --step N --key KEY "
+                "--out FILE` writes the entries it has, for a tool that starts from them)"
             )
         if missing:
             warn(f"ckptstore: {manifest.url} has no {missing}; left unchanged (strict=False)")

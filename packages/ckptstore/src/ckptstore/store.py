@@ -96,6 +96,31 @@ class CheckpointStore:
     group) and calls ``save``/``load``; rank 0 commits, lists, prunes and mirrors, and holds
     the experiment's one-writer lock from its first save (or ``acquire()``) until ``close()``.
     ``url`` may also be a ``Storage`` object (e.g. a wrapper around ``open_storage(url)``).
+
+    Args:
+        url: Where the checkpoints go: a local folder or an fsspec URL (``s3://bucket/run``),
+            or a ``Storage`` object.
+        format: The checkpoint format, by its registered name: ``"torch"`` (default: one
+            safetensors file), ``"dcp"`` (sharded) or a plugin's (``available_formats()``).
+        keep_last: Keep the newest K checkpoints (None: keep all); the newest verified one is
+            never deleted.
+        keep_every: Also keep every checkpoint whose step is a multiple of N (milestones).
+        keep_best: Also keep the K best by ``metadata[best_metric]``.
+        best_metric: The metadata key ``keep_best`` ranks by.
+        best_mode: ``"min"`` or ``"max"``: which end of ``best_metric`` is best.
+        mirror: A second location (folder, URL or ``Storage``) each committed checkpoint is
+            copied to in the background, read back and CRC-checked on the way.
+        storage_options: fsspec options of ``url`` (e.g. ``{"endpoint_url": ...}``).
+        mirror_storage_options: fsspec options of ``mirror``.
+        experiment: A sub-folder of ``url`` (and of ``mirror``) that holds this run.
+        io: How hard to push the disk: threads, piece size, O_DIRECT (``IOOptions``).
+        distributed: None: use ``torch.distributed`` when it is initialized; False: this
+            process alone; True: require it.
+        lock: Take the experiment's one-writer lock at the first save (False: no lock, for
+            a reader that never saves).
+        lease_s: Seconds the writer lock lasts without a renewal (renewed every quarter).
+        clock: Monotonic seconds, for durations (tests inject a fake).
+        wall_clock: Epoch seconds, for commit times and the lock.
     """
 
     def __init__(

@@ -189,6 +189,26 @@ def init(
     turning true (e.g. the caller's own stop flag, polled ten times a second), raising
     :class:`InitInterrupted`.
     All configuration errors raise :class:`DistConfigError` before any network wait.
+
+    Args:
+        backend: ``"auto"`` (NCCL on CUDA, else gloo), ``"gloo"``, ``"nccl"``, ``"mpi"``,
+            ``"ucc"`` or a per-device string (``"cpu:gloo,cuda:nccl"``).
+        timeout: Bounds every collective (seconds or timedelta; default
+            ``PYRECOVER_DIST_TIMEOUT`` or 180 s).
+        distributed: None: a process group only when world size > 1; True: demand a
+            launcher; False: refuse a multi-process launch.
+        device: The device (default: ``cuda:LOCAL_RANK`` when CUDA is there, else CPU).
+        env: Replaces ``os.environ`` for detection.
+        rendezvous_timeout: Bounds the wait for every rank to start (default: ``timeout``,
+            at least 300 s).
+        heartbeat: Let a failed collective name the rank that stopped answering.
+        watchdog: End every rank with exit 69 when one dies or freezes (a
+            :class:`WatchdogOptions` tunes it; default on unless ``DDPKIT_WATCHDOG=0``).
+        abort: Polled ten times a second during the rendezvous; True ends the wait.
+        stop_signals: Signals that end the rendezvous wait (default SIGTERM, SIGINT).
+
+    Returns:
+        The job's :class:`Dist`: rank, world size, device, the group.
     """
     opts = InitOptions(
         backend=backend,

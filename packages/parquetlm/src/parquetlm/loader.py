@@ -116,6 +116,22 @@ class PackedLoader:
     ``dtype``: of the batches, int64 by default (what ``torch.nn.Embedding`` takes); None keeps
     the cache's uint16/uint32. Iterating yields forever (epochs roll over); :meth:`take` yields a
     given number of steps; :meth:`eval_batches` walks the split once without touching the state.
+
+    Args:
+        cache: The tokens: a :class:`TokenSource` (a token cache) or a 1-D numpy array.
+        seq_len: Tokens per window (a batch row holds ``seq_len + 1``: inputs and targets).
+        batch_size: Rows per batch on this rank.
+        seed: Seeds the order of the windows in each epoch.
+        rank: This rank; it takes slice ``rank`` of each global batch of ``world_size *
+            batch_size`` windows.
+        world_size: How many ranks share the data.
+        split: ``"train"`` or ``"val"``.
+        val_fraction: The share of windows held out as ``"val"``.
+        split_seed: Seeds which windows are held out (the same on every rank and run).
+        shuffle: Permute the windows each epoch (False: in order).
+        drop_last: :meth:`eval_batches` skips the split's last incomplete global batch.
+        dtype: Of the batches (default int64); None keeps the cache's uint16/uint32.
+        key: Identifies the token source in the loader's state (default: from the cache).
     """
 
     def __init__(

@@ -499,6 +499,32 @@ class TimeBudget:
     (default: ``clock`` when given, else ``time.monotonic``). The other keywords are
     :class:`BudgetConfig` fields; every number is checked (finite, >= 0) with a one-line
     ValueError.
+
+    Args:
+        deadline: A :class:`DeadlineWatcher`, a fixed :class:`Deadline`, or None (no
+            deadline).
+        margin: Fixed seconds kept free before the deadline instead of the measured terms
+            (None: measured).
+        initial_step_estimate: Seconds of a step until steps are measured.
+        initial_save_estimate: Seconds of a save until a save is measured.
+        initial_exit_estimate: Seconds from the final save to the process's exit and requeue
+            until measured (None: the built-in guess).
+        slack: Seconds of slack added to every stop decision.
+        warmup_steps: The first steps, not measured (compilation, caches).
+        step_window: How many recent steps the step estimate looks at.
+        step_quantile: The quantile of those steps taken as "the next step".
+        save_window: How many recent saves the save estimate looks at.
+        save_quantile: The tail quantile of the save time that is planned for.
+        exit_window: How many earlier allocations' exit times are kept.
+        signal_lead: Seconds between SLURM's warning signal and the end (None: from
+            ``PYRECOVER_SIGNAL_LEAD``).
+        signal_jitter: Seconds SLURM may deliver the warning signal late.
+        warning_signals: The signals that mean "the deadline is near".
+        signals: A stop flag (:class:`slurmclock.StopSignals`, :class:`slurmclock.AnyFlag`).
+        timeline: The job's :class:`slurmclock.JobTimeline` (earlier allocations' exit times).
+        env: Replaces ``os.environ``.
+        clock: Epoch seconds for "now".
+        timer: Measures durations.
     """
 
     def __init__(

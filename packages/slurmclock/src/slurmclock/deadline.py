@@ -156,6 +156,24 @@ class DeadlineWatcher:
     through ``runner``, :mod:`slurmclock.commands`); ``clock`` returns epoch seconds.
     ``command_timeout`` bounds each squeue/scontrol call; an end time more than
     ``skew_tolerance`` seconds in the past is treated as clock skew.
+
+    Args:
+        end_time: The deadline as epoch seconds or a time string
+            (:func:`slurmclock.parse_time`), instead of SLURM's.
+        time_limit: The time limit (seconds, a SLURM time string or ``30s``), counted from
+            ``started_at``.
+        started_at: Epoch seconds the ``time_limit`` counts from (default: this process's
+            start).
+        poll_interval: Seconds between polls of SLURM, >= 1 (default 5 s on the leader, 60 s
+            on the other ranks).
+        env: Replaces ``os.environ``.
+        runner: Runs squeue/scontrol (:mod:`slurmclock.commands`).
+        clock: Epoch seconds (injected: polls run inside :meth:`get`).
+        command_timeout: Bounds each squeue/scontrol call, in seconds.
+        skew_tolerance: An end time this many seconds in the past is clock skew.
+        background: Poll on a background thread (default: with the real clock).
+        scheduler: Asked for the end time (default :class:`slurmclock.slurm.Slurm`).
+        rank: This process's rank (0 watches the clock; default: from the environment).
     """
 
     def __init__(

@@ -114,6 +114,29 @@ class TimeLoop:
     ``timer`` times steps when ``after_step`` is not given their seconds (default: the
     budget's). ``exit`` ends the process after an abandon (``os._exit``); ``watchdog=False``: no
     abandon thread (a simulation decides abandons itself from :attr:`plan`).
+
+    Args:
+        budget: A ready :class:`TimeBudget`, or None to build one from ``deadline`` and
+            ``budget_kw``.
+        deadline: The deadline of the budget built here (default ``DeadlineWatcher()``).
+        signals: A stop flag the caller installed, or signal names this loop installs in
+            :meth:`begin` (default :data:`STOP_SIGNALS`).
+        leader: This rank decides (rank 0).
+        agree: ``agree(*ints) -> tuple``: the element-wise max over all ranks (default: one
+            process).
+        share: Rank 0's object on every rank (default: one process).
+        extra_saves: Plan saves after the final one while time is left.
+        probe_saves: Ask for one save after the warm-up while no save time is known.
+        background_saves: Periodic saves are written while training goes on (async).
+        on_abandon: ``on_abandon(message)``, called on the watchdog thread before the process
+            exits 75.
+        launch: Seconds from the allocation's start to this process's start, a callable
+            giving them, or None (measured after the warm-up).
+        timer: Times steps when ``after_step`` is not given their seconds.
+        exit: Ends the process after an abandon (default ``os._exit``).
+        watchdog: Run the abandon thread (False: the caller decides abandons from
+            :attr:`plan`).
+        **budget_kw: :class:`TimeBudget` keywords for the budget built here.
     """
 
     def __init__(
