@@ -60,6 +60,11 @@ log = logging.getLogger("pyrecover_train")
 # the store did not answer at the start or the final save; 0, 2 and 75 likewise.
 EXIT_ERROR = slurmclock.EXIT_ERROR
 EXIT_STORE_UNAVAILABLE = slurmclock.EXIT_STORE_UNAVAILABLE
+# How long one wait on the store may last: this many measured saves, at least STORE_CALL_MIN_S;
+# before a save is measured (the first contact, the resume), STORE_CALL_FIRST_S.
+STORE_CALL_SAVES = 4.0
+STORE_CALL_MIN_S = 10.0
+STORE_CALL_FIRST_S = 30.0
 
 
 @dataclass(slots=True)
@@ -74,6 +79,15 @@ class RunResult:
     val_loss: float | None = None
     exp_dir: Path | None = None
     metrics_path: Path | None = None
+
+
+def _exit_code_of(e: BaseException) -> int:
+    """What the CLI exits with for ``e``: 74 an outage, 2 a store or plugin setting, else 1."""
+    if isinstance(e, ckptstore.StoreUnreachableError):
+        return EXIT_STORE_UNAVAILABLE
+    if isinstance(e, (ckptstore.StoreConfigError, ckptstore.PluginError)):
+        return slurmclock.EXIT_USAGE
+    return EXIT_ERROR
 
 
 class TrainingDiverged(RuntimeError):
@@ -97,7 +111,7 @@ class Trainer:
         self.interrupt = HangupAware(("INT", "HUP"))  # installed when the loop starts
         self.stop_flag = slurmclock.AnyFlag(signals, self.interrupt)
         self.console = Console(cfg, rank=dist.rank, world_size=dist.world_size)
-        parts = build.parts(cfg, dist, phase=self.startup.mark)
+        parts = build.parts(cfg, dist, phase=self.startup.mark, limits=self._store_limits())
         self.precision, self.data, self.model_cfg = parts.precision, parts.data, parts.model_cfg
         self.state, self.store = parts.state, parts.store
         self.stepper = Stepper(
@@ -130,6 +144,27 @@ class Trainer:
         self.last_val: float | None = None
         self.evaluated_at: int | None = None
         self.window: LossWindow  # losses since the last progress line: made when the loop starts
+
+    def _store_limits(self) -> ckptstore.CallLimits:
+        """Each wait on the store: a few measured saves at most (a stalled connection is
+        dropped; the store's next answer gets a new one), never past the time left for the
+        exit, and ended within seconds of a stop."""
+        return ckptstore.CallLimits(
+            call_s=self._store_call_s,
+            time_left=self._store_time_left,
+            stopping=lambda: self.stop_flag.requested,
+        )
+
+    def _store_call_s(self) -> float:
+        budget = getattr(self, "budget", None)  # None while the store is opened and read
+        save = budget.save_estimate if budget is not None else None
+        return max(STORE_CALL_MIN_S, STORE_CALL_SAVES * save) if save else STORE_CALL_FIRST_S
+
+    def _store_time_left(self) -> float | None:
+        """Seconds until any wait on the store must end: the time left less the exit's."""
+        budget = getattr(self, "budget", None)
+        left = budget.seconds_left() if budget is not None else None
+        return None if left is None or budget is None else left - budget.needed_after_save()
 
     def _resume(self, parts: build.Parts) -> None:
         """The checkpoint to resume from (if any) loaded, and the time budget with the figures
@@ -453,9 +488,7 @@ class Trainer:
                 step=self.state.step,
                 reason=f"{type(e).__name__}: {first_line(e)}",
                 cause="error",
-                exit_code=EXIT_STORE_UNAVAILABLE
-                if isinstance(e, ckptstore.StoreUnreachableError)
-                else EXIT_ERROR,
+                exit_code=_exit_code_of(e),
             )
         except Exception as again:  # the metrics file itself may be what failed
             log.debug("could not record the error: %s", again)

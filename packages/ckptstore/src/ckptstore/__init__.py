@@ -9,6 +9,7 @@ from .errors import (
     LockedError,
     MirrorError,
     NoCheckpointError,
+    StoreConfigError,
     StoreUnreachableError,
     unreachable,
 )
@@ -30,6 +31,7 @@ from .layout import (
     experiment_location,
     validate_experiment_name,
 )
+from .limits import CallLimits
 from .lock import LockInfo
 from .manifest import (
     CheckpointInfo,
@@ -41,6 +43,7 @@ from .manifest import (
 )
 from .mirror import check_mirror
 from .outage import Outage
+from .plugins import PluginError, check_plugins
 from .retention import Pruning, RetentionPolicy
 from .storage import (
     IOOptions,
@@ -54,6 +57,9 @@ from .storage import (
 from .store import CheckpointStore, SaveHandle
 
 __all__ = [
+    "PluginError",
+    "check_plugins",
+    "CallLimits",
     "CheckpointError",
     "CheckpointFormat",
     "CheckpointInfo",
@@ -85,6 +91,7 @@ __all__ = [
     "Scan",
     "StepSpec",
     "Storage",
+    "StoreConfigError",
     "StoreUnreachableError",
     "VerifyReport",
     "__version__",
