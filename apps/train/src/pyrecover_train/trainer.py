@@ -81,6 +81,15 @@ class RunResult:
     metrics_path: Path | None = None
 
 
+def _deadline_at_start(cfg: TrainConfig) -> slurmclock.Deadline:
+    """One look at the deadline before the budget watches it (a failed look: none)."""
+    try:
+        return slurmclock.find_deadline(time_limit=cfg.time_limit, command_timeout=5.0)
+    except Exception as e:  # the budget looks again and says what is wrong
+        log.debug("no deadline at the start: %s", e)
+        return slurmclock.Deadline(None, "unknown at the start")
+
+
 def _exit_code_of(e: BaseException) -> int:
     """What the CLI exits with for ``e``: 74 an outage, 2 a store or plugin setting, else 1."""
     if isinstance(e, ckptstore.StoreUnreachableError):
@@ -111,6 +120,7 @@ class Trainer:
         self.interrupt = HangupAware(("INT", "HUP"))  # installed when the loop starts
         self.stop_flag = slurmclock.AnyFlag(signals, self.interrupt)
         self.console = Console(cfg, rank=dist.rank, world_size=dist.world_size)
+        self._start_deadline = _deadline_at_start(cfg)  # bounds the store's first contact
         parts = build.parts(cfg, dist, phase=self.startup.mark, limits=self._store_limits())
         self.precision, self.data, self.model_cfg = parts.precision, parts.data, parts.model_cfg
         self.state, self.store = parts.state, parts.store
@@ -161,10 +171,14 @@ class Trainer:
         return max(STORE_CALL_MIN_S, STORE_CALL_SAVES * save) if save else STORE_CALL_FIRST_S
 
     def _store_time_left(self) -> float | None:
-        """Seconds until any wait on the store must end: the time left less the exit's."""
+        """Seconds until any wait on the store must end: the time left less the exit's (at
+        the start, before the budget: the deadline less STORE_CALL_MIN_S for the exit)."""
         budget = getattr(self, "budget", None)
-        left = budget.seconds_left() if budget is not None else None
-        return None if left is None or budget is None else left - budget.needed_after_save()
+        if budget is None:
+            left = self._start_deadline.seconds_left()
+            return None if left is None else left - STORE_CALL_MIN_S
+        left = budget.seconds_left()
+        return None if left is None else left - budget.needed_after_save()
 
     def _resume(self, parts: build.Parts) -> None:
         """The checkpoint to resume from (if any) loaded, and the time budget with the figures

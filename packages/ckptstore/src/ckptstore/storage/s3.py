@@ -56,7 +56,7 @@ class S3Storage(FsspecStorage):
     def __init__(self, fs: Any, root: str) -> None:
         super().__init__(fs, root)
         self._bucket_checked = False
-        if getattr(fs, "retries", 0) > S3FS_TRIES:  # each of s3fs's tries is botocore's 3
+        if getattr(fs, "retries", 0) > S3FS_TRIES:  # each of s3fs's tries is botocore's 2
             fs.retries = S3FS_TRIES
         quiet_dead_connections(fs)
         own_retry_jitter()
@@ -145,9 +145,9 @@ def call(s: S3Storage, method: str, **kw: Any) -> Any:
 CLIENT_DEFAULTS: dict[str, Any] = {
     "connect_timeout": 10,
     "read_timeout": 60,
-    "retries": {"max_attempts": 3, "mode": "standard"},
+    "retries": {"max_attempts": 2, "mode": "standard"},
 }
-S3FS_TRIES = 2
+S3FS_TRIES = 1  # botocore retries once; longer outages are the Outage's to wait out
 OUTAGE_STATUS = frozenset({500, 502, 503, 504, 429})
 OUTAGE_CODES = frozenset(
     {
