@@ -107,13 +107,15 @@ def run_train(
     cwd: Path,
     *,
     on_line: Callable[[str], None] = lambda line: None,
-    timeout: float = 120.0,
+    started: Callable[[subprocess.Popen[str]], None] = lambda proc: None,
+    timeout: float = 180.0,
 ) -> Run:
     """Run ``args`` to its end (killed past ``timeout``: the test then fails on its exit)."""
     run = Run(started=time.time())
     proc = subprocess.Popen(
         args, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
+    started(proc)
     killer = threading.Timer(timeout, proc.kill)
     killer.start()
     try:

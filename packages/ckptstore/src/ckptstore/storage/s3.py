@@ -185,7 +185,8 @@ def answer_kind(response: dict[str, Any], root: str) -> tuple[str, float | None,
         return ("config", None, _DENIED)
     if status in OUTAGE_STATUS or code in OUTAGE_CODES:
         headers = meta.get("HTTPHeaders") or {}
-        return ("down", _seconds(headers.get("retry-after")), f"HTTP {status} {code}".strip())
+        said = f"HTTP {status}" + (f" {code}" if code and code != str(status) else "")
+        return ("down", _seconds(headers.get("retry-after")), said)
     return None
 
 
