@@ -45,6 +45,25 @@ def test_a_stop_ends_a_wait_that_began_before_it_within_the_grace() -> None:
     assert 0.6 <= time.monotonic() - t0 < 2.0
 
 
+def test_a_stop_lets_a_healthy_call_run_its_expected_length() -> None:
+    """A save in flight that is not (yet) late is not thrown away for a stop; a late one is."""
+    asked = {"n": 0}
+
+    def stopping() -> bool:  # the stop comes just after the call began
+        asked["n"] += 1
+        return asked["n"] > 1
+
+    limits = CallLimits(stopping=stopping, stop_grace_s=0.1, expected_s=lambda: 0.8, poll_s=0.05)
+    f: Future[int] = Future()
+    threading.Timer(0.5, f.set_result, args=(3,)).start()
+    assert limits.result(f, "put x") == 3
+    asked["n"] = 0
+    t0 = time.monotonic()
+    with pytest.raises(StoreUnreachableError, match="a stop was asked"):
+        limits.result(never_done(), "put y")
+    assert 0.8 <= time.monotonic() - t0 < 2.0
+
+
 def test_a_call_begun_after_the_stop_has_its_bound_not_the_grace() -> None:
     """The final save starts after the stop: it gets the time left, not the stop's grace."""
     limits = CallLimits(call_s=lambda: 0.8, stopping=lambda: True, stop_grace_s=0.1, poll_s=0.05)

@@ -158,12 +158,18 @@ class Trainer:
     def _store_limits(self) -> ckptstore.CallLimits:
         """Each wait on the store: a few measured saves at most (a stalled connection is
         dropped; the store's next answer gets a new one), never past the time left for the
-        exit, and ended within seconds of a stop."""
+        exit, and ended within seconds of a stop (once past a measured save's length)."""
         return ckptstore.CallLimits(
             call_s=self._store_call_s,
             time_left=self._store_time_left,
             stopping=lambda: self.stop_flag.requested,
+            expected_s=self._store_expected_s,
         )
+
+    def _store_expected_s(self) -> float:
+        """What a healthy call may take (a measured save): a stop does not end it sooner."""
+        budget = getattr(self, "budget", None)
+        return (budget.save_estimate if budget is not None else None) or 0.0
 
     def _store_call_s(self) -> float:
         budget = getattr(self, "budget", None)  # None while the store is opened and read

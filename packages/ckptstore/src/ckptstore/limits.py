@@ -9,7 +9,9 @@ connection is dropped, the next call makes a new one) and raises
 
 - the call has waited ``call_s()`` seconds (the caller derives it from its measured saves),
 - the time left (``time_left()``, seconds until any call must have ended) is spent, or
-- a stop was asked (``stopping()``) after the call began: ``stop_grace_s`` after it.
+- a stop was asked (``stopping()``) after the call began: ``stop_grace_s`` after it, or after
+  ``expected_s()`` into the call when that is later (a healthy save in flight is not thrown
+  away for a stop; a stalled one, past what a call is expected to take, is).
 
 A call that begins after the stop (the final save) is bounded by the first two only. The
 defaults (no deadline, no stop source) bound a call by ``call_s`` alone; a trainer passes its
@@ -47,6 +49,7 @@ class CallLimits:
     time_left: Callable[[], float | None] = _no_deadline
     stopping: Callable[[], bool] = _never
     stop_grace_s: float = 3.0
+    expected_s: Callable[[], float] = field(default=lambda: 0.0)
     poll_s: float = 0.2
     clock: Callable[[], float] = time.monotonic
 
@@ -71,13 +74,13 @@ class CallLimits:
         past a bound, ``cancel()`` it and raise StoreUnreachableError naming ``what``."""
         t0 = self.clock()
         stopping_at_start, stop_seen = self.stopping(), None
-        limit = self.call_s()
+        limit, expected = self.call_s(), self.expected_s()
         while not done(self.poll_s):
             now = self.clock()
             why = self._over(now - t0, limit)
             if why is None and not stopping_at_start and self.stopping():
                 stop_seen = now if stop_seen is None else stop_seen
-                if now - stop_seen >= self.stop_grace_s:
+                if now >= max(stop_seen + self.stop_grace_s, t0 + expected):
                     why = "a stop was asked"
             if why is not None:
                 cancel()
