@@ -65,6 +65,7 @@ EXIT_STORE_UNAVAILABLE = slurmclock.EXIT_STORE_UNAVAILABLE
 STORE_CALL_SAVES = 4.0
 STORE_CALL_MIN_S = 10.0
 STORE_CALL_FIRST_S = 30.0
+STORE_CALL_LATE_S = 5.0  # what a call gets however late it is
 
 
 @dataclass(slots=True)
@@ -178,13 +179,17 @@ class Trainer:
 
     def _store_time_left(self) -> float | None:
         """Seconds until any wait on the store must end: the time left less the exit's (at
-        the start, before the budget: the deadline less STORE_CALL_MIN_S for the exit)."""
+        the start, before the budget: the deadline less STORE_CALL_MIN_S for the exit), and
+        never under STORE_CALL_LATE_S: past the deadline SLURM's KillWait is still to come
+        and a commit is atomic, so a late try costs nothing and may save the steps."""
         budget = getattr(self, "budget", None)
         if budget is None:
             left = self._start_deadline.seconds_left()
-            return None if left is None else left - STORE_CALL_MIN_S
-        left = budget.seconds_left()
-        return None if left is None else left - budget.needed_after_save()
+            bound = None if left is None else left - STORE_CALL_MIN_S
+        else:
+            left = budget.seconds_left()
+            bound = None if left is None else left - budget.needed_after_save()
+        return None if bound is None else max(bound, STORE_CALL_LATE_S)
 
     def _resume(self, parts: build.Parts) -> None:
         """The checkpoint to resume from (if any) loaded, and the time budget with the figures
