@@ -43,7 +43,7 @@ from .manifest import (
 )
 from .mirror import check_mirror
 from .outage import Outage
-from .plugins import PluginError, check_plugins
+from .plugins import PluginError
 from .retention import Pruning, RetentionPolicy
 from .storage import (
     IOOptions,
@@ -54,7 +54,7 @@ from .storage import (
     parse_storage_options,
     register_storage,
 )
-from .store import CheckpointStore, SaveHandle
+from .store import CheckpointStore, SaveHandle, check_plugins
 
 __all__ = [
     "PluginError",

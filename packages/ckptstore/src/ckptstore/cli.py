@@ -24,7 +24,7 @@ from .foreign import foreign_kind
 from .formats import available_formats
 from .layout import Location, StepSpec, split_step_url
 from .manifest import Manifest
-from .plugins import PluginError, check_plugins
+from .plugins import PluginError
 from .storage import parse_storage_options
 
 
@@ -510,6 +510,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _main(argv: Sequence[str] | None) -> int:
     try:
         args = _parser().parse_args(argv)
+        from .store import check_plugins
+
         check_plugins()  # a broken plugin: one line before any work
         code = _COMMANDS[args.cmd](args)
         sys.stdout.flush()  # a closed pipe shows here, not as a message at interpreter exit

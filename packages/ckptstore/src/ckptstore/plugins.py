@@ -156,17 +156,6 @@ class Registry(Generic[T]):
         return cls
 
 
-def check_plugins() -> None:
-    """Every installed format and storage plugin (the ``ckptstore.formats`` and
-    ``ckptstore.storage`` entry points) is usable; else PluginError naming the one that is
-    not. Both CLIs call it at their start."""
-    from .formats import FORMATS
-    from .storage.registry import STORAGES
-
-    FORMATS.check()
-    STORAGES.check()
-
-
 class PluginError(CheckpointError):
     """An installed plugin (an entry point) is broken: it fails to import, is not a class of
     its registry's protocol, or its name collides. A setting error: exit 2, at the start."""

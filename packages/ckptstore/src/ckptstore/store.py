@@ -42,7 +42,7 @@ from .errors import (
     warn,
 )
 from .foreign import foreign_kind
-from .formats import CheckpointFormat, get_format
+from .formats import FORMATS, CheckpointFormat, get_format
 from .layout import ExperimentLocation, Location, Scan, StepSpec
 from .limits import CallLimits
 from .lock import DEFAULT_LEASE_S, LockInfo, WriterLock
@@ -71,6 +71,7 @@ from .reading import (
 from .retention import InUse, Pruning, RetentionPolicy
 from .saving import SaveHandle, SaveHooks, Saver
 from .storage import IOEngine, IOOptions, Storage, open_storage
+from .storage.registry import STORAGES
 
 __all__ = ["CheckpointStore", "CheckpointWarning", "SaveHandle"]
 
@@ -85,6 +86,14 @@ def _checkpoint_error(e: BaseException, url: str) -> CheckpointError:
     if unreachable(e):
         return unreachable_error(e, url)
     return e if isinstance(e, CheckpointError) else CheckpointError(str(e))
+
+
+def check_plugins() -> None:
+    """Every installed format and storage plugin (the ``ckptstore.formats`` and
+    ``ckptstore.storage`` entry points) is usable; else PluginError naming the one that is
+    not. Both CLIs call it at their start."""
+    FORMATS.check()
+    STORAGES.check()
 
 
 def _unresolved(err: CheckpointError, url: str) -> CheckpointError:
