@@ -135,8 +135,8 @@ class S3Storage(FsspecStorage):
 def call(s: S3Storage, method: str, **kw: Any) -> Any:
     """One S3 API call on the filesystem's event loop (errors translated by s3fs), within
     the storage's limits."""
-    return s.run(s.fs._call_s3(method, **kw), f"{method} s3://{kw.get('Bucket', '')}/"
-                 f"{kw.get('Key', '')}")  # fmt: skip
+    where = f"s3://{kw.get('Bucket', '')}/{kw.get('Key', '')}"
+    return s.run(s.fs._call_s3(method, **kw), where)
 
 
 # -- what S3 answered -----------------------------------------------------------------------
