@@ -64,12 +64,22 @@ def test_a_stop_lets_a_healthy_call_run_its_expected_length() -> None:
     assert 0.8 <= time.monotonic() - t0 < 2.0
 
 
-def test_a_call_begun_after_the_stop_has_its_bound_not_the_grace() -> None:
-    """The final save starts after the stop: it gets the time left, not the stop's grace."""
-    limits = CallLimits(call_s=lambda: 0.8, stopping=lambda: True, stop_grace_s=0.1, poll_s=0.05)
+def test_a_call_begun_after_the_stop_has_a_healthy_calls_length() -> None:
+    """The final save starts after the stop: it gets what a healthy call takes, plus grace."""
+    limits = CallLimits(
+        call_s=lambda: 30.0,
+        stopping=lambda: True,
+        stop_grace_s=0.1,
+        expected_s=lambda: 0.7,
+        poll_s=0.05,
+    )
     f: Future[int] = Future()
     threading.Timer(0.4, f.set_result, args=(7,)).start()
     assert limits.result(f, "put x") == 7
+    t0 = time.monotonic()
+    with pytest.raises(StoreUnreachableError, match="no answer within 1 s"):
+        limits.result(never_done(), "put y")  # a stall: 0.7 + 0.1 s, not 30
+    assert time.monotonic() - t0 < 2.0
 
 
 def test_an_answer_comes_through_and_errors_are_the_calls_own() -> None:

@@ -66,6 +66,7 @@ STORE_CALL_SAVES = 4.0
 STORE_CALL_MIN_S = 10.0
 STORE_CALL_FIRST_S = 30.0
 STORE_CALL_LATE_S = 5.0  # what a call gets however late it is
+STOP_KILL_WAIT_S = 30.0  # without a deadline: a stop's kill follows this late (SLURM's KillWait)
 
 
 @dataclass(slots=True)
@@ -163,14 +164,16 @@ class Trainer:
         return ckptstore.CallLimits(
             call_s=self._store_call_s,
             time_left=self._store_time_left,
-            stopping=lambda: self.stop_flag.requested,
+            stopping=lambda: len(self.stop_flag.arrivals),  # a second signal: now
             expected_s=self._store_expected_s,
         )
 
     def _store_expected_s(self) -> float:
-        """What a healthy call may take (a measured save): a stop does not end it sooner."""
-        budget = getattr(self, "budget", None)
-        return (budget.save_estimate if budget is not None else None) or 0.0
+        """What a healthy call may take (twice the median measured save): a stop does not
+        end it sooner."""
+        store = getattr(self, "store", None)
+        median = store.save_timings.median_s if store is not None else None
+        return 2 * median if median else 0.0
 
     def _store_call_s(self) -> float:
         budget = getattr(self, "budget", None)  # None while the store is opened and read
@@ -308,11 +311,17 @@ class Trainer:
                 self.outage.failed(self.state.step, e, time.perf_counter() - t0)
 
     def _time_for_a_try(self) -> float | None:
-        """Seconds a final save may still take (None: no deadline): what is left, less the
-        exit's share and a save's measured length."""
+        """Seconds a final save may still take (None: no deadline and no stop): what is left
+        (without a deadline: until the kill a stop announces; none once asked twice), less
+        the exit's share and a save's measured length."""
         left = self.budget.seconds_left()
         if left is None:
-            return None
+            since = self.stop_flag.received_at  # no deadline, but a stop: its kill follows
+            if since is None:
+                return None
+            if len(self.stop_flag.arrivals) > 1:
+                return 0.0  # asked twice: no further try
+            left = since + STOP_KILL_WAIT_S - time.time()
         return left - self.budget.needed_after_save() - (self.budget.save_estimate or 0.0)
 
     def _gave_up(self) -> str:

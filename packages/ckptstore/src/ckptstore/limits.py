@@ -9,11 +9,13 @@ connection is dropped, the next call makes a new one) and raises
 
 - the call has waited ``call_s()`` seconds (the caller derives it from its measured saves),
 - the time left (``time_left()``, seconds until any call must have ended) is spent, or
-- a stop was asked (``stopping()``) after the call began: ``stop_grace_s`` after it, or after
+- a stop was asked after the call began (``stopping()`` rose: a bool, or a count of stops, so
+  a second signal ends a call the first one began): ``stop_grace_s`` after it, or after
   ``expected_s()`` into the call when that is later (a healthy save in flight is not thrown
   away for a stop; a stalled one, past what a call is expected to take, is).
 
-A call that begins after the stop (the final save) is bounded by the first two only. The
+A call that begins after the stop (the final save) gets what a healthy call takes
+(``expected_s()``, at least ``stop_grace_s``) plus ``stop_grace_s``, within the first two. The
 defaults (no deadline, no stop source) bound a call by ``call_s`` alone; a trainer passes its
 own (``CheckpointStore.set_limits``).
 """
@@ -47,7 +49,7 @@ class CallLimits:
 
     call_s: Callable[[], float] = field(default=lambda: DEFAULT_CALL_S)
     time_left: Callable[[], float | None] = _no_deadline
-    stopping: Callable[[], bool] = _never
+    stopping: Callable[[], bool | int] = _never
     stop_grace_s: float = 3.0
     expected_s: Callable[[], float] = field(default=lambda: 0.0)
     poll_s: float = 0.2
@@ -73,12 +75,14 @@ class CallLimits:
         """Wait until ``done(timeout)`` says the call ended (it waits at most ``timeout``);
         past a bound, ``cancel()`` it and raise StoreUnreachableError naming ``what``."""
         t0 = self.clock()
-        stopping_at_start, stop_seen = self.stopping(), None
+        stopping_at_start, stop_seen = int(self.stopping()), None
         limit, expected = self.call_s(), self.expected_s()
+        if stopping_at_start:  # after a stop nothing waits longer than a healthy call, + grace
+            limit = min(limit, max(expected, self.stop_grace_s) + self.stop_grace_s)
         while not done(self.poll_s):
             now = self.clock()
             why = self._over(now - t0, limit)
-            if why is None and not stopping_at_start and self.stopping():
+            if why is None and int(self.stopping()) > stopping_at_start:
                 stop_seen = now if stop_seen is None else stop_seen
                 if now >= max(stop_seen + self.stop_grace_s, t0 + expected):
                     why = "a stop was asked"
