@@ -35,6 +35,16 @@ def test_the_time_left_ends_a_wait() -> None:
     assert time.monotonic() - t0 < 1.5
 
 
+def test_the_time_left_as_a_call_begins_bounds_it() -> None:
+    """A caller whose time left never reaches 0 (a floor: a late try costs nothing) still
+    bounds each call by what was left as it began."""
+    limits = CallLimits(time_left=lambda: 0.4, poll_s=0.05)
+    t0 = time.monotonic()
+    with pytest.raises(StoreUnreachableError, match="the time left for it is spent"):
+        limits.result(never_done(), "put x")
+    assert 0.4 <= time.monotonic() - t0 < 1.5
+
+
 def test_a_stop_ends_a_wait_that_began_before_it_within_the_grace() -> None:
     stop = threading.Event()
     limits = CallLimits(stopping=stop.is_set, stop_grace_s=0.3, poll_s=0.05)

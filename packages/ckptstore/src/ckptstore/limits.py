@@ -76,12 +76,13 @@ class CallLimits:
         past a bound, ``cancel()`` it and raise StoreUnreachableError naming ``what``."""
         t0 = self.clock()
         stopping_at_start, stop_seen = int(self.stopping()), None
-        limit, expected = self.call_s(), self.expected_s()
+        limit, expected = self.bound(), self.expected_s()  # the time left as the call begins
+        by_time = limit < self.call_s()
         if stopping_at_start:  # after a stop nothing waits longer than a healthy call, + grace
             limit = min(limit, max(expected, self.stop_grace_s) + self.stop_grace_s)
         while not done(self.poll_s):
             now = self.clock()
-            why = self._over(now - t0, limit)
+            why = self._over(now - t0, limit, by_time)
             if why is None and int(self.stopping()) > stopping_at_start:
                 stop_seen = now if stop_seen is None else stop_seen
                 if now >= max(stop_seen + self.stop_grace_s, t0 + expected):
@@ -90,9 +91,9 @@ class CallLimits:
                 cancel()
                 raise _given_up(what, now - t0, why)
 
-    def _over(self, waited: float, limit: float) -> str | None:
+    def _over(self, waited: float, limit: float, by_time: bool) -> str | None:
         if waited >= limit:
-            return f"no answer within {limit:.0f} s"
+            return "the time left for it is spent" if by_time else f"no answer within {limit:.0f} s"
         left = self.time_left()
         if left is not None and left <= 0:
             return "the time left for it is spent"
