@@ -229,3 +229,25 @@ def test_a_checkpoint_of_a_newer_ckptstore_is_ckptstores_one_line(
     more = ["--resume-from-checkpoint", "3", "--training-steps", "5", "--checkpoint-frequency", "0"]
     assert main([*flags(corpus, cache_dir, ckpt), *more]) == 0
     assert [e["step"] for e in events(ckpt) if e["event"] == "resume"] == [3]
+
+
+def test_a_broken_plugin_is_one_line_and_exit_2_before_any_training(
+    corpus: Path, cache_dir: Path, tmp_path: Path
+) -> None:
+    """Issue 34: an installed storage plugin whose entry point fails to import (a real
+    distribution on the path, as pip leaves it) is named with its distribution, exit 2, before
+    the run writes anything -- not a traceback and exit 1 that the supervisor retries."""
+    site = tmp_path / "site"
+    info = site / "broken_store-1.0.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: broken-store\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text("[ckptstore.storage]\nbroken = broken_store:Store\n")
+    (site / "broken_store.py").write_text("raise ImportError('no module named nothing')\n")
+    ckpt = tmp_path / "ckpt"
+    args = tiny_flags(corpus, cache_dir, ckpt, "--training-steps", "2")
+    r = run_cli(args, env=child_env(PYTHONPATH=str(site)), cwd=tmp_path)
+    assert r.returncode == 2, r.stdout + r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
+    assert "'broken'" in lines[0] and "broken-store 1.0" in lines[0], lines[0]
+    assert "fails to import" in lines[0] and not ckpt.exists()

@@ -42,7 +42,7 @@ def test_a_missing_bucket_is_refused_never_created(moto: Any, capsys: Any) -> No
     fs = s3fs.S3FileSystem(**opts, skip_instance_cache=True)
     assert "nosuchbucket" not in [b.rstrip("/") for b in fs.ls("")]
     argv = ["list", "s3://nosuchbucket/run", "--storage-options", json.dumps(opts)]
-    assert cli(argv) == 1 and "does not exist" in capsys.readouterr().err
+    assert cli(argv) == 2 and "does not exist" in capsys.readouterr().err  # a setting: exit 2
 
 
 @pytest.mark.s3

@@ -38,6 +38,7 @@ def clock() -> Clock:
 
 
 def outage(clock: Clock, **kw: Any) -> Outage:
+    kw.setdefault("jitter", 0.0)
     return Outage(clock=clock, wall=lambda: 1_800_000_000.0 + clock.now, **kw)
 
 
@@ -91,21 +92,15 @@ def test_a_final_save_is_retried_while_a_try_fits(clock: Clock) -> None:
 
 
 def test_what_counts_as_the_store_not_answering() -> None:
-    from aiohttp import ClientConnectorError
-    from botocore.exceptions import EndpointConnectionError, ReadTimeoutError
-
     down: list[BaseException] = [
         ConnectionRefusedError(),
         ConnectionResetError(),
         TimeoutError(),
         OSError(errno.ESTALE, "Stale file handle"),
         OSError(errno.EHOSTUNREACH, "No route to host"),
-        EndpointConnectionError(endpoint_url="http://x"),
-        ReadTimeoutError(endpoint_url="http://x"),
-        ClientConnectorError.__new__(ClientConnectorError),
     ]
-    wrapped = OSError(errno.EIO, "s3://b/x: EndpointConnectionError")
-    wrapped.__cause__ = down[5]
+    wrapped = OSError(errno.EIO, "s3://b/x: refused")
+    wrapped.__cause__ = down[0]
     for e in [*down, wrapped, StoreUnreachableError("x")]:
         assert unreachable(e), repr(e)
     for e in [
@@ -128,6 +123,93 @@ def test_what_counts_as_the_store_not_answering() -> None:
     looped = StoreUnreachableError("x")
     looped.__cause__ = looped
     assert Outage().failed(1, looped) is not None
+
+
+def _client_error(status: int, code: str, headers: dict[str, str] | None = None) -> Exception:
+    from botocore.exceptions import ClientError
+
+    response: Any = {
+        "Error": {"Code": code, "Message": code},
+        "ResponseMetadata": {"HTTPStatusCode": status, "HTTPHeaders": headers or {}},
+    }
+    inner = ClientError(response, "PutObject")
+    outer = OSError(errno.EIO, code)  # what s3fs raises, from botocore's error
+    outer.__cause__ = inner
+    return outer
+
+
+def _vendor(kind: str) -> Exception:
+    from aiohttp import ServerDisconnectedError
+    from botocore.exceptions import EndpointConnectionError, NoCredentialsError, ReadTimeoutError
+
+    return {
+        "endpoint": EndpointConnectionError(endpoint_url="http://x"),
+        "read_timeout": ReadTimeoutError(endpoint_url="http://x"),
+        "aiohttp": ServerDisconnectedError(),
+        "no_credentials": NoCredentialsError(),
+    }[kind]
+
+
+# What S3 answers, classified once by its backend: (error, kind, retry_after).
+S3_ANSWERS = [
+    (lambda: _client_error(500, "InternalError"), "down", None),
+    (lambda: _client_error(502, "BadGateway"), "down", None),
+    (lambda: _client_error(503, "SlowDown", {"retry-after": "7"}), "down", 7.0),
+    (lambda: _client_error(503, "SlowDown", {"retry-after": "Wed, 21 Oct"}), "down", None),
+    (lambda: _client_error(400, "ThrottlingException"), "down", None),
+    (lambda: _client_error(429, "TooManyRequests"), "down", None),
+    (lambda: _client_error(403, "AccessDenied"), "config", None),
+    (lambda: _client_error(403, "InvalidAccessKeyId"), "config", None),
+    (lambda: _client_error(403, "SignatureDoesNotMatch"), "config", None),
+    (lambda: _client_error(404, "NoSuchBucket"), "config", None),
+    (lambda: _client_error(404, "NoSuchKey"), None, None),
+    (lambda: _client_error(400, "InvalidArgument"), None, None),
+    (lambda: _vendor("endpoint"), "down", None),
+    (lambda: _vendor("read_timeout"), "down", None),
+    (lambda: _vendor("aiohttp"), "down", None),
+    (lambda: _vendor("no_credentials"), "config", None),
+    (lambda: ConnectionResetError(), "down", None),
+    (lambda: OSError(errno.EIO, "disk"), None, None),
+]
+
+
+@pytest.mark.parametrize(("make", "kind", "retry_after"), S3_ANSWERS)
+def test_s3_answers_are_classified_once_by_the_backend(
+    make: Any, kind: str | None, retry_after: float | None
+) -> None:
+    pytest.importorskip("s3fs")
+    from ckptstore.errors import StoreConfigError
+    from ckptstore.storage.s3 import S3Storage
+
+    s3 = object.__new__(S3Storage)
+    s3.root = "b/x"
+    got = s3.classify(make())
+    assert (got[0], got[1]) == (kind, retry_after) if got else kind is None
+    said = s3.classified(make(), "s3://b/x/f")
+    if kind == "down":
+        assert isinstance(said, StoreUnreachableError) and said.retry_after == retry_after
+        assert "\n" not in str(said) and "s3://b/x/f" in str(said)
+    elif kind == "config":
+        assert isinstance(said, StoreConfigError) and "a retry cannot help" in str(said)
+    else:
+        assert said is None
+
+
+def test_a_pause_honours_retry_after_and_has_jitter(clock: Clock) -> None:
+    o = Outage(clock=clock, first_pause_s=5, jitter=0.2)
+    asked = StoreUnreachableError("busy")
+    asked.retry_after = 40.0
+    o.failed(1, asked)
+    clock.now += 39.9
+    assert not o.due()
+    clock.now += 0.2
+    assert o.due()
+    nexts = set()
+    for _ in range(20):
+        o = Outage(clock=clock, first_pause_s=5, jitter=0.2)
+        o.failed(1, StoreUnreachableError("down"))
+        nexts.add(round(o._next - clock.now, 6))
+    assert all(5.0 <= n <= 6.0 for n in nexts) and len(nexts) > 1
 
 
 # -- a real S3 endpoint that goes away and comes back ---------------------------------------------

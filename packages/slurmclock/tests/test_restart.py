@@ -252,6 +252,23 @@ def test_an_unreachable_store_near_the_end_is_requeued(tmp_path: Path, fakes: An
     assert ("requeue", JOB) in scheduler.calls and "failed" not in events(sup)
 
 
+def test_an_outage_that_outlasts_the_allocation_is_given_up_once(
+    tmp_path: Path, fakes: Any
+) -> None:
+    """Issue 34: 74 through the allocation's retries is one line and the end, not a requeue
+    up to --max-restarts times (each would only meet the same outage)."""
+    sup, scheduler, clock = make(tmp_path, fakes, left=100.0, tick=0.0)
+    steps = step(tmp_path, "74", "74", "74", "74", "0")
+    code = sup.run(steps)
+    out = log(sup)
+    assert code == 74, out
+    assert "trying again in 5 s in this allocation" in out
+    assert out.count("gave up: the checkpoint store did not answer through") == 1, out
+    assert "not requeueing (nothing is lost)" in out and "failed" not in events(sup)
+    assert events(sup)[-1] == "gave_up"
+    assert not any(c[0] == "requeue" for c in scheduler.calls)
+
+
 # -- requeue off (issue 30) ----------------------------------------------------------------------
 
 

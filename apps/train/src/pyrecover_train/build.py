@@ -97,14 +97,18 @@ def _no_phase(part: str) -> None:
 
 
 def parts(
-    cfg: TrainConfig, dist: ddpkit.Dist, *, phase: Callable[[str], None] = _no_phase
+    cfg: TrainConfig,
+    dist: ddpkit.Dist,
+    *,
+    phase: Callable[[str], None] = _no_phase,
+    limits: ckptstore.CallLimits | None = None,
 ) -> Parts:
     """Everything but the resume: the store first, then in the order the bitwise guarantee
     needs. ``phase(part)`` is called as each start-up part ends (``Startup.mark``)."""
     check_output_dirs(cfg)
     new = new_folders(cfg) if dist.rank == 0 else []
     try:
-        store = open_store(cfg)
+        store = open_store(cfg, limits)
     except BaseException:
         undo_start(None, new)
         raise
@@ -411,13 +415,17 @@ def _scheduler(
     )
 
 
-def open_store(cfg: TrainConfig) -> ckptstore.CheckpointStore:
+def open_store(
+    cfg: TrainConfig, limits: ckptstore.CallLimits | None = None
+) -> ckptstore.CheckpointStore:
     """The experiment's checkpoint store, with this run as its one writer (every rank calls).
     A dry run only reads the experiment (it saves to a scratch one), so it takes no lock and
     runs beside a training that holds it. Refusals are one line, exit 2: another run writes
     the experiment (LockedError names it), or the location cannot be written (a missing bucket
     says how to create it; nothing is created)."""
     store = _store(cfg)
+    if limits is not None:  # the first contact is bounded too, and a stop ends it
+        store.set_limits(limits)
     if cfg.dry_run:
         return store
     try:
@@ -426,6 +434,8 @@ def open_store(cfg: TrainConfig) -> ckptstore.CheckpointStore:
         store.close()
         if isinstance(e, ckptstore.StoreUnreachableError):
             raise  # not a usage error: exit 74, the start is retried once the store is back
+        if isinstance(e, ckptstore.StoreConfigError):
+            raise UsageError(first_line(e)) from None  # its line says what to fix
         if isinstance(e, (ckptstore.LockedError, ckptstore.MirrorError)):
             raise UsageError(f"{first_line(e)}") from None
         raise UsageError(

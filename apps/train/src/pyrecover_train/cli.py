@@ -106,7 +106,13 @@ def _run(
     cfg: TrainConfig, command: str, signals: slurmclock.StopSignals | None, startup: Startup
 ) -> int:
     import ddpkit
-    from ckptstore import CheckpointError, StoreUnreachableError
+    from ckptstore import (
+        CheckpointError,
+        PluginError,
+        StoreConfigError,
+        StoreUnreachableError,
+        check_plugins,
+    )
     from parquetlm import ParquetLMError
 
     from .config import UsageError
@@ -116,10 +122,14 @@ def _run(
 
     startup.mark("imports")
     try:
+        check_plugins()  # a broken format or storage plugin: one line, before any training
         run = import_checkpoint if command == "import-checkpoint" else train
         return run(cfg, signals=signals, startup=startup).exit_code
     except (UsageError, CorpusMissingError) as e:  # no default corpus: its install line
         return _usage(e)
+    except (StoreConfigError, PluginError) as e:  # a setting: a retry cannot help
+        print(f"{PROG}: error: {e}", file=sys.stderr)
+        return 2
     except StoreUnreachableError as e:  # not the run's fault: the same start works later
         print(f"{PROG}: error: {e} ({STORE_NOTE})", file=sys.stderr)
         return EXIT_STORE_UNAVAILABLE

@@ -60,6 +60,13 @@ log = logging.getLogger("pyrecover_train")
 # the store did not answer at the start or the final save; 0, 2 and 75 likewise.
 EXIT_ERROR = slurmclock.EXIT_ERROR
 EXIT_STORE_UNAVAILABLE = slurmclock.EXIT_STORE_UNAVAILABLE
+# How long one wait on the store may last: this many measured saves, at least STORE_CALL_MIN_S;
+# before a save is measured (the first contact, the resume), STORE_CALL_FIRST_S.
+STORE_CALL_SAVES = 4.0
+STORE_CALL_MIN_S = 10.0
+STORE_CALL_FIRST_S = 30.0
+STORE_CALL_LATE_S = 5.0  # what a call gets however late it is
+STOP_KILL_WAIT_S = 30.0  # without a deadline: a stop's kill follows this late (SLURM's KillWait)
 
 
 @dataclass(slots=True)
@@ -74,6 +81,24 @@ class RunResult:
     val_loss: float | None = None
     exp_dir: Path | None = None
     metrics_path: Path | None = None
+
+
+def _deadline_at_start(cfg: TrainConfig) -> slurmclock.Deadline:
+    """One look at the deadline before the budget watches it (a failed look: none)."""
+    try:
+        return slurmclock.find_deadline(time_limit=cfg.time_limit, command_timeout=5.0)
+    except Exception as e:  # the budget looks again and says what is wrong
+        log.debug("no deadline at the start: %s", e)
+        return slurmclock.Deadline(None, "unknown at the start")
+
+
+def _exit_code_of(e: BaseException) -> int:
+    """What the CLI exits with for ``e``: 74 an outage, 2 a store or plugin setting, else 1."""
+    if isinstance(e, ckptstore.StoreUnreachableError):
+        return EXIT_STORE_UNAVAILABLE
+    if isinstance(e, (ckptstore.StoreConfigError, ckptstore.PluginError)):
+        return slurmclock.EXIT_USAGE
+    return EXIT_ERROR
 
 
 class TrainingDiverged(RuntimeError):
@@ -97,7 +122,8 @@ class Trainer:
         self.interrupt = HangupAware(("INT", "HUP"))  # installed when the loop starts
         self.stop_flag = slurmclock.AnyFlag(signals, self.interrupt)
         self.console = Console(cfg, rank=dist.rank, world_size=dist.world_size)
-        parts = build.parts(cfg, dist, phase=self.startup.mark)
+        self._start_deadline = _deadline_at_start(cfg)  # bounds the store's first contact
+        parts = build.parts(cfg, dist, phase=self.startup.mark, limits=self._store_limits())
         self.precision, self.data, self.model_cfg = parts.precision, parts.data, parts.model_cfg
         self.state, self.store = parts.state, parts.store
         self.stepper = Stepper(
@@ -130,6 +156,43 @@ class Trainer:
         self.last_val: float | None = None
         self.evaluated_at: int | None = None
         self.window: LossWindow  # losses since the last progress line: made when the loop starts
+
+    def _store_limits(self) -> ckptstore.CallLimits:
+        """Each wait on the store: a few measured saves at most (a stalled connection is
+        dropped; the store's next answer gets a new one), never past the time left for the
+        exit, and ended within seconds of a stop (once past a measured save's length)."""
+        return ckptstore.CallLimits(
+            call_s=self._store_call_s,
+            time_left=self._store_time_left,
+            stopping=lambda: len(self.stop_flag.arrivals),  # a second signal: now
+            expected_s=self._store_expected_s,
+        )
+
+    def _store_expected_s(self) -> float:
+        """What a healthy call may take (twice the median measured save): a stop does not
+        end it sooner."""
+        store = getattr(self, "store", None)
+        median = store.save_timings.median_s if store is not None else None
+        return 2 * median if median else 0.0
+
+    def _store_call_s(self) -> float:
+        budget = getattr(self, "budget", None)  # None while the store is opened and read
+        save = budget.save_estimate if budget is not None else None
+        return max(STORE_CALL_MIN_S, STORE_CALL_SAVES * save) if save else STORE_CALL_FIRST_S
+
+    def _store_time_left(self) -> float | None:
+        """Seconds until any wait on the store must end: the time left less the exit's (at
+        the start, before the budget: the deadline less STORE_CALL_MIN_S for the exit), and
+        never under STORE_CALL_LATE_S: past the deadline SLURM's KillWait is still to come
+        and a commit is atomic, so a late try costs nothing and may save the steps."""
+        budget = getattr(self, "budget", None)
+        if budget is None:
+            left = self._start_deadline.seconds_left()
+            bound = None if left is None else left - STORE_CALL_MIN_S
+        else:
+            left = budget.seconds_left()
+            bound = None if left is None else left - budget.needed_after_save()
+        return None if bound is None else max(bound, STORE_CALL_LATE_S)
 
     def _resume(self, parts: build.Parts) -> None:
         """The checkpoint to resume from (if any) loaded, and the time budget with the figures
@@ -248,11 +311,17 @@ class Trainer:
                 self.outage.failed(self.state.step, e, time.perf_counter() - t0)
 
     def _time_for_a_try(self) -> float | None:
-        """Seconds a final save may still take (None: no deadline): what is left, less the
-        exit's share and a save's measured length."""
+        """Seconds a final save may still take (None: no deadline and no stop): what is left
+        (without a deadline: until the kill a stop announces; none once asked twice), less
+        the exit's share and a save's measured length."""
         left = self.budget.seconds_left()
         if left is None:
-            return None
+            since = self.stop_flag.received_at  # no deadline, but a stop: its kill follows
+            if since is None:
+                return None
+            if len(self.stop_flag.arrivals) > 1:
+                return 0.0  # asked twice: no further try
+            left = since + STOP_KILL_WAIT_S - time.time()
         return left - self.budget.needed_after_save() - (self.budget.save_estimate or 0.0)
 
     def _gave_up(self) -> str:
@@ -453,9 +522,7 @@ class Trainer:
                 step=self.state.step,
                 reason=f"{type(e).__name__}: {first_line(e)}",
                 cause="error",
-                exit_code=EXIT_STORE_UNAVAILABLE
-                if isinstance(e, ckptstore.StoreUnreachableError)
-                else EXIT_ERROR,
+                exit_code=_exit_code_of(e),
             )
         except Exception as again:  # the metrics file itself may be what failed
             log.debug("could not record the error: %s", again)

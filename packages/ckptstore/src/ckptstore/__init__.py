@@ -9,6 +9,7 @@ from .errors import (
     LockedError,
     MirrorError,
     NoCheckpointError,
+    StoreConfigError,
     StoreUnreachableError,
     unreachable,
 )
@@ -30,6 +31,7 @@ from .layout import (
     experiment_location,
     validate_experiment_name,
 )
+from .limits import CallLimits
 from .lock import LockInfo
 from .manifest import (
     CheckpointInfo,
@@ -41,6 +43,7 @@ from .manifest import (
 )
 from .mirror import check_mirror
 from .outage import Outage
+from .plugins import PluginError
 from .retention import Pruning, RetentionPolicy
 from .storage import (
     IOOptions,
@@ -51,9 +54,12 @@ from .storage import (
     parse_storage_options,
     register_storage,
 )
-from .store import CheckpointStore, SaveHandle
+from .store import CheckpointStore, SaveHandle, check_plugins
 
 __all__ = [
+    "PluginError",
+    "check_plugins",
+    "CallLimits",
     "CheckpointError",
     "CheckpointFormat",
     "CheckpointInfo",
@@ -85,6 +91,7 @@ __all__ = [
     "Scan",
     "StepSpec",
     "Storage",
+    "StoreConfigError",
     "StoreUnreachableError",
     "VerifyReport",
     "__version__",

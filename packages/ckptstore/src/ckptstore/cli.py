@@ -19,11 +19,12 @@ from typing import Any, NoReturn
 
 import orjson
 
-from .errors import CheckpointError, CheckpointWarning, NoCheckpointError
+from .errors import CheckpointError, CheckpointWarning, NoCheckpointError, StoreConfigError
 from .foreign import foreign_kind
 from .formats import available_formats
 from .layout import Location, StepSpec, split_step_url
 from .manifest import Manifest
+from .plugins import PluginError
 from .storage import parse_storage_options
 
 
@@ -565,6 +566,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _main(argv: Sequence[str] | None) -> int:
     try:
         args = _parser().parse_args(argv)
+        from .store import check_plugins
+
+        check_plugins()  # a broken plugin: one line before any work
         code = _COMMANDS[args.cmd](args)
         sys.stdout.flush()  # a closed pipe shows here, not as a message at interpreter exit
         return code
@@ -575,6 +579,9 @@ def _main(argv: Sequence[str] | None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing left to flush
         return 141
     except ValueError as e:  # bad option values found by the store's validation
+        print(f"ckptstore: error: {e}", file=sys.stderr)
+        return 2
+    except (PluginError, StoreConfigError) as e:  # a setting: a retry cannot help
         print(f"ckptstore: error: {e}", file=sys.stderr)
         return 2
     except (CheckpointError, OSError) as e:

@@ -60,12 +60,15 @@ class StoreUnreachableError(CheckpointError, ConnectionError):
     not resolve, a stale network file handle. The call that raised it committed nothing, and
     the same call may succeed once the store is back (a training run goes on and saves later;
     pyrecover-train exits 74 when it cannot start or end for it). Also an OSError, so code
-    that handles storage failures as OSError keeps doing so."""
+    that handles storage failures as OSError keeps doing so. ``retry_after``: seconds the
+    store asked to wait before the next try (HTTP Retry-After), or None."""
+
+    retry_after: float | None = None
 
 
-# What "the store did not answer" looks like below ckptstore: errno values of the socket layer
-# and of network file systems, and the connection errors of botocore and aiohttp (by name: no
-# import of libraries the store may not use).
+# What "the store did not answer" looks like below ckptstore, whatever the backend: errno
+# values of the socket layer and of network file systems. What a backend's client library
+# raises is that backend's to say (``FsspecStorage.classify``): this module names no vendor.
 _UNREACHABLE_ERRNOS = {
     errno.ECONNREFUSED,
     errno.ECONNRESET,
@@ -78,14 +81,12 @@ _UNREACHABLE_ERRNOS = {
     errno.ENOTCONN,
     errno.ESTALE,
 }
-_UNREACHABLE_TYPES = {
-    "EndpointConnectionError",  # botocore: its ConnectionError family
-    "ConnectTimeoutError",
-    "ReadTimeoutError",
-    "ConnectionClosedError",
-    "ClientConnectionError",  # aiohttp: refused, reset, server disconnected, timed out
-    "ServerTimeoutError",
-}
+
+
+class StoreConfigError(CheckpointError):
+    """The store answered, and the answer means a setting is wrong: access denied (403), bad
+    credentials, no such bucket, an endpoint whose name does not resolve at the start. A retry
+    cannot help: pyrecover-train says so in one line and exits 2. Nothing was committed."""
 
 
 def unreachable(e: BaseException | None) -> bool:
@@ -97,24 +98,54 @@ def unreachable(e: BaseException | None) -> bool:
             return True
         if isinstance(e, OSError) and e.errno in _UNREACHABLE_ERRNOS:
             return True
-        if any(c.__name__ in _UNREACHABLE_TYPES for c in type(e).__mro__):
-            return True
         e = e.__cause__ or e.__context__
     return False
 
 
-def unreachable_error(e: BaseException, what: str) -> StoreUnreachableError:
-    """``e`` (for which :func:`unreachable` holds) as one line about ``what``; a new error
-    each time (``raise unreachable_error(e, ...) from e`` must not make ``e`` its own cause)."""
+def unreachable_error(
+    e: BaseException, what: str, *, retry_after: float | None = None, answered: str = ""
+) -> StoreUnreachableError:
+    """``e`` (an outage) as one line about ``what``; a new error each time (``raise
+    unreachable_error(e, ...) from e`` must not make ``e`` its own cause). ``answered``: what
+    the store said when it did answer (``HTTP 503 SlowDown``); ``retry_after``: the pause it
+    asked for."""
     if isinstance(e, StoreUnreachableError):
         err = StoreUnreachableError(str(e))
+        retry_after = retry_after if retry_after is not None else e.retry_after
     else:
+        said = f"answered {answered}" if answered else "did not answer"
         err = StoreUnreachableError(
-            f"the store did not answer at {what} ({type(e).__name__}: {e}); nothing was "
+            f"the store {said} at {what} ({type(e).__name__}: {_first(e)}); nothing was "
             "committed, what is committed is intact"
         )
+    err.retry_after = retry_after
     err.__cause__ = e
     return err
+
+
+def config_error(e: BaseException, what: str, fix: str) -> StoreConfigError:
+    """``e`` (an answer that means a wrong setting) as one line: what, and ``fix``."""
+    if isinstance(e, StoreConfigError):
+        return e
+    err = StoreConfigError(
+        f"the store refused {what} ({type(e).__name__}: {_first(e)}): {fix}; a retry cannot "
+        "help, nothing was committed"
+    )
+    err.__cause__ = e
+    return err
+
+
+def _first(e: BaseException) -> str:
+    text = (str(e).strip().splitlines() or [""])[0]
+    return text if len(text) <= 160 else text[:157] + "..."
+
+
+def kind_of(e: BaseException | None) -> str:
+    """``down`` (an outage: retry later), ``config`` (a wrong setting: never retried) or
+    ``error`` (anything else)."""
+    if isinstance(e, StoreConfigError):
+        return "config"
+    return "down" if unreachable(e) else "error"
 
 
 class CheckpointWarning(UserWarning):

@@ -1,8 +1,9 @@
 """Saving through a store outage, for a training loop: while the store does not answer
-(:class:`~ckptstore.StoreUnreachableError`), training goes on and a save is tried again after
-a pause that doubles each time; one line says when the outage began, one when a save got
-through. A save that must be durable (the final one before a stop) is retried while the time
-left holds another try; then the loop gives up with one line saying what stands.
+(:class:`~ckptstore.StoreUnreachableError`: refused, reset, timed out, HTTP 5xx, throttled),
+training goes on and a save is tried again after a pause that doubles each time (plus jitter,
+and at least what the store asked for in Retry-After); one line says when the outage began, one
+when a save got through. A save that must be durable (the final one before a stop) is retried
+while the time left holds another try; then the loop gives up with one line saying what stands.
 
 Pure logic with injectable clocks: the loop decides when to call, this says what to do::
 
@@ -19,12 +20,15 @@ Pure logic with injectable clocks: the loop decides when to call, this says what
 
 from __future__ import annotations
 
+import random
 import time
 from collections.abc import Callable
 
 FIRST_PAUSE_S = 5.0  # the first retry; each failure doubles it
 MAX_PAUSE_S = 300.0
 FINAL_LIMIT_S = 300.0  # without a deadline: how long a final save is retried
+JITTER = 0.2  # each pause is lengthened by up to this share, at random: ranks and runs that met
+# one outage do not all come back in the same second
 
 
 class Outage:
@@ -38,7 +42,11 @@ class Outage:
         final_limit_s: float = FINAL_LIMIT_S,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
+        jitter: float = JITTER,
+        rng: random.Random | None = None,
     ) -> None:
+        if not 0 <= jitter <= 1:
+            raise ValueError(f"jitter must be in 0..1 (a share of the pause), got {jitter}")
         if not 0 < first_pause_s <= max_pause_s:
             raise ValueError(
                 f"pauses must be 0 < first_pause_s <= max_pause_s, got {first_pause_s} and "
@@ -47,6 +55,9 @@ class Outage:
         self.first_pause_s, self.max_pause_s = first_pause_s, max_pause_s
         self.final_limit_s = final_limit_s
         self._clock, self._wall = clock, wall
+        # Its own generator: the training's random stream (which a checkpoint holds) must not
+        # move because the store was down.
+        self.jitter, self._rng = jitter, rng or random.Random()
         self._reset()
 
     def _reset(self) -> None:
@@ -72,7 +83,9 @@ class Outage:
             self.since, self._started = self._wall() - seconds, self._clock() - seconds
         self.failures += 1
         self._last_try_s = seconds
-        self._next = self._clock() + self.pause()
+        pause = self.pause() * (1 + self.jitter * self._rng.random())
+        asked = getattr(error, "retry_after", None)  # the store's Retry-After: honoured
+        self._next = self._clock() + max(pause, asked or 0.0)
         if not first:
             return None
         return (

@@ -30,9 +30,17 @@ import torch
 from ._dist import all_gather
 from ._version import __version__
 from .buffers import Arena, align_up
-from .errors import CheckpointError, StoreUnreachableError, unreachable, unreachable_error
+from .errors import (
+    CheckpointError,
+    StoreConfigError,
+    StoreUnreachableError,
+    kind_of,
+    unreachable,
+    unreachable_error,
+)
 from .formats import CheckpointFormat, SaveContext
 from .layout import Location, check_step
+from .limits import CallLimits
 from .manifest import MANIFEST_NAME, FileEntry, Manifest, SaveStats
 from .retention import InUse
 from .storage import IOEngine
@@ -160,6 +168,7 @@ class Saver:
         self._thread: threading.Thread | None = None
         self._snapshot: Snapshot | None = None  # of the overlapped save in flight
         self._pending: BaseException | None = None
+        self.limits = CallLimits()  # how long a wait for the save in flight may last
 
     @property
     def in_flight(self) -> bool:
@@ -368,15 +377,17 @@ class Saver:
                 self.hooks.in_use.discard(step)
                 raise error
             return
-        said = None if error is None else (str(error), unreachable(error))
+        said = None if error is None else (str(error), kind_of(error))
         outcomes = all_gather(self.group, said)
         failed = [(r, o) for r, o in enumerate(outcomes) if o is not None]
         if failed:
             self.hooks.in_use.discard(step)
             if error is not None and failed[0][0] == self.rank:
                 raise error
-            r, (msg, down) = failed[0]  # every rank raises the same kind of error
-            kind = StoreUnreachableError if down else CheckpointError
+            r, (msg, said_kind) = failed[0]  # every rank raises the same kind of error
+            kind = {"down": StoreUnreachableError, "config": StoreConfigError}.get(
+                said_kind, CheckpointError
+            )
             raise kind(f"{what} step {step} failed on rank {r}: {msg}")
 
     def _commit(
@@ -426,9 +437,16 @@ class Saver:
         self.raise_pending()
 
     def _join(self) -> None:
+        """Wait for the save in flight, within the limits: one whose store stopped answering
+        is given up (StoreUnreachableError; its own calls end it soon after, bounded alike)."""
         t = self._thread
         if t is not None:
-            t.join()
+
+            def done(timeout: float) -> bool:
+                t.join(timeout)
+                return not t.is_alive()
+
+            self.limits.wait(done, f"the save in flight ({t.name}) to {self.loc.url}")
             self._thread = self._snapshot = None
 
     def raise_pending(self) -> None:

@@ -17,6 +17,7 @@ import builtins
 import contextlib
 import functools
 import os
+import socket
 import threading
 import time
 import uuid
@@ -34,14 +35,16 @@ from .errors import (
     LockedError,
     MirrorError,
     NoCheckpointError,
+    StoreConfigError,
     StoreUnreachableError,
     unreachable,
     unreachable_error,
     warn,
 )
 from .foreign import foreign_kind
-from .formats import CheckpointFormat, get_format
+from .formats import FORMATS, CheckpointFormat, get_format
 from .layout import ExperimentLocation, Location, Scan, StepSpec
+from .limits import CallLimits
 from .lock import DEFAULT_LEASE_S, LockInfo, WriterLock
 from .manifest import (
     LATEST_NAME,
@@ -68,6 +71,7 @@ from .reading import (
 from .retention import InUse, Pruning, RetentionPolicy
 from .saving import SaveHandle, SaveHooks, Saver
 from .storage import IOEngine, IOOptions, Storage, open_storage
+from .storage.registry import STORAGES
 
 __all__ = ["CheckpointStore", "CheckpointWarning", "SaveHandle"]
 
@@ -82,6 +86,33 @@ def _checkpoint_error(e: BaseException, url: str) -> CheckpointError:
     if unreachable(e):
         return unreachable_error(e, url)
     return e if isinstance(e, CheckpointError) else CheckpointError(str(e))
+
+
+def check_plugins() -> None:
+    """Every installed format and storage plugin (the ``ckptstore.formats`` and
+    ``ckptstore.storage`` entry points) is usable; else PluginError naming the one that is
+    not. Both CLIs call it at their start."""
+    FORMATS.check()
+    STORAGES.check()
+
+
+def _unresolved(err: CheckpointError, url: str) -> CheckpointError:
+    """At the start, an endpoint whose name does not resolve is a typo far more often than an
+    outage: a setting error (exit 2), not a retry for the whole allocation."""
+    e: BaseException | None = err
+    seen: set[int] = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, socket.gaierror):
+            bad = StoreConfigError(
+                f"the store's host name does not resolve ({e}) at {url}: fix the endpoint "
+                "(endpoint_url in --storage-options, AWS_ENDPOINT_URL) or the URL; nothing "
+                "was written"
+            )
+            bad.__cause__ = err
+            return bad
+        e = e.__cause__ or e.__context__
+    return err
 
 
 def _release(locks: Sequence[WriterLock]) -> None:
@@ -277,7 +308,10 @@ class CheckpointStore:
         if err is not None:
             raise err
         if got is not None:
-            kinds = {t.__name__: t for t in (LockedError, StoreUnreachableError, MirrorError)}
+            kinds = {
+                t.__name__: t
+                for t in (LockedError, StoreUnreachableError, StoreConfigError, MirrorError)
+            }
             raise kinds.get(got[0], CheckpointError)(got[1])
         return self.writer
 
@@ -294,7 +328,8 @@ class CheckpointStore:
                 return e
             except (OSError, CheckpointError) as e:
                 if i == 0:
-                    return _checkpoint_error(e, lk.url)
+                    err = _checkpoint_error(e, lk.url)
+                    return _unresolved(err, lk.url) if starting else err
                 if starting and not unreachable(e):
                     return MirrorError(
                         f"the mirror {lk.url} cannot be written ({e}): fix it, or drop the mirror"
@@ -399,8 +434,19 @@ class CheckpointStore:
             self._prune_location(self.mirror)
 
     def wait(self) -> None:
-        """Block until the save in flight is durable; re-raise a background failure."""
+        """Block until the save in flight is durable; re-raise a background failure. Bounded
+        by the limits (:meth:`set_limits`): past them, StoreUnreachableError."""
         self._saver.wait()
+
+    def set_limits(self, limits: CallLimits) -> None:
+        """How long each wait on the store may last from now on (each request of an object
+        store, the save in flight): a trainer derives them from its time budget and its stop
+        flag, so a store that stalls can neither hold it past its deadline nor keep it deaf
+        to a stop. Default: ``CallLimits()`` (each call at most 300 s)."""
+        self._saver.limits = limits
+        for loc in (self.primary, self.mirror):
+            if loc is not None and hasattr(loc.storage, "limits"):
+                loc.storage.limits = limits
 
     def saves_completed(self) -> list[SaveStats]:
         """Stats of saves (and mirror copies) committed since the last call, oldest first."""

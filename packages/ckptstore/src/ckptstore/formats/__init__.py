@@ -98,7 +98,11 @@ class CheckpointFormat(Protocol):
 
 
 FORMATS: Registry[type[CheckpointFormat]] = Registry(
-    "format", ENTRY_POINT_GROUP, known_formats, lambda name: f"checkpoint format {name!r}"
+    "format",
+    ENTRY_POINT_GROUP,
+    known_formats,
+    lambda name: f"checkpoint format {name!r}",
+    ("stage", "writes_on", "persist", "load", "describe"),
 )
 
 

@@ -50,7 +50,11 @@ class StorageBackend(Protocol):
 
 
 STORAGES: Registry[StorageBackend] = Registry(
-    "storage", ENTRY_POINT_GROUP, known_storages, lambda protocol: f"the storage for {protocol}://"
+    "storage",
+    ENTRY_POINT_GROUP,
+    known_storages,
+    lambda protocol: f"the storage for {protocol}://",
+    ("from_url",),
 )
 
 

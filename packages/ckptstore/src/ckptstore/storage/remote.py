@@ -10,16 +10,20 @@ import importlib
 import os
 import zlib
 from collections.abc import Callable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from ..buffers import memview
 from ..errors import (
+    CheckpointError,
     CorruptCheckpointError,
+    StoreConfigError,
     StoreUnreachableError,
+    config_error,
     disk_error,
     unreachable,
     unreachable_error,
 )
+from ..limits import CallLimits, run_async
 from ..manifest import CRC_CHUNK, Checksum, FileEntry
 from .engine import IOEngine
 from .payload import (
@@ -39,34 +43,21 @@ if TYPE_CHECKING:
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-@functools.cache
-def _remote_errors() -> tuple[type[BaseException], ...]:
-    """Client-library errors that mean "the storage failed" but are not OSErrors."""
-    out = []
-    for module, name in (("botocore.exceptions", "BotoCoreError"), ("aiohttp", "ClientError")):
-        with contextlib.suppress(ImportError, AttributeError):
-            out.append(getattr(importlib.import_module(module), name))
-    return tuple(out)
-
-
-def _storage_errors() -> tuple[type[BaseException], ...]:
-    return (OSError, *_remote_errors())
-
-
 def _translated(fn: F) -> F:
     """Storage failures surface as OSError (what every caller handles), never as a client
-    library's own exception type with a traceback; a store that does not answer, as
-    StoreUnreachableError (an OSError too)."""
+    library's own exception type with a traceback; a store that does not answer (or answers
+    "not now"), as StoreUnreachableError (an OSError too); an answer that means a wrong
+    setting, as StoreConfigError. The backend classifies (:meth:`FsspecStorage.classify`)."""
 
     @functools.wraps(fn)
     def wrapper(self: FsspecStorage, path: str, *args: Any, **kw: Any) -> Any:
         try:
             return fn(self, path, *args, **kw)
-        except StoreUnreachableError:
+        except (StoreUnreachableError, StoreConfigError):
             raise  # said already, by a call inside this one
-        except _storage_errors() as e:
-            if unreachable(e):
-                raise unreachable_error(e, self.url(path)) from e
+        except self.storage_errors() as e:
+            if (said := self.classified(e, self.url(path))) is not None:
+                raise said from e
             if isinstance(e, OSError):
                 raise
             raise OSError(errno.EIO, f"{self.url(path)}: {type(e).__name__}: {e}") from e
@@ -74,13 +65,77 @@ def _translated(fn: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
+def _chain(e: BaseException | None) -> Iterator[BaseException]:
+    seen: set[int] = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        yield e
+        e = e.__cause__ or e.__context__
+
+
+@functools.cache
+def _lookup(names: tuple[tuple[str, str], ...]) -> tuple[type[BaseException], ...]:
+    out = []
+    for module, name in names:
+        with contextlib.suppress(ImportError, AttributeError):
+            out.append(getattr(importlib.import_module(module), name))
+    return tuple(out)
+
+
 class FsspecStorage:
     """Any fsspec filesystem. On object stores a PUT is atomic, so the manifest's presence is
     the commit; there are no directories to fsync."""
 
+    # What this backend's client library raises, declared here (by module and class name: no
+    # import of a library the store may not use) and classified once (:meth:`classify`). The
+    # generic backend: fsspec's async filesystems talk through aiohttp.
+    client_errors: ClassVar[tuple[tuple[str, str], ...]] = (("aiohttp", "ClientError"),)
+    unreachable_types: ClassVar[frozenset[str]] = frozenset(
+        {"ClientConnectionError", "ServerTimeoutError"}  # refused, reset, disconnected, timed out
+    )
+    permanent_types: ClassVar[frozenset[str]] = frozenset()
+
     def __init__(self, fs: Any, root: str) -> None:
         self.fs, self.root = fs, root
         self.is_object_store = not getattr(fs, "local_file", False)
+        self.limits = CallLimits()  # the store's owner sets its own (CheckpointStore.set_limits)
+
+    # -- what the store answered -----------------------------------------------------------
+    def storage_errors(self) -> tuple[type[BaseException], ...]:
+        """What a call of this backend raises when the storage fails."""
+        return (OSError, *_lookup(self.client_errors))
+
+    def classify(self, e: BaseException) -> tuple[str, float | None, str] | None:
+        """``("down", retry_after, answered)`` for an outage (retried later), ``("config",
+        None, fix)`` for an answer that means a wrong setting (never retried), None for
+        neither. Backends with answers of their own (S3's status codes) extend it."""
+        for x in _chain(e):
+            names = {c.__name__ for c in type(x).__mro__}
+            if names & self.permanent_types:
+                return ("config", None, "check the storage options and credentials")
+            if names & self.unreachable_types:
+                return ("down", None, "")
+        return ("down", None, "") if unreachable(e) else None
+
+    def classified(self, e: BaseException, what: str) -> CheckpointError | None:
+        """``e`` as StoreUnreachableError or StoreConfigError, or None (an I/O error)."""
+        verdict = self.classify(e)
+        if verdict is None:
+            return None
+        kind, retry_after, said = verdict
+        if kind == "config":
+            return config_error(e, what, said)
+        return unreachable_error(e, what, retry_after=retry_after, answered=said)
+
+    def run(self, coro: Any, what: str) -> Any:
+        """One call of an async filesystem, within :attr:`limits` (given up past them)."""
+        return run_async(self.fs.loop, coro, self.limits, what)
+
+    def _fs(self, method: str, path: str, *args: Any, **kw: Any) -> Any:
+        """``fs.method(path, ...)``; an async filesystem's within the limits."""
+        if getattr(self.fs, "async_impl", False):
+            return self.run(getattr(self.fs, "_" + method)(path, *args, **kw), self.url(path))
+        return getattr(self.fs, method)(path, *args, **kw)
 
     @classmethod
     def from_url(cls, url: str, storage_options: dict[str, Any]) -> Storage:
@@ -112,8 +167,10 @@ class FsspecStorage:
     def list_dir(self, path: str) -> list[str]:
         self.fs.invalidate_cache(path)
         try:
-            names = self.fs.ls(path, detail=False)
-        except (FileNotFoundError, NotADirectoryError):
+            names = self._fs("ls", path, detail=False)
+        except (FileNotFoundError, NotADirectoryError) as e:
+            if self.classify(e) is not None:  # a deleted bucket is not an empty folder
+                raise
             return []
         base = path.rstrip("/")
         return sorted({n.rstrip("/").rsplit("/", 1)[-1] for n in names if n.rstrip("/") != base})
@@ -121,19 +178,21 @@ class FsspecStorage:
     @_translated
     def exists(self, path: str) -> bool:
         self.fs.invalidate_cache(path)
-        return bool(self.fs.exists(path))
+        return bool(self._fs("exists", path))
 
     @_translated
     def read_small(self, path: str) -> bytes:
         self.fs.invalidate_cache(path)
-        return bytes(self.fs.cat_file(path))
+        return bytes(self._fs("cat_file", path))
 
     @_translated
     def write_small(self, path: str, data: bytes) -> None:
         try:
-            self.fs.pipe_file(path, data)
+            self._fs("pipe_file", path, data)
+        except (StoreUnreachableError, StoreConfigError):
+            raise
         except OSError as e:
-            raise disk_error(e, self.url(path)) from e
+            raise self.classified(e, self.url(path)) or disk_error(e, self.url(path)) from e
         self.fs.invalidate_cache(path)
 
     # -- writes ----------------------------------------------------------------------------
@@ -142,8 +201,10 @@ class FsspecStorage:
     ) -> FileEntry:
         try:
             crcs = self._write(path, payload, io, background)
+        except (StoreUnreachableError, StoreConfigError):
+            raise
         except OSError as e:
-            raise disk_error(e, self.url(path)) from e
+            raise self.classified(e, self.url(path)) or disk_error(e, self.url(path)) from e
         self.fs.invalidate_cache(path)
         name = path.rstrip("/").rsplit("/", 1)[-1]
         return FileEntry(name, payload.size, Checksum(CRC_CHUNK, tuple(crcs)))
@@ -190,8 +251,10 @@ class FsspecStorage:
     def _check_size(self, path: str, entry: FileEntry) -> None:
         self.fs.invalidate_cache(path)
         try:
-            actual = int(self.fs.size(path))
-        except FileNotFoundError:
+            actual = int(self._fs("size", path))
+        except FileNotFoundError as e:
+            if self.classify(e) is not None:
+                raise
             raise CorruptCheckpointError(
                 f"{self.url(path)}: missing file listed in the manifest"
             ) from None
@@ -236,8 +299,11 @@ class FsspecStorage:
 
     @_translated
     def delete(self, path: str) -> None:
-        with contextlib.suppress(FileNotFoundError):
-            self.fs.rm_file(path)
+        try:
+            self._fs("rm_file", path)
+        except FileNotFoundError as e:
+            if self.classify(e) is not None:
+                raise
         self.fs.invalidate_cache(path)
 
     @_translated

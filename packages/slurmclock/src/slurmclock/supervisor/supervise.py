@@ -437,6 +437,7 @@ class Supervisor:
             config=self.config,
             requeued=self.requeued,
             here=here,
+            store_tries=self._store_tries,
         )
         return self._act(verdict, kind, here)
 

@@ -162,10 +162,12 @@ def decide(
     config: SuperviseConfig,
     requeued: bool = False,
     here: Room = NO_ROOM,
+    store_tries: int = 1,
 ) -> Verdict:
     """The verdict for a step that exited with ``rc`` (``kind`` from :func:`end_kind`);
     ``streak`` includes this failure; ``requeued``: already requeued when the SIGTERM came;
-    ``here``: whether a failure or a store outage can be retried in this allocation."""
+    ``here``: whether a failure or a store outage can be retried in this allocation;
+    ``store_tries``: the store outages (exit 74) in a row in this allocation, this one too."""
     if kind == "slurm":
         return _slurm_ended(term, requeued)
     if kind == "requested":
@@ -186,7 +188,7 @@ def decide(
     if kind == "stopped":
         return requeue_or_end("stopped early with steps left", EXIT_STOPPED, restarts, config)
     if kind == "store":
-        return _store_down(rc, restarts, config, here)
+        return _store_down(rc, restarts, config, here, store_tries)
     at = "before any checkpoint" if streak.step is None else f"at checkpoint step {streak.step}"
     if streak.count >= config.max_failures:
         return Verdict("give_up", rc, gave_up_line(streak, config))
@@ -209,13 +211,25 @@ def _slurm_ended(term: str | None, requeued: bool) -> Verdict:
     return Verdict("end", EXIT_STOPPED, f"not requeued at the {term_words(term)}")
 
 
-def _store_down(rc: int, restarts: int, config: SuperviseConfig, here: Room) -> Verdict:
+def _store_down(
+    rc: int, restarts: int, config: SuperviseConfig, here: Room, tries: int = 1
+) -> Verdict:
     """Exit 74: nothing was lost and it is not a failure of the run: tried again after a pause
-    while the allocation has the time, else in the next one."""
+    while the allocation has the time, else in the next one -- unless the outage outlasted
+    this allocation's retries (two or more in a row): then a requeue would only wait in the
+    queue to meet it again, up to --max-restarts times; one line, and the chain ends."""
     what = "the checkpoint store could not be reached (exit 74: nothing lost, not a failure)"
     if here.ok:
         return Verdict(
             "restart", rc, f"{what}: trying again in {here.wait:.0f} s in this allocation"
+        )
+    if tries >= 2:
+        return Verdict(
+            "give_up",
+            rc,
+            f"gave up: the checkpoint store did not answer through {tries} starts in a row, "
+            f"for the rest of this allocation ({here.why or 'no time left'}); not requeueing "
+            f"(nothing is lost). Once the store answers, resume: {config.resume_hint}",
         )
     return requeue_or_end(f"{what}; {here.why}" if here.why else what, rc, restarts, config)
 
