@@ -54,9 +54,8 @@ def problems(message: str, *, merge: bool) -> list[str]:
     found = []
     if len(subject) > SUBJECT_MAX:
         found.append(f"subject is {len(subject)} characters (at most {SUBJECT_MAX})")
-    if not merge:
-        if len(lines) < 3 or lines[1].strip():
-            found.append("no body after a blank line saying why")
+    if not merge and (len(lines) < 3 or lines[1].strip()):
+        found.append("no body after a blank line saying why")
     return found
 
 

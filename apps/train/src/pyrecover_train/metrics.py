@@ -21,6 +21,9 @@ from typing import Any
 import orjson
 
 RETRY_S = 30.0  # how often a file that could not be written is tried again
+VAL_LOSS = "val_loss"
+"""The validation loss's one name: the ``eval`` event's key, a checkpoint's metadata key (and
+its ``metrics``), W&B's series and the metric ckptstore's ``keep_best`` ranks checkpoints by."""
 
 
 class AppendFile:
