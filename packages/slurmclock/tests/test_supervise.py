@@ -16,6 +16,7 @@ import pytest
 
 from slurmclock import CommandError, JobTimeline
 from slurmclock.cli import main
+from slurmclock.job import JobState
 from slurmclock.slurm import parse_job_record
 from slurmclock.supervisor.config import SuperviseConfig
 from slurmclock.supervisor.faults import Fault, read_faults
@@ -61,7 +62,11 @@ def test_without_scontrol_only_a_passed_deadline_reads_as_the_limit() -> None:
 
 def test_job_view_fields() -> None:
     view = parse_job_record(SHOW["limit"] + " ExcNodeList=n[2-3] NumNodes=4-4")
-    assert view.state == "COMPLETING" and view.reason == "TimeLimit" and view.restarts == 0
+    assert (
+        view.native_state == "COMPLETING"
+        and view.state == JobState.TIMED_OUT
+        and view.restarts == 0
+    )
     assert view.partition == "debug" and view.nodes == "n1" and view.exc_nodes == "n[2-3]"
     assert view.num_nodes == 1  # the first NumNodes= wins
     assert parse_job_record(SHOW["scancel"]).preempt_time is None

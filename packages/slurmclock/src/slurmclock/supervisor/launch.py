@@ -20,8 +20,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from slurmclock.commands import CommandError
-from slurmclock.supervisor.faults import Fault, FaultWatch
 from slurmclock.job import PROBE_NAME, Scheduler
+from slurmclock.supervisor.faults import Fault, FaultWatch
 from slurmclock.timeline import Event
 
 __all__ = ["GRACE_S", "KILL_S", "LOOK_S", "Launch", "kill"]

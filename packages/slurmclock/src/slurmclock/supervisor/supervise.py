@@ -83,13 +83,28 @@ import sys
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO, TypeVar
 
 from slurmclock.commands import CommandError, Runner
 from slurmclock.deadline import DeadlineWatcher
-from slurmclock.supervisor.faults import Fault, FaultWatch, read_faults
+from slurmclock.job import (
+    EXIT_STOPPED,
+    LIMIT,
+    PREEMPTED,
+    REQUEUED,
+    STOP,
+    JobView,
+    Scheduler,
+    job_id_problem,
+    tasks_per_node,
+    this_job,
+)
+from slurmclock.requeue import requeue
+from slurmclock.schedulers import default_scheduler
+from slurmclock.signals import signal_lead_from_env
+from slurmclock.supervisor.config import SuperviseConfig
+from slurmclock.supervisor.faults import FAULT_FILE_ENV, Fault
 from slurmclock.supervisor.history import (
     Streak,
     failure_streak,
@@ -97,27 +112,9 @@ from slurmclock.supervisor.history import (
     restart_cost,
     vanished_run,
 )
-from slurmclock.job import (
-    EXIT_STOPPED,
-    LIMIT,
-    PREEMPTED,
-    REQUEUED,
-    STOP,
-    TERM_KINDS,
-    JobView,
-    Scheduler,
-    job_id_problem,
-    tasks_per_node,
-    this_job,
-)
 from slurmclock.supervisor.launch import Launch, kill
 from slurmclock.supervisor.lostnodes import NodeKeeper, RequeuePlan
 from slurmclock.supervisor.placement import Placement, place, training_nodes
-from slurmclock.requeue import requeue
-from slurmclock.signals import signal_lead_from_env
-from slurmclock.slurm import Slurm
-from slurmclock.supervisor.config import SuperviseConfig
-from slurmclock.timeline import Event, JobTimeline
 from slurmclock.supervisor.verdict import (
     NO_ROOM,
     Room,
@@ -130,6 +127,7 @@ from slurmclock.supervisor.verdict import (
     requeue_or_end,
     term_words,
 )
+from slurmclock.timeline import Event, JobTimeline
 
 __all__ = ["Supervisor"]
 
@@ -164,7 +162,7 @@ class Supervisor:
         self.env = dict(os.environ if env is None else env)
         if scheduler is not None and runner is not None:
             raise TypeError("give a scheduler or a runner for SLURM's commands, not both")
-        self.scheduler: Scheduler = Slurm(runner) if scheduler is None else scheduler
+        self.scheduler = default_scheduler(runner, env=self.env) if scheduler is None else scheduler
         self.clock = time.time if clock is None else clock
         self.sleep = time.sleep if sleep is None else sleep
         self.out = sys.stdout if out is None else out
@@ -320,7 +318,7 @@ class Supervisor:
         placed = nodes if command != place(argv, None, overlap=again) else None
         env = dict(self.env)
         if self.fault_file is not None:
-            env.setdefault("DDPKIT_FAULT_FILE", str(self.fault_file))
+            env.setdefault(FAULT_FILE_ENV, str(self.fault_file))
         self.launches += 1
         if again:
             where = "" if placed is None else f" on {','.join(placed)}"
@@ -328,7 +326,7 @@ class Supervisor:
             self.timeline.mark("relaunched", attempt=self.launches, nodes=",".join(placed or ()))
         try:
             launch = Launch.start(
-                command, env, started=self.clock(), fault_file=env.get("DDPKIT_FAULT_FILE")
+                command, env, started=self.clock(), fault_file=env.get(FAULT_FILE_ENV)
             )
         except OSError as e:
             self.log(f"cannot start the training step `{command[0]}`: {e}")
@@ -480,7 +478,7 @@ class Supervisor:
             return
         gone = [h for h in hosts if h not in keep]
         job, timeout, nodes = self.job, self.config.command_timeout, ",".join(keep)
-        if self._tell(lambda: self.scheduler.update_job(job, timeout=timeout, NodeList=nodes)):
+        if self._tell(lambda: self.scheduler.release_nodes(job, keep, timeout=timeout)):
             self.log(
                 f"gave node(s) {', '.join(gone)} back to SLURM (NodeList={nodes}): the job "
                 "does not wait for them to end"
