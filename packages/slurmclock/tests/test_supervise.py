@@ -80,14 +80,16 @@ class Job:
         ]
 
 
-def supervisor(tmp_path: Path, job: Job, restart: int = 0, **config: Any) -> Supervisor:
-    """The supervisor of job 42 on node n1, with the fake SLURM ``job``."""
+def supervisor(
+    tmp_path: Path, job: Job, restart: int = 0, nodelist: str = "n1", **config: Any
+) -> Supervisor:
+    """The supervisor of job 42 on node n1 (of ``nodelist``), with the fake SLURM ``job``."""
     env = {
         **os.environ,
         "SLURM_JOB_ID": "42",
         "SLURM_RESTART_COUNT": str(restart),
         "SLURMCLOCK_DIR": str(tmp_path),
-        "SLURM_JOB_NODELIST": "n1",
+        "SLURM_JOB_NODELIST": nodelist,
     }
     for key in ("SLURM_CLUSTER_NAME", "RANK", "SLURM_PROCID", "PYRECOVER_SIGNAL_LEAD"):
         env.pop(key, None)
@@ -120,7 +122,8 @@ def test_finished(tmp_path: Path) -> None:
 def test_a_crash_is_requeued_and_the_fault_file_read(tmp_path: Path) -> None:
     """Without restarts in the allocation: the requeue, with the lost node excluded."""
     job = Job(show=SHOW["limit"], sinfo="n1 idle\nn2 idle\nn3 mix\n")
-    sup = supervisor(tmp_path, job, restart_here=False)
+    # n2 is one of the job's nodes: a record naming a node outside the job is ignored
+    sup = supervisor(tmp_path, job, nodelist="n1,n2", restart_here=False)
     report = {"time": 4e9, "rank": 1, "host": "n2", "what": "dead", "reporter": 0}
     code = (
         "import json, os; f = open(os.environ['DDPKIT_FAULT_FILE'], 'a'); "
@@ -136,6 +139,7 @@ def test_a_crash_is_requeued_and_the_fault_file_read(tmp_path: Path) -> None:
     probe = "srun --jobid=42 --overlap --nodes=1 --ntasks=1 --ntasks-per-node=1 --nodelist=n2"
     assert job.acting() == [
         f"{probe} --job-name=slurmclock-probe --quiet true",
+        "scontrol update JobId=42 NodeList=n1",  # the lost node given back to SLURM
         "scontrol requeue 42",
         "scontrol update JobId=42 ExcNodeList=n2",
     ]

@@ -20,10 +20,13 @@ from typing import Any
 
 import orjson
 
+from slurmclock.untrusted import Records, read_records
+
 RETRY_S = 30.0  # how often a file that could not be written is tried again
 VAL_LOSS = "val_loss"
 """The validation loss's one name: the ``eval`` event's key, a checkpoint's metadata key (and
 its ``metrics``), W&B's series and the metric ckptstore's ``keep_best`` ranks checkpoints by."""
+READ_LIMIT = 256 * 1024 * 1024  # a report reads at most this much: a long run's newest events
 
 
 class AppendFile:
@@ -149,16 +152,16 @@ class MetricsLog:
         self.close()
 
 
-def read_events(path: Path) -> Iterator[dict[str, Any]]:
-    """Events in file order; a torn or foreign line (from a kill mid-write) is skipped."""
-    with open(path, "rb") as f:
-        for line in f:
-            try:
-                record = orjson.loads(line)
-            except orjson.JSONDecodeError:
-                continue
-            if isinstance(record, dict) and "event" in record:
-                yield record
+def read_events(path: Path, *, limit: int = READ_LIMIT) -> Iterator[dict[str, Any]]:
+    """Events in file order; a torn or foreign line (from a kill mid-write) is skipped. The file
+    is read as untrusted input (slurmclock's reader: bounded lines, nothing but a regular file,
+    its last ``limit`` bytes when larger)."""
+    yield from events_of(read_records(path, limit=limit))
+
+
+def events_of(found: Records) -> Iterator[dict[str, Any]]:
+    """The events among what :func:`slurmclock.untrusted.read_records` found."""
+    return (record for record in found.records if "event" in record)
 
 
 def fmt_duration(seconds: float | None) -> str:

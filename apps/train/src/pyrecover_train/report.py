@@ -30,9 +30,10 @@ from typing import Any
 import orjson
 
 import slurmclock
+from slurmclock.untrusted import quote, read_records
 
 from .config import _Parser
-from .metrics import VAL_LOSS, fmt_duration, read_events
+from .metrics import READ_LIMIT, VAL_LOSS, events_of, fmt_duration
 
 PLOT_HINT = "pip install 'pyrecover-train[plot]' (matplotlib)"
 NOTHING_TO_DO = "nothing to do"
@@ -398,11 +399,18 @@ def _parser() -> _Parser:
 def _read(path: Path) -> tuple[list[dict[str, Any]], Summary] | str:
     """The events and their summary, or the one line that says why there are none."""
     if not path.is_file():
+        what = "is not a regular file" if path.exists() else "not found"
         return (
-            f"{path} not found: give the experiment folder (e.g. checkpoints/default-exp) or "
+            f"{path} {what}: give the experiment folder (e.g. checkpoints/default-exp) or "
             "--metrics FILE"
         )
-    events = list(read_events(path))
+    found = read_records(path, limit=READ_LIMIT)
+    if found.error is not None:
+        return f"{path} cannot be read: {found.error}"
+    if found.skipped:  # said once, quoted: the file is another process's
+        said = found.describe_skipped(quote(str(path)))
+        print(f"pyrecover-train report: {said}", file=sys.stderr)
+    events = list(events_of(found))
     if not events:
         return f"{path} holds no events"
     try:

@@ -13,7 +13,12 @@
   gets a wide one. Saves written in the background while training went on (async, timed until
   durable) are slower than the final save, which has the machine to itself: they are kept
   apart (``record_save(background=True)``), with their own median and a pooled spread, so they
-  do not inflate the final save's bound. Before any save is measured: ``initial_save_estimate``.
+  do not inflate the final save's bound. A stall -- a save slower than ``STALL_FACTOR`` (4) times
+  the median of the others -- counts as 4 x that median: one hung store cannot move the bound
+  of this run or, through the checkpoint, of the next ones by orders of magnitude. Before any
+  save is measured: ``initial_save_estimate``; by default (None) :data:`SAVE_GUESS` (60 s), at
+  most :data:`SAVE_GUESS_SHARE` (a quarter) of the time left when the budget first looked at
+  its deadline: a 60 s test job trains for 40 s instead of stopping at its first step.
 * *exit* -- what the job needs after its final save is durable: process exit, ``srun``
   teardown and the batch script's ``scontrol requeue``. Measured per allocation from the
   timestamps in the job's :class:`~slurmclock.JobTimeline` (1.25 x the longest of the last
@@ -46,13 +51,16 @@ signal (TERM, INT, ``request()``), or a warning whose lead is unknown, stops at 
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import math
+import os
 import statistics
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from slurmclock.deadline import Deadline, DeadlineWatcher
@@ -64,9 +72,10 @@ from slurmclock.signals import (
     signal_lead_from_env,
     signal_name,
 )
+from slurmclock.untrusted import MAX_LINE, parse_record, quote, read_bytes
 
 if TYPE_CHECKING:
-    from slurmclock.timeline import ExitSample, JobTimeline
+    from slurmclock.timeline import Event, ExitSample, JobTimeline
 
 __all__ = [
     "SAVE_PRIOR_SPREAD",
@@ -88,6 +97,11 @@ log = logging.getLogger("slurmclock")
 # x1.35 keeps free on a steady one is mostly won back by extra saves.)
 SAVE_PRIOR_SPREAD = 0.3
 SAVE_PRIOR_WEIGHT = 4.0
+# A save slower than this times the median of the others is a stall (a store that hung), and
+# counts as this much: one stall cannot move the bound by orders of magnitude (_tame).
+STALL_FACTOR = 4.0
+# A save before one is measured: 60 s, at most a quarter of the time the run has (_save_guess).
+SAVE_GUESS, SAVE_GUESS_SHARE = 60.0, 0.25
 EXIT_FACTOR = 1.25  # the exit bound: this times the longest measured exit
 # The exit before one is measured: from this allocation's launch when known, else a guess.
 EXIT_GUESS_BASE, EXIT_PER_LAUNCH, EXIT_GUESS = 1.0, 2.0, 5.0
@@ -225,6 +239,18 @@ class RobustEstimate(_Estimate):
         return f"no {what} measured yet"
 
 
+def _tame(logs: list[float]) -> list[float]:
+    """Log-seconds with each stall counted as :data:`STALL_FACTOR` times the median of the
+    other samples: one save that hung for hours (a stalled store) must not widen every later
+    bound by orders of magnitude -- it would be carried in the checkpoint to the next runs, and
+    they would stop at their first step. A file system that became slower for good moves the
+    median within half a window and is then followed."""
+    if len(logs) < 2:
+        return logs
+    cap = math.log(STALL_FACTOR)
+    return [min(x, statistics.median(logs[:i] + logs[i + 1 :]) + cap) for i, x in enumerate(logs)]
+
+
 def t_quantile(q: float, df: float) -> float:
     """Student's t quantile (Cornish-Fisher, 3 terms: within 1.5 % for df >= 4 at q <= 0.995)."""
     z = statistics.NormalDist().inv_cdf(q)
@@ -271,16 +297,20 @@ class SaveTail:
         }
         self._bounds: dict[bool, float | None] = {}
         self.count = 0
+        self._own = {False: 0, True: 0}  # this run's samples of each kind (add, not load)
 
     def add(self, seconds: float, *, background: bool = False) -> None:
         self.count += 1
+        self._own[background] += 1
         self._recent[background].append(seconds)
         self._bounds.clear()
 
     def load(self, samples: Iterable[float], *, background: bool = False) -> None:
-        """Older samples (earlier allocations): they come before this run's in the window."""
+        """Older samples (earlier allocations): they come before this run's in the window and
+        replace those loaded before (a checkpoint's record supersedes the timeline's)."""
         recent = self._recent[background]
-        mine = list(recent)
+        own = self._own[background]
+        mine = list(recent)[-own:] if own else []
         recent.clear()
         recent.extend([*samples, *mine])
         self._bounds.clear()
@@ -295,7 +325,7 @@ class SaveTail:
         return list(self._recent[True])
 
     def _logs(self) -> dict[bool, list[float]]:
-        return {k: [math.log(max(x, 1e-3)) for x in v] for k, v in self._recent.items() if v}
+        return {k: _tame([math.log(max(x, 1e-3)) for x in v]) for k, v in self._recent.items() if v}
 
     def fit(self, *, background: bool = False) -> tuple[float, float] | None:
         """(median seconds of the kind, pooled spread of log-seconds); None without samples."""
@@ -381,7 +411,7 @@ class BudgetConfig:
 
     margin: float | None = None
     initial_step_estimate: float = 0.0
-    initial_save_estimate: float = 60.0
+    initial_save_estimate: float | None = None
     initial_exit_estimate: float | None = None
     slack: float = SLACK
     warmup_steps: int = 2
@@ -397,12 +427,11 @@ class BudgetConfig:
     def __post_init__(self) -> None:
         for name in (
             "initial_step_estimate",
-            "initial_save_estimate",
             "slack",
             "signal_jitter",
         ):
             check_seconds(name, getattr(self, name))
-        for name in ("margin", "signal_lead", "initial_exit_estimate"):
+        for name in ("margin", "signal_lead", "initial_exit_estimate", "initial_save_estimate"):
             if getattr(self, name) is not None:
                 check_seconds(name, getattr(self, name))
         for name in ("warmup_steps", "step_window", "save_window", "exit_window"):
@@ -478,7 +507,7 @@ class TimeBudget:
         *,
         margin: float | None = None,
         initial_step_estimate: float = 0.0,
-        initial_save_estimate: float = 60.0,
+        initial_save_estimate: float | None = None,
         initial_exit_estimate: float | None = None,
         slack: float = SLACK,
         warmup_steps: int = 2,
@@ -531,6 +560,7 @@ class TimeBudget:
         self._saves = SaveTail(window=cfg.save_window, quantile=cfg.save_quantile)
         self._exits: dict[tuple[str, int], float] = {}
         self.launch_s: float | None = None  # record_launch()
+        self._first_left: float | None = None  # seconds left when the budget first looked
         self._warnings_seen = 0
         self._said: set[str] = set()
         self._parts_cache: dict[bool, tuple[float, str]] = {}  # with_step -> (needed, said)
@@ -579,16 +609,27 @@ class TimeBudget:
         own median: the final save's bound comes from blocking saves (from background ones only
         until a blocking save was measured), the bound of a background save from background ones.
         """
-        if self._valid("save", seconds):
+        valid = self._valid("save", seconds)
+        if valid:
             self._saves.add(float(seconds), background=background)
             self._parts_cache.clear()
-        self._mark_checkpoint(step)
+        self._mark_checkpoint(step, float(seconds) if valid else None, background)
         if final and self.timeline is not None:
             self.timeline.mark("saved", seconds=round(float(seconds), 3))
 
-    def _mark_checkpoint(self, step: int | None) -> None:
-        if step is not None and self.timeline is not None:
-            self.timeline.mark("checkpoint", step=int(step))
+    def _mark_checkpoint(
+        self, step: int | None, seconds: float | None = None, background: bool = False
+    ) -> None:
+        """``checkpoint step=N``, with the save's ``seconds`` (and ``background``) when it is a
+        save-time sample: the job's next runs read them (:meth:`load_timeline`)."""
+        if step is None or self.timeline is None:
+            return
+        info: dict[str, Any] = {"step": int(step)}
+        if seconds is not None:
+            info["seconds"] = round(seconds, 3)
+            if background:
+                info["background"] = True
+        self.timeline.mark("checkpoint", **info)
 
     def record_exit(self, seconds: float, *, job: str = "?", restart: int = -1) -> None:
         """Add what one earlier run needed after its final save (exit, teardown, requeue).
@@ -611,10 +652,21 @@ class TimeBudget:
             self._parts_cache.clear()
 
     def load_timeline(self, timeline: JobTimeline) -> int:
-        """Read the exit times of this job's earlier allocations; returns how many it found."""
-        samples: list[ExitSample] = timeline.exit_samples()
+        """Read the exit times of this job's earlier allocations; returns how many it found.
+
+        Also the save times its earlier runs and launches marked (``checkpoint`` with
+        ``seconds``): a loop that keeps no budget state of its own (:meth:`state_dict`) still
+        starts its next run from measured saves. A state loaded later from a checkpoint
+        (:meth:`load_state_dict`) replaces them."""
+        events = timeline.events()
+        samples: list[ExitSample] = timeline.exit_samples(events)
         for s in samples:
             self.record_exit(s.seconds, job=s.job, restart=s.restart)
+        for background in (False, True):
+            saves = save_samples(events, background=background)
+            if saves:
+                self._saves.load(saves, background=background)
+                self._parts_cache.clear()
         return len(samples)
 
     def _valid(self, what: str, seconds: float) -> bool:
@@ -745,10 +797,20 @@ class TimeBudget:
     def _save_part(self, name: str, *, background: bool = False) -> _Part:
         value = self._saves.bound(background=background)
         if value is None:
-            return _Part(
-                name, self.config.initial_save_estimate, "initial guess, no save measured yet"
-            )
+            return _Part(name, *self._save_guess())
         return _Part(name, value, self._saves.describe(background=background))
+
+    def _save_guess(self) -> tuple[float, str]:
+        """(seconds, how) of a save before one is measured: see the module docstring."""
+        given = self.config.initial_save_estimate
+        if given is not None:
+            return given, "initial guess, no save measured yet"
+        if self._first_left is None:
+            self._first_left = self.seconds_left()
+        if self._first_left is None or self._first_left * SAVE_GUESS_SHARE >= SAVE_GUESS:
+            return SAVE_GUESS, "initial guess, no save measured yet"
+        guess = max(0.0, self._first_left * SAVE_GUESS_SHARE)
+        return guess, f"initial guess: {SAVE_GUESS_SHARE:g} of the {_fmt(self._first_left)} s left"
 
     def _step_part(self) -> _Part:
         step = self._steps.value
@@ -977,6 +1039,40 @@ class TimeBudget:
             ],
         }
 
+    def save_state_file(self, path: str | os.PathLike[str]) -> str | None:
+        """Write :meth:`state_dict` to ``path`` (one JSON line, atomically: a temporary file
+        renamed); None when written, else the one line why not (an estimate is not worth a
+        failure). :meth:`load_state_file` reads it in the next run -- of this job or of the
+        next job of a chain -- for a loop that keeps no state of its own in its checkpoint."""
+        target = Path(path)
+        tmp = target.with_name(f".{target.name}.tmp")
+        try:
+            tmp.write_text(json.dumps(self.state_dict()) + "\n", encoding="utf-8")
+            os.replace(tmp, target)
+        except OSError as e:
+            return f"could not write the time budget state {target}: {e.strerror or e}"
+        return None
+
+    def load_state_file(self, path: str | os.PathLike[str]) -> str | None:
+        """Start from the state :meth:`save_state_file` wrote to ``path``. The file is read as
+        untrusted input (:mod:`slurmclock.untrusted`: a regular file, bounded, never blocking);
+        None when loaded or missing, else the one line (its values quoted) saying why it was
+        ignored: the run then starts from the first-run guesses."""
+        try:
+            data, _, cut = read_bytes(path, limit=MAX_LINE + 1)
+        except FileNotFoundError:
+            return None
+        except OSError as e:
+            return f"ignoring the time budget state {path}: {e.strerror or e}"
+        state = None if cut else parse_record(data.strip())
+        if state is None:
+            return f"ignoring the time budget state {path}: not one bounded JSON object"
+        try:
+            self.load_state_dict(state)
+        except ValueError as e:
+            return f"ignoring the time budget state {path}: {quote(str(e))}"
+        return None
+
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Start from the figures of :meth:`state_dict` (an empty mapping changes nothing).
 
@@ -998,8 +1094,9 @@ class TimeBudget:
         background = _check_samples("background_saves", _list(state, "background_saves"))
         exits = [_exit_entry(i, e) for i, e in enumerate(_list(state, "exits"))]
         self._steps.load(steps)
-        self._saves.load(saves)
-        self._saves.load(background, background=True)
+        if saves or background:  # replace the timeline's: the checkpoint holds the same saves
+            self._saves.load(saves)
+            self._saves.load(background, background=True)
         self._parts_cache.clear()
         mine = dict(self._exits)
         self._exits.clear()
@@ -1007,6 +1104,20 @@ class TimeBudget:
             self.record_exit(seconds, job=job, restart=restart)
         for (job, restart), seconds in mine.items():
             self.record_exit(seconds, job=job, restart=restart)
+
+
+def save_samples(events: Iterable[Event], *, background: bool = False) -> list[float]:
+    """The save times (seconds until durable) of the timeline's ``checkpoint`` marks of one
+    kind, oldest first; marks without ``seconds`` (an extra save, an older slurmclock) and
+    values that are not seconds are left out."""
+    out = []
+    for ev in events:
+        seconds = ev.info.get("seconds")
+        if ev.name != "checkpoint" or not isinstance(seconds, (int, float)):
+            continue
+        if _number(seconds) and seconds >= 0 and (ev.info.get("background") is True) == background:
+            out.append(float(seconds))
+    return out
 
 
 def _list(state: Mapping[str, Any], key: str) -> list[Any]:
@@ -1021,6 +1132,7 @@ def _exit_entry(i: int, entry: Any) -> tuple[str, int, float]:
     if not isinstance(entry, Mapping) or not {"job", "restart", "seconds"} <= set(entry):
         raise ValueError(f"{where} must be {{'job': ..., 'restart': ..., 'seconds': ...}}")
     restart = entry["restart"]
-    if isinstance(restart, bool) or not isinstance(restart, int):
-        raise ValueError(f"{where}.restart must be an integer, got {restart!r}")
+    if isinstance(restart, bool) or not isinstance(restart, int) or not 0 <= restart < 2**31:
+        shown = restart if isinstance(restart, int) and abs(restart) < 10**30 else "out of range"
+        raise ValueError(f"{where}.restart must be a whole number >= 0, got {shown!r}")
     return str(entry["job"]), restart, check_seconds(f"{where}.seconds", entry["seconds"])

@@ -62,6 +62,7 @@ from slurmclock.job import (
 from slurmclock.requeue import requeue
 from slurmclock.schedulers import default_scheduler
 from slurmclock.supervisor import SuperviseConfig, Supervisor
+from slurmclock.supervisor.config import contradiction
 from slurmclock.timeline import Event, ExitSample, JobTimeline, find_timeline
 
 __all__ = ["main", "status"]
@@ -305,6 +306,10 @@ def _supervise(
         )
     except ValueError as e:
         print(f"slurmclock: error: supervise: {e}", file=sys.stderr)
+        return 2
+    problem = contradiction(config, env)
+    if problem is not None:  # before anything runs: one line, exit 2
+        print(f"slurmclock: error: supervise: {problem}", file=sys.stderr)
         return 2
     return Supervisor(config, env=env, runner=runner).run(argv)
 
@@ -611,8 +616,14 @@ def _stop(args: argparse.Namespace, env: Mapping[str, str] | None, runner: Runne
         f"asked job {job} to save and stop: SIGTERM sent to its batch shell, which forwards it "
         "to the training step (the trainer saves, exits, and the job is not requeued)"
     )
+    print(f"if job {job} is one of a chain (submit-chain.sh, --dependency) or an array: {_REST}")
     return 0
 
+
+_REST = (
+    "the jobs after it still start and resume from its checkpoint; to stop them too, scancel "
+    "them (squeue --me -o '%i %E' lists the jobs that wait on it; scancel ARRAY_ID ends an array)"
+)
 
 _COMMANDS = {
     "requeue": _requeue,

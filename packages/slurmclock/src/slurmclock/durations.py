@@ -75,13 +75,24 @@ def check_seconds(name: str, value: object, *, positive: bool = False) -> float:
     Refuses booleans, non-numbers, NaN, infinity and negatives (zero too when ``positive``).
     """
     low = "> 0" if positive else ">= 0"
-    problem = ValueError(f"{name} must be a finite number of seconds {low}, got {value!r}")
+    problem = ValueError(f"{name} must be a finite number of seconds {low}, got {_brief(value)}")
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise problem
-    seconds = float(value)
+    try:
+        seconds = float(value)
+    except OverflowError:  # an int of 400 digits (a damaged file): no float holds it
+        raise problem from None
     if not math.isfinite(seconds) or seconds < 0 or (positive and seconds == 0):
         raise problem
     return seconds
+
+
+def _brief(value: object) -> str:
+    """``repr(value)``, short: a value from a damaged file may be a 4000-digit number."""
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) > 10**30:
+        return "a number of more than 30 digits"
+    text = repr(value)
+    return text if len(text) <= 60 else f"{text[:57]}..."
 
 
 # -- human durations -------------------------------------------------------------------------

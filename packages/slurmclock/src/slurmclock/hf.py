@@ -49,6 +49,7 @@ from slurmclock.budget import TimeBudget
 from slurmclock.deadline import Deadline, DeadlineWatcher
 from slurmclock.loop import EXIT_FINISHED, EXIT_STOPPED, TimeAware
 from slurmclock.signals import STOP_SIGNALS
+from slurmclock.untrusted import read_bytes
 
 try:
     from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
@@ -118,9 +119,8 @@ def last_checkpoint(output_dir: str | os.PathLike[str]) -> str | None:
 def _incomplete(checkpoint: str) -> str | None:
     """Why ``checkpoint``'s ``trainer_state.json`` does not show a finished save, or None."""
     path = os.path.join(checkpoint, _WRITTEN_LAST)
-    try:
-        with open(path, "rb") as f:
-            text = f.read()
+    try:  # written by another process: a regular file, bounded, never a blocking read
+        text, _, cut = read_bytes(path)
     except FileNotFoundError:
         return f"no {_WRITTEN_LAST}"
     except OSError as e:
@@ -128,8 +128,10 @@ def _incomplete(checkpoint: str) -> str | None:
     if not text.strip():
         return f"{_WRITTEN_LAST} is empty"
     try:
-        state = json.loads(text)
-    except ValueError:
+        state = None if cut else json.loads(text)
+    except (ValueError, RecursionError):
+        state = None
+    if state is None:
         return f"{_WRITTEN_LAST} is not whole JSON"
     if not isinstance(state, dict) or not isinstance(state.get("global_step"), int):
         return f"{_WRITTEN_LAST} has no global_step"
@@ -164,7 +166,7 @@ class TimeAwareCallback(TimeAware, TrainerCallback):
         *,
         deadline: DeadlineWatcher | Deadline | None = None,
         margin: float | None = None,
-        initial_save_estimate: float = 60.0,
+        initial_save_estimate: float | None = None,
         warmup_steps: int = 2,
         signals: Iterable[str | int] = STOP_SIGNALS,
         probe_saves: bool = True,
@@ -290,23 +292,17 @@ def _store_budget(budget: TimeBudget, folder: Path) -> None:
     folder (a hyperparameter search's run folder) or a failing disk only costs the estimates."""
     if not folder.is_dir():
         return
-    tmp = folder / f".{BUDGET_FILE}.tmp"
-    try:
-        tmp.write_text(json.dumps(budget.state_dict()), encoding="utf-8")
-        os.replace(tmp, folder / BUDGET_FILE)
-    except OSError as e:
-        log.warning("slurmclock: could not write %s: %s", folder / BUDGET_FILE, e)
+    problem = budget.save_state_file(folder / BUDGET_FILE)
+    if problem is not None:
+        log.warning("slurmclock: %s", problem)
 
 
 def _load_budget(budget: TimeBudget, path: Path) -> None:
     """A missing or unreadable file (a checkpoint from before, or from another callback) means
-    starting from the initial estimates, said once."""
-    try:
-        budget.load_state_dict(json.loads(path.read_text(encoding="utf-8")))
-    except FileNotFoundError:
-        return
-    except (OSError, ValueError, TypeError, KeyError) as e:
-        log.warning("slurmclock: ignoring %s (%s): starting from the initial estimates", path, e)
+    starting from the initial estimates, said once (the file is read as untrusted input)."""
+    problem = budget.load_state_file(path)
+    if problem is not None:
+        log.warning("slurmclock: %s: starting from the initial estimates", problem)
 
 
 def _agree(values: tuple[int, ...], device: Any) -> tuple[int, ...]:

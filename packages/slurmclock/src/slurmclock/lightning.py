@@ -108,7 +108,7 @@ class TimeAwareCallback(TimeAware, Callback):
         *,
         deadline: DeadlineWatcher | Deadline | None = None,
         margin: float | None = None,
-        initial_save_estimate: float = 60.0,
+        initial_save_estimate: float | None = None,
         warmup_steps: int = 2,
         signals: Iterable[str | int] = STOP_SIGNALS,
         every_n_steps: int | None = None,

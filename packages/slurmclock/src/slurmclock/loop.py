@@ -531,7 +531,7 @@ class TimeAware:
         *,
         deadline: DeadlineWatcher | Deadline | None,
         margin: float | None,
-        initial_save_estimate: float,
+        initial_save_estimate: float | None,
         warmup_steps: int,
         signals: Iterable[str | int],
         **loop_kw: Any,

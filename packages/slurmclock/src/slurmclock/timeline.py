@@ -49,8 +49,9 @@ import logging
 import math
 import os
 import socket
+import stat
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -71,10 +72,12 @@ from slurmclock.job import (
     restart_count,
 )
 from slurmclock.job import job_id as _job_id
+from slurmclock.untrusted import NotRegularFile, parse_record, read_records
 
 __all__ = ["EVENTS", "Event", "ExitSample", "JobTimeline", "find_timeline", "timeline_dir"]
 
 log = logging.getLogger("slurmclock")
+_APPEND = os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
 
 
 def timeline_dir(env: Mapping[str, str] | None = None) -> Path:
@@ -175,8 +178,13 @@ class JobTimeline:
         line = (json.dumps(record, default=str) + "\n").encode()
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            fd = os.open(path, _APPEND, 0o644)  # O_NONBLOCK: a FIFO there never waits
             try:
+                size = os.fstat(fd).st_size
+                if not stat.S_ISREG(os.fstat(fd).st_mode):
+                    raise NotRegularFile(errno.EINVAL, "not a regular file", str(path))
+                if size and os.pread(fd, 1, size - 1) != b"\n":
+                    line = b"\n" + line  # a torn last line must not swallow this one
                 os.write(fd, line)  # one write with O_APPEND: lines never interleave
             finally:
                 os.close(fd)
@@ -191,40 +199,41 @@ class JobTimeline:
         return True
 
     def events(self) -> list[Event]:
-        """Every readable line, in file order."""
+        """Every readable line, in file order (of its newest 8 MiB when it is larger). The file
+        is untrusted input (:mod:`slurmclock.untrusted`): a line that is not an event is skipped
+        and counted; a path that is not a regular file (a FIFO, a device) is not read."""
         path = self.path
         if path is None:
             return []
-        self.read_error = None
-        try:
-            text = path.read_text(errors="replace")
-        except FileNotFoundError:
+        found = read_records(path)
+        self.read_error = found.error
+        if found.error is not None:
+            self._warn(f"cannot read the job timeline {path}: {found.error}")
             return []
-        except OSError as e:
-            self.read_error = e.strerror or str(e)
-            self._warn(f"cannot read the job timeline {path}: {self.read_error}")
-            return []
-        events, self.unreadable = [], []
-        for number, line in enumerate(text.splitlines(), 1):
-            event = _parse(line)
+        events, self.unreadable = [], list(found.skipped)
+        for number, record in zip(found.lines, found.records, strict=True):
+            event = _event(record)
             if event is not None:
                 events.append(event)
-            elif line.strip():
+            else:
                 self.unreadable.append(number)
         if self.unreadable:
+            self.unreadable.sort()
             _warn_once(
-                f"skipped {_lines(self.unreadable)} of the job timeline {path} that are not "
-                "timeline events (damaged or written by something else)"
+                f"skipped {_lines(self.unreadable)} of the job timeline {path} "
+                "that are not timeline events (damaged, too long or deep, or written by "
+                "something else)"
             )
         return events
 
-    def exit_samples(self) -> list[ExitSample]:
+    def exit_samples(self, events: Sequence[Event] | None = None) -> list[ExitSample]:
         """Per finished run: the time from its last ``saved`` to ``requeued`` (else ``exited``).
 
-        The run in progress has no end mark yet, so it gives no sample.
+        The run in progress has no end mark yet, so it gives no sample. ``events``: the
+        timeline's, when already read (default: read now).
         """
         by_run: dict[int, dict[str, float]] = {}
-        for ev in self.events():
+        for ev in self.events() if events is None else events:
             marks = by_run.setdefault(ev.restart, {})
             if ev.name == "saved":
                 marks.clear()  # a later save restarts the measurement
@@ -245,11 +254,15 @@ class JobTimeline:
             log.warning("%s", message)
 
 
-def _parse(line: str) -> Event | None:
+def _parse(line: str | bytes) -> Event | None:
+    record = parse_record(line)
+    return None if record is None else _event(record)
+
+
+def _event(record: dict[str, Any]) -> Event | None:
     try:
-        record = json.loads(line)
         name, at, restart = record.pop("event"), float(record.pop("time")), record.pop("restart")
-    except (ValueError, KeyError, TypeError, AttributeError):
+    except (ValueError, KeyError, TypeError, AttributeError, OverflowError):
         return None
     if not isinstance(name, str) or not isinstance(restart, int) or isinstance(restart, bool):
         return None

@@ -6,11 +6,22 @@ Its own module so that the supervisor's decisions (:mod:`.verdict`) and its I/O
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 
-from slurmclock.job import EXIT_STOPPED
+from slurmclock.job import (
+    EXIT_STOPPED,
+    EXIT_STORE_UNAVAILABLE,
+    array_task,
+    job_id,
+    num_nodes,
+    tasks_per_node,
+)
 
-__all__ = ["SuperviseConfig"]
+__all__ = ["CHAIN_ENV", "SuperviseConfig", "contradiction"]
+
+CHAIN_ENV = "PYRECOVER_CHAIN"  # set by submit-chain.sh: a later job of the chain resumes this one
 
 
 @dataclass(kw_only=True, slots=True)
@@ -65,6 +76,12 @@ class SuperviseConfig:
                 f"no_retry: {bad} cannot be a failure status (0 = done, 75 = stopped early; "
                 "give exit statuses 1-255)"
             )
+        if EXIT_STORE_UNAVAILABLE in self.no_retry:
+            raise ValueError(
+                f"no_retry: {EXIT_STORE_UNAVAILABLE} is a store outage, never a failure: the "
+                "step waits for the store while the allocation's time holds it, then the job "
+                f"is requeued; leave {EXIT_STORE_UNAVAILABLE} out (a bad store setting exits 2)"
+            )
         if not self.name or any(c in self.name for c in "\r\n"):
             raise ValueError(f"name must be one non-empty line, got {self.name!r}")
         for key in ("command_timeout", "startup_guess", "probe_timeout"):
@@ -76,6 +93,41 @@ class SuperviseConfig:
                 f"step_nodes {self.step_nodes} is fewer than min_nodes {self.min_nodes}: give "
                 "a minimum no larger than the nodes the step trains on"
             )
+
+
+def contradiction(config: SuperviseConfig, env: Mapping[str, str] | None = None) -> str | None:
+    """Why ``config`` cannot work in this job (``env``: its variables), in one line, or None.
+    Asked before anything runs: a setting that contradicts the job would otherwise show only
+    as a job that ends COMPLETED with steps left, or as srun's refusal retried as a crash."""
+    e = os.environ if env is None else env
+    if job_id(e) is None:
+        return None
+    if config.next_job_resumes and array_task(e) is None and not e.get(CHAIN_ENV, "").strip():
+        return (
+            "--next-job-resumes in a job that is neither an array task nor part of a chain "
+            f"({CHAIN_ENV} unset): nothing would resume it, and an unfinished run would end "
+            f"COMPLETED; drop the flag (the job requeues itself), or set {CHAIN_ENV}=1 when a "
+            "job submitted after this one resumes it"
+        )
+    return _too_many(config, num_nodes(e), tasks_per_node(e))
+
+
+def _too_many(config: SuperviseConfig, nodes: int, tasks: int | None) -> str | None:
+    if config.tasks_per_node is not None and tasks is not None and config.tasks_per_node > tasks:
+        return (
+            f"--tasks-per-node {config.tasks_per_node} is more than the job's {tasks} per node: "
+            "srun would refuse (More processors requested than permitted); give at most "
+            f"{tasks}, or submit with --ntasks-per-node {config.tasks_per_node}"
+        )
+    usable = nodes - config.spare_nodes
+    for key, value in (("--step-nodes", config.step_nodes), ("--min-nodes", config.min_nodes)):
+        if value is not None and value > usable:
+            return (
+                f"{key} {value} is more than the job's {nodes} node(s) less "
+                f"{config.spare_nodes} spare(s): submit with --nodes "
+                f"{value + config.spare_nodes}, or give fewer"
+            )
+    return None
 
 
 def _whole(key: str, value: object, low: int) -> None:

@@ -5,16 +5,23 @@ The step's ranks append one JSON object per line to ``$DDPKIT_FAULT_FILE`` (``{"
 supervise`` sets beside the job's timeline. :func:`read_faults` reads a run's records once the
 step is over; :class:`FaultWatch` reads them as they come, while the step runs, so that a dead
 or frozen node is named within a poll of its report and the stuck step is ended at once.
+
+The file is untrusted input (:mod:`slurmclock.untrusted`): a line that is not a record is
+skipped and counted, never fatal; a FIFO or a device at its path is not read. A record whose
+``host`` is not a node of this job (``nodes=``) does not end a step: it is ignored, and said
+once (quoted) in :attr:`FaultWatch.said`.
 """
 
 from __future__ import annotations
 
-import json
 import os
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from slurmclock.durations import parse_time
+from slurmclock.untrusted import Tail, parse_record, quote, read_records, safe_text
 
 FAULT_FILE_ENV = "DDPKIT_FAULT_FILE"
 """Where the step's ranks append their fault records (ddpkit.faults.FAULT_FILE_ENV; slurmclock
@@ -39,66 +46,99 @@ class Fault:
     def describe(self) -> str:
         who = "a rank" if self.rank is None else f"rank {self.rank}"
         by = "" if self.reporter is None else f" (reported by rank {self.reporter})"
-        return f"{who} on node {self.host or '?'} was {self.what or 'lost'}{by}"
+        host, what = safe_text(self.host or "?"), safe_text(self.what or "lost")
+        return f"{who} on node {host} was {what}{by}"  # values of a file: one line, no escapes
 
 
 def read_faults(path: str | os.PathLike[str] | None, since: float) -> list[Fault]:
     """The fault file's readable lines written at or after ``since`` (one line per report).
-    ``time`` is epoch seconds; ISO-8601 text (what ddpkit wrote before) is read too."""
-    if path is None:
-        return []
-    try:
-        text = Path(path).read_text(errors="replace")
-    except OSError:
-        return []
-    faults = [fault for line in text.splitlines() if (fault := parse_fault(line)) is not None]
+    ``time`` is epoch seconds; ISO-8601 text (what ddpkit wrote before) is read too. Lines that
+    are not records are skipped (:func:`slurmclock.untrusted.read_records`)."""
+    found = read_records(path)
+    faults = [fault for rec in found.records if (fault := _fault(rec)) is not None]
     return [fault for fault in faults if fault.time >= since]
 
 
 class FaultWatch:
     """The records appended to ``path`` from now on and written at or after ``since``, read
     as the file grows: each :meth:`new` call returns those not returned before (a line still
-    being written waits for its newline). A missing or unreadable file has none yet."""
+    being written waits for its newline). A missing or unreadable file has none yet.
 
-    def __init__(self, path: str | os.PathLike[str] | None, since: float) -> None:
+    ``nodes``: the job's nodes (asked when a record comes); a record naming another host is
+    not returned: :attr:`said` gets one line for it (its host quoted) and :attr:`ignored` counts
+    it. Lines that are not records are counted in :attr:`skipped`, said once."""
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str] | None,
+        since: float,
+        *,
+        nodes: Callable[[], Collection[str]] | None = None,
+    ) -> None:
         self.path = None if path is None else Path(path)
         self.since = since
         self.seen: list[Fault] = []
-        self._offset = _size(self.path)  # an earlier launch's reports are its own
-        self._partial = b""
+        self.said: list[str] = []
+        self.ignored = 0
+        self._nodes = nodes
+        # an earlier launch's reports are its own
+        self._tail = Tail(self.path, offset=_size(self.path))
+        self._told_skipped = False
+        self._told_hosts: set[str] = set()
+
+    @property
+    def skipped(self) -> int:
+        return self._tail.skipped
 
     def new(self) -> list[Fault]:
-        if self.path is None:
-            return []
-        try:
-            if self.path.stat().st_size <= self._offset:
-                return []
-            with self.path.open("rb") as f:
-                f.seek(self._offset)
-                chunk = f.read()
-        except OSError:
-            return []
-        self._offset += len(chunk)
-        *lines, self._partial = (self._partial + chunk).split(b"\n")
-        found = [parse_fault(line.decode(errors="replace")) for line in lines]
-        fresh = [f for f in found if f is not None and f.time >= self.since]
+        found = [_fault(rec) for rec in self._tail.new()]
+        fresh = [f for f in found if f is not None and f.time >= self.since and self._ours(f)]
+        if self._tail.skipped and not self._told_skipped:
+            self._told_skipped = True
+            self.said.append(
+                f"skipped a line of the fault record {quote(str(self.path))} that is not a "
+                "record (damaged, too long, or written by something else)"
+            )
         self.seen += fresh
         return fresh
+
+    def _ours(self, fault: Fault) -> bool:
+        nodes = None if self._nodes is None else self._nodes()
+        if not nodes or _short(fault.host) in {_short(n) for n in nodes}:
+            return True
+        self.ignored += 1
+        if fault.host not in self._told_hosts and len(self._told_hosts) < 10:  # said once each
+            self._told_hosts.add(fault.host)
+            shown = ", ".join(sorted(nodes)[:5]) + (", ..." if len(nodes) > 5 else "")
+            self.said.append(
+                f"ignored a fault record naming {quote(fault.host)}, not a node of this job "
+                f"({shown}): it does not end the step"
+            )
+        return False
+
+
+def _short(host: str) -> str:
+    """A node's name as SLURM lists it (``socket.gethostname()`` may be fully qualified)."""
+    return host.split(".")[0]
 
 
 def _size(path: Path | None) -> int:
     try:
-        return 0 if path is None else path.stat().st_size
+        return 0 if path is None else os.stat(path).st_size
     except OSError:
         return 0
 
 
-def parse_fault(line: str) -> Fault | None:
-    """One record, or None when the line is not one (damaged, another format)."""
+def parse_fault(line: str | bytes) -> Fault | None:
+    """One record, or None when the line is not one (damaged, another format, out of bounds)."""
+    rec = parse_record(line)
+    return None if rec is None else _fault(rec)
+
+
+def _fault(rec: dict[str, Any]) -> Fault | None:
     try:
-        rec = json.loads(line)
         at = parse_time(rec["time"])
-    except (ValueError, KeyError, TypeError, AttributeError):
+    except (ValueError, KeyError, TypeError, AttributeError, OverflowError):
         return None
     silent, job = rec.get("silent_s"), rec.get("job_id")
     return Fault(

@@ -15,20 +15,25 @@ from __future__ import annotations
 
 import os
 import signal
+import stat
 import subprocess
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from slurmclock.commands import CommandError
 from slurmclock.job import PROBE_NAME, Scheduler
 from slurmclock.supervisor.faults import Fault, FaultWatch
+from slurmclock.supervisor.verdict import srun_refusal
 from slurmclock.timeline import Event
+from slurmclock.untrusted import read_bytes
 
 __all__ = ["GRACE_S", "KILL_S", "LOOK_S", "Launch", "kill"]
 
 GRACE_S = 3.0  # after a fault report: srun's time to end the step by itself
 LOOK_S = 1.0  # how often a relaunch's first step is looked for in the job's timeline
 KILL_S = 3.0  # after `scancel JOB.STEP`: srun's time to leave before it is killed
+JOB_LOG = "/proc/self/fd/2"  # the job log, where srun's own errors go: read for a refusal
+REFUSAL_BYTES = 64 * 1024  # of it, the newest since the launch (srun refuses in a few lines)
 
 
 @dataclass(eq=False)
@@ -46,6 +51,7 @@ class Launch:
     said: list[str] = field(default_factory=list)
     after: float | None = None  # a relaunch: when the step before it failed
     looked: float = 0.0  # when the timeline was last read for this launch's first step
+    log_at: int | None = None  # the job log's size at the start (None: stderr is no file)
 
     @classmethod
     def start(
@@ -55,10 +61,26 @@ class Launch:
         *,
         started: float,
         fault_file: str | None,
+        nodes: Callable[[], Collection[str]] | None = None,
     ) -> Launch:
-        """Start ``argv`` (OSError when it cannot); ranks report faults to ``fault_file``."""
+        """Start ``argv`` (OSError when it cannot); ranks report faults to ``fault_file``, of
+        which only those naming one of ``nodes`` (the job's) count."""
+        watch = FaultWatch(fault_file, started, nodes=nodes)
+        log_at = _log_size()
         proc = subprocess.Popen(list(argv), env=dict(env))
-        return cls(proc, started, FaultWatch(fault_file, started))
+        return cls(proc, started, watch, log_at=log_at)
+
+    def refused(self) -> str | None:
+        """The line in which srun refused the step's settings, read from the job log (this
+        process's stderr, when it is a file: SLURM's ``--error``/``--output``) since the
+        launch; None when it did not, or the log cannot be read."""
+        if self.log_at is None:
+            return None
+        try:
+            data, _, _ = read_bytes(JOB_LOG, offset=self.log_at, limit=REFUSAL_BYTES)
+        except OSError:
+            return None
+        return srun_refusal(data.decode(errors="replace"))
 
     @property
     def faults(self) -> list[Fault]:
@@ -88,6 +110,8 @@ class Launch:
     def new_faults(self, now: float) -> list[Fault]:
         """Reports that came since the last call; the first one starts the grace period."""
         fresh = self.watch.new()
+        self.said += self.watch.said  # what the watch ignored or skipped, quoted
+        self.watch.said.clear()
         if fresh and self.reported is None:
             self.reported = now
         return fresh
@@ -135,6 +159,14 @@ class Launch:
                 continue
         on_tick()  # what came with the exit
         return 128 - rc if rc < 0 else rc
+
+
+def _log_size() -> int | None:
+    try:
+        st = os.fstat(2)
+    except OSError:
+        return None
+    return st.st_size if stat.S_ISREG(st.st_mode) else None
 
 
 def kill(pid: int, sig: signal.Signals) -> None:

@@ -35,11 +35,12 @@ that see a dead or frozen peer append ddpkit's fault record (DESIGN.md "Contract
 supervisor reads it while the step runs: each report is named in
 the log and the timeline (``fault``) within a poll, and the step -- which ``srun`` cannot end
 while a node does not answer, until SLURM marks the node DOWN after ``SlurmdTimeout`` -- is ended
-through SLURM (:mod:`slurmclock.supervisor.launch`). A reported node that does not answer a no-op step is
-lost (:mod:`slurmclock.supervisor.lostnodes`); the step starts again on the nodes left: a hot spare takes
-its place (``--spare-nodes``: the allocation has more nodes than the step trains on), else the
-step goes on with fewer nodes down to ``--min-nodes`` (:mod:`slurmclock.supervisor.placement`). The job must
-be submitted with ``--no-kill``, or SLURM ends the whole allocation when the node goes DOWN. A
+through SLURM (:mod:`slurmclock.supervisor.launch`). A reported node that does not answer a
+no-op step is lost (:mod:`slurmclock.supervisor.lostnodes`); the step starts again on the nodes
+left: a hot spare takes its place (``--spare-nodes``: the allocation has more nodes than the
+step trains on), else the step goes on with fewer nodes down to ``--min-nodes``
+(:mod:`slurmclock.supervisor.placement`). The job must be submitted with ``--no-kill``, or
+SLURM ends the whole allocation when the node goes DOWN. A
 requeue keeps lost nodes out (``ExcNodeList``) and asks for no more nodes than the partition
 can give (``NumNodes``, down to ``--min-nodes``; below that: ``gave up``, one line).
 
@@ -90,6 +91,7 @@ from slurmclock.commands import CommandError, Runner
 from slurmclock.deadline import DeadlineWatcher
 from slurmclock.job import (
     EXIT_STOPPED,
+    EXIT_USAGE,
     LIMIT,
     PREEMPTED,
     REQUEUED,
@@ -128,6 +130,7 @@ from slurmclock.supervisor.verdict import (
     term_words,
 )
 from slurmclock.timeline import Event, JobTimeline
+from slurmclock.untrusted import quote
 
 __all__ = ["Supervisor"]
 
@@ -326,7 +329,11 @@ class Supervisor:
             self.timeline.mark("relaunched", attempt=self.launches, nodes=",".join(placed or ()))
         try:
             launch = Launch.start(
-                command, env, started=self.clock(), fault_file=env.get(FAULT_FILE_ENV)
+                command,
+                env,
+                started=self.clock(),
+                fault_file=env.get(FAULT_FILE_ENV),
+                nodes=self._allocation_hosts if self.job is not None else None,
             )
         except OSError as e:
             self.log(f"cannot start the training step `{command[0]}`: {e}")
@@ -394,6 +401,9 @@ class Supervisor:
         if self.job is None:
             return rc
         kind = end_kind(rc, self.term, self.config.no_retry)
+        refused = launch.refused() if kind == "failed" else None
+        if refused is not None:  # a setting error: never a failure, never retried
+            return self._refused(refused)
         streak, here = Streak(), NO_ROOM
         if kind == "failed":
             if self.nodes.lost(f.host for f in launch.faults):
@@ -507,6 +517,15 @@ class Supervisor:
         info["nodes"] = ",".join(nodes)
         self.timeline.mark("failed", **info)
         return Event("failed", self.clock(), self.restart, info)
+
+    def _refused(self, line: str) -> int:
+        message = (
+            f"srun refused the step's settings ({quote(line)}): a setting error, not retried; "
+            "fix the job's or the step's options and submit again"
+        )
+        self.log(message)
+        self.timeline.mark("gave_up", why=message)
+        return EXIT_USAGE
 
     def _give_up(self, verdict: Verdict) -> int:
         line = verdict.message.replace("{job}", self.job or "JOBID")

@@ -28,7 +28,9 @@ from slurmclock.supervisor.config import SuperviseConfig
 from slurmclock.supervisor.history import Streak, as_int
 
 __all__ = [
+    "CHAIN_GOES_ON",
     "NO_ROOM",
+    "SRUN_REFUSALS",
     "TERM_KINDS",
     "Room",
     "Verdict",
@@ -38,6 +40,7 @@ __all__ = [
     "end_kind",
     "gave_up_line",
     "requeue_or_end",
+    "srun_refusal",
     "term_words",
 ]
 
@@ -73,6 +76,40 @@ def describe_status(rc: int | None) -> str:
         except ValueError:
             pass
     return f"exit {rc}"
+
+
+# What srun prints when it refuses the step's own settings (before any task ran): a setting
+# error, not a crash -- a retry gets the same answer (SLURM 22.05's wording, each "srun: ...").
+SRUN_REFUSALS = (
+    "More processors requested than permitted",
+    "Requested node configuration is not available",
+    "invalid option",
+    "unrecognized option",
+    "Invalid generic resource",
+    "Invalid node name specified",
+    "Invalid job id specified",
+    "Unable to allocate resources: Invalid",
+    "Invalid numeric value",
+    "Memory required by task is not available",
+)
+
+
+# A stop of one job of a chain (submit-chain.sh: afterany) or of an array task: the rest starts.
+CHAIN_GOES_ON = (
+    "this job is part of a chain or an array, whose later jobs still start and resume from its "
+    "checkpoint: to stop them too, scancel them (squeue --me -o '%i %E' lists the jobs that "
+    "wait on this one; scancel ARRAY_ID ends an array)"
+)
+
+
+def srun_refusal(text: str) -> str | None:
+    """The first line of ``text`` (the job log since the launch) in which srun refused the
+    step's settings, or None."""
+    for line in text.splitlines():
+        line = line.strip()
+        if line.startswith("srun:") and any(r.lower() in line.lower() for r in SRUN_REFUSALS):
+            return line
+    return None
 
 
 def end_kind(rc: int, term: str | None, no_retry: frozenset[int]) -> str:
@@ -134,11 +171,12 @@ def decide(
         return _slurm_ended(term, requeued)
     if kind == "requested":
         if rc in (0, EXIT_STOPPED):
+            rest = CHAIN_GOES_ON if config.next_job_resumes else "resume by submitting again"
             return Verdict(
                 "end",
                 0,
                 "stopped on request (SIGTERM to the batch script: slurmclock stop or scancel "
-                "--batch): not requeueing; resume by submitting again",
+                f"--batch): not requeueing; {rest}",
             )
         return Verdict("end", rc, f"the step ended with {describe_status(rc)} after a stop request")
     if kind == "finished":
