@@ -21,7 +21,7 @@ import ddpkit
 import slurmclock
 from ddpkit.faults import FAULT_RECORD_KEYS, Fault, append
 from slurmclock.supervisor import Supervisor
-from slurmclock.supervisor.faults import read_faults
+from slurmclock.supervisor.faults import FAULT_FILE_ENV, read_faults
 
 
 @pytest.mark.parametrize(
@@ -59,7 +59,7 @@ def test_what_ddpkit_writes_the_supervisor_reads(fault: Fault, tmp_path: Path) -
 def test_the_variable_is_the_same_name_on_both_sides(job: Any) -> None:
     """The supervisor sets DDPKIT_FAULT_FILE for the step; ddpkit reads that variable."""
     sup = Supervisor(env=job.env)
-    assert ddpkit.faults.FAULT_FILE_ENV == "DDPKIT_FAULT_FILE"
+    assert ddpkit.faults.FAULT_FILE_ENV == FAULT_FILE_ENV == "DDPKIT_FAULT_FILE"
     assert sup.fault_file == job.dir / "ci-4242.0-1.faults.jsonl"  # restart 0, launch 1
 
 

@@ -78,6 +78,7 @@ def wait_for_checkpoints(timeline: Path, proc: subprocess.Popen[str], n: int) ->
 
 def test_exit_codes_agree_across_the_packages() -> None:
     assert slurmclock.EXIT_PEER_LOST == ddpkit.EXIT_PEER_LOST
+    assert slurmclock.EXIT_STOPPED == ddpkit.faults.EXIT_STOPPED  # the code it refuses to use
     assert slurmclock.EXIT_ERROR == trainer.EXIT_ERROR
     assert slurmclock.EXIT_STORE_UNAVAILABLE == trainer.EXIT_STORE_UNAVAILABLE == 74
     assert end_kind(trainer.EXIT_STORE_UNAVAILABLE, None, frozenset()) == "store"  # not a failure

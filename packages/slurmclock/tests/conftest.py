@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from slurmclock import CommandError, EndTime, JobView, Node, Slurm, Step
+from slurmclock.slurm import exclude_fields, resize_fields
 
 ROOT = Path(__file__).resolve().parents[3]
 LOCALSLURM = ROOT / "tools" / "localslurm.py"
@@ -110,6 +111,19 @@ class FakeScheduler:
         if "NodeList" in fields:  # a running job gives nodes back
             nodes = fields["NodeList"]
             self.jobs[job] = replace(self.jobs[job], nodes=nodes, num_nodes=len(nodes.split(",")))
+
+    # The intents are recorded as the SLURM updates they are (Slurm's own translation).
+    def exclude_nodes(self, job: str, nodes: Sequence[str], *, timeout: float = 10.0) -> None:
+        self.update_job(job, timeout=timeout, **exclude_fields(nodes))
+
+    def resize(
+        self, job: str, nodes: int, *, tasks: int | None = None, timeout: float = 10.0
+    ) -> None:
+        for fields in resize_fields(nodes, tasks):
+            self.update_job(job, timeout=timeout, **fields)
+
+    def release_nodes(self, job: str, keep: Sequence[str], *, timeout: float = 10.0) -> None:
+        self.update_job(job, timeout=timeout, NodeList=",".join(keep))
 
     def signal(
         self, job: str, sig: str = "TERM", *, batch: bool = False, timeout: float = 10.0

@@ -26,7 +26,7 @@ from slurmclock import (
     watches_the_clock,
 )
 from slurmclock.deadline import CLOCK_RANK_POLL, OTHER_RANK_POLL
-from slurmclock.job import tasks_per_node
+from slurmclock.job import JobState, tasks_per_node
 
 # -- exit codes: one definition -------------------------------------------------------------------
 
@@ -127,7 +127,7 @@ def test_this_job_is_read_from_the_environment() -> None:
 
 
 def test_another_jobs_facts_come_from_the_scheduler(fakes: Any) -> None:
-    view = JobView(state="RUNNING", restarts=1, nodes="n3", num_nodes=1, array_task="35_1")
+    view = JobView(state=JobState.ACTIVE, restarts=1, nodes="n3", num_nodes=1, array_task="35_1")
     scheduler = fakes.Scheduler({"36": view})
     facts = job_facts("0036", scheduler, env={"SLURM_JOB_ID": "40", "SLURM_RESTART_COUNT": "7"})
     assert (facts.job_id, facts.restart, facts.array_task, facts.nodes) == ("36", 1, "35_1", "n3")
@@ -174,7 +174,7 @@ def test_slurm_reads_what_its_commands_print(fakes: Any) -> None:
     assert (full.end, full.limit, full.source) == ("2026-11-25T18:24:58", 3600.0, "scontrol")
     view = slurm.show_job("36")
     assert (view.restarts, view.array_task, view.nodes, view.num_nodes) == (1, "35_1", "n[1-2]", 2)
-    assert view.exc_nodes == "" and view.state == "RUNNING"
+    assert view.exc_nodes == "" and view.state == JobState.ACTIVE == "active"
     assert slurm.hostnames("n[1-2]") == ["n1", "n2"] and slurm.hostnames("") == []
     assert slurm.cluster_name() == "ci"
     assert [(n.name, n.usable) for n in slurm.nodes("debug")] == [
@@ -253,7 +253,7 @@ def test_slurm_names_its_own_command_whatever_the_runner_says(fakes: Any) -> Non
 def test_a_second_scheduler_plugs_in_everywhere(fakes: Any, tmp_path: Path) -> None:
     """What slurmclock asks of SLURM goes through the interface: a fake scheduler is enough
     for the deadline, the requeue and another job's facts (no command runs)."""
-    scheduler = fakes.Scheduler({"8": JobView(state="RUNNING", restarts=0)})
+    scheduler = fakes.Scheduler({"8": JobView(state=JobState.ACTIVE, restarts=0)})
     scheduler.ends["8"] = slurmclock.EndTime("1900000600", 3600.0, "fake")
     env = {"SLURM_JOB_ID": "8"}
     found = DeadlineWatcher(env=env, scheduler=scheduler, clock=lambda: 1_900_000_000.0).get()
@@ -285,7 +285,7 @@ def test_tasks_per_node(env: dict[str, str], per_node: int | None) -> None:
 def test_the_supervisor_excludes_a_node_through_the_interface(fakes: Any, tmp_path: Path) -> None:
     from slurmclock.supervisor.lostnodes import NodeKeeper
 
-    view = JobView(state="RUNNING", partition="p", num_nodes=1, exc_nodes="")
+    view = JobView(state=JobState.ACTIVE, partition="p", num_nodes=1, exc_nodes="")
     scheduler = fakes.Scheduler({"9": view})
     scheduler.partitions["p"] = [Node("n1", "idle", True), Node("n2", "alloc", True)]
     scheduler.dead.add("n2")

@@ -87,6 +87,23 @@ def test_the_first_step_is_marked_once(clock: Any, tmp_path: Path) -> None:
     assert follower.timeline.events() == []  # only the leader writes
 
 
+def test_one_more_final_try_fits_while_the_time_left_holds_a_save_and_the_exit(
+    clock: Any, tmp_path: Path
+) -> None:
+    """The question a trainer whose final save failed asks before each try again."""
+    run = Run(clock, tmp_path, left=60.0)
+    budget = run.loop.budget
+    room = run.loop.final_try_time()
+    assert room is not None and budget.save_estimate is not None
+    after = budget.needed_after_save()
+    assert room == pytest.approx(60.0 - after - budget.save_estimate)
+    clock.advance(room + 1.0)  # past it: no try fits any more
+    assert run.loop.final_try_time() == pytest.approx(-1.0)
+    unbounded = Run(clock, tmp_path / "none", left=60.0)
+    unbounded.loop.budget.deadline = lambda: None  # type: ignore[method-assign]
+    assert unbounded.loop.final_try_time() is None
+
+
 def test_a_stop_for_time_saves_trains_on_saves_again_and_exits_75(
     clock: Any, tmp_path: Path
 ) -> None:

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from slurmclock import CommandError, JobView
+from slurmclock.job import JobState
 from slurmclock.supervisor import lostnodes
 from slurmclock.supervisor.lostnodes import NodeKeeper, RequeuePlan, requeue_updates
 
@@ -147,7 +148,7 @@ def test_the_last_round_goes_as_the_script_ends(
 def test_updates_of_a_job_that_lost_nodes_go_through_the_scheduler_interface(
     fakes: Any, quick: None
 ) -> None:
-    view = JobView(state="RUNNING", partition="p", num_nodes=2, exc_nodes="")
+    view = JobView(state=JobState.ACTIVE, partition="p", num_nodes=2, exc_nodes="")
     scheduler = fakes.Scheduler({JOB: view})
     said: list[str] = []
     keeper(scheduler, said).apply(PLAN, 2)

@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from slurmclock import EndTime, JobTimeline, JobView, Node, Step
+from slurmclock.job import JobState
 from slurmclock.supervisor import SuperviseConfig, Supervisor
 
 JOB = "42"
@@ -100,7 +101,9 @@ def make(
     **config: Any,
 ) -> tuple[Supervisor, Any, TickingClock]:
     count = len(nodes.split(","))
-    view = JobView(state="RUNNING", partition="p", nodes=nodes, num_nodes=count, restarts=restart)
+    view = JobView(
+        state=JobState.ACTIVE, partition="p", nodes=nodes, num_nodes=count, restarts=restart
+    )
     scheduler = fakes.Scheduler({JOB: view})
     scheduler.partitions["p"] = [Node(n, "idle", True) for n in nodes.split(",")]
     clock = TickingClock(tick=tick)
@@ -400,7 +403,7 @@ def test_a_requeue_at_the_limit_after_a_node_loss_asks_for_the_nodes_left(
     """The time limit after the job went on without a node: requeued at SLURM's SIGTERM,
     planned while the job runs, the counts sent right after SLURM accepted."""
     sup, scheduler, _ = make(tmp_path, fakes, nodes="n1,n2,n3")
-    scheduler.jobs[JOB] = replace(scheduler.jobs[JOB], state="COMPLETING", reason="TimeLimit")
+    scheduler.jobs[JOB] = replace(scheduler.jobs[JOB], state=JobState.TIMED_OUT, reason="TimeLimit")
     scheduler.dead.add("n2")
     scheduler.partitions["p"][1] = Node("n2", "idle*", False)
     assert sup.run(step(tmp_path, "69:n2", "limit", srun=True)) == 0

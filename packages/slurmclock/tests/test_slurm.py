@@ -565,7 +565,7 @@ def from_a_login_shell(cluster: Any, job: Job) -> None:
     # The scheduler interface against the real SLURM, as the supervisor uses it.
     slurm = Slurm(SubprocessRunner(env=cluster.env))
     view = slurm.show_job(job.id)
-    assert (view.state, view.restarts, view.num_nodes) == ("COMPLETED", 1, 1), view
+    assert (view.native_state, view.restarts, view.num_nodes) == ("COMPLETED", 1, 1), view
     assert slurm.cluster_name() == cluster.cluster_name
     assert slurm.hostnames(view.nodes) == [cluster.node_name]
     nodes = slurm.nodes(view.partition)

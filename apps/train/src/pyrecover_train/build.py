@@ -35,6 +35,7 @@ from . import state as state_mod
 from .config import TrainConfig, UsageError, first_line
 from .foreign import ForeignCheckpoint
 from .lr_schedule import warmup_cosine
+from .metrics import VAL_LOSS
 from .model import GPT, ModelConfig, empty_model, materialise, preset_config
 from .precision import Precision, PrecisionError, resolve_precision
 
@@ -452,7 +453,7 @@ def _store(cfg: TrainConfig) -> ckptstore.CheckpointStore:
             keep_last=cfg.keep_last,
             keep_every=cfg.keep_every,
             keep_best=cfg.keep_best,
-            best_metric="val_loss",
+            best_metric=VAL_LOSS,
             best_mode="min",
             mirror=cfg.checkpoint_mirror,
             storage_options=cfg.storage_options,

@@ -23,7 +23,7 @@ import slurmclock
 from . import logs
 from .config import TrainConfig
 from .data import Data
-from .metrics import AppendFile, MetricsLog, fmt_duration, progress_line
+from .metrics import VAL_LOSS, AppendFile, MetricsLog, fmt_duration, progress_line
 from .perf import mfu
 from .startup import Startup
 
@@ -193,10 +193,10 @@ class Console:
         self._csv.write(_csv_rows((first + i, x) for i, x in enumerate(each)))
 
     def evaluation(self, step: int, val_loss: float, seconds: float) -> None:
-        self.metrics.log("eval", step=step, val_loss=val_loss, seconds=seconds)
+        self.metrics.log("eval", step=step, seconds=seconds, **{VAL_LOSS: val_loss})
         log.info("step %d: validation loss %.4f", step, val_loss)
         if self.wandb is not None:
-            self.wandb.log({"val_loss": val_loss}, step=step)
+            self.wandb.log({VAL_LOSS: val_loss}, step=step)
 
     def stop(
         self,

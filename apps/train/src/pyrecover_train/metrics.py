@@ -23,6 +23,9 @@ import orjson
 from slurmclock.untrusted import Records, read_records
 
 RETRY_S = 30.0  # how often a file that could not be written is tried again
+VAL_LOSS = "val_loss"
+"""The validation loss's one name: the ``eval`` event's key, a checkpoint's metadata key (and
+its ``metrics``), W&B's series and the metric ckptstore's ``keep_best`` ranks checkpoints by."""
 READ_LIMIT = 256 * 1024 * 1024  # a report reads at most this much: a long run's newest events
 
 

@@ -33,7 +33,7 @@ import slurmclock
 from slurmclock.untrusted import quote, read_records
 
 from .config import _Parser
-from .metrics import READ_LIMIT, events_of, fmt_duration
+from .metrics import READ_LIMIT, VAL_LOSS, events_of, fmt_duration
 
 PLOT_HINT = "pip install 'pyrecover-train[plot]' (matplotlib)"
 NOTHING_TO_DO = "nothing to do"
@@ -143,7 +143,7 @@ def summarize(
         None,
     )
     losses = [e["loss"] for e in events if e["event"] == "step" and e.get("loss") is not None]
-    vals = [e["val_loss"] for e in events if e["event"] == "eval"]
+    vals = [e[VAL_LOSS] for e in events if e["event"] == "eval"]
     startups = [r.startup_s for r in runs if r.startup_s is not None]
     return Summary(
         runs=runs,
@@ -349,9 +349,7 @@ def _plot_loss(ax: Any, events: list[dict[str, Any]], summary: Summary) -> None:
             ax.plot(*zip(*pts, strict=True), color=f"C{i % 10}", label=f"train loss, run {i + 1}")
     evals = [e for e in events if e["event"] == "eval"]
     if evals:
-        ax.plot(
-            [e["step"] for e in evals], [e["val_loss"] for e in evals], "ko", label="validation"
-        )
+        ax.plot([e["step"] for e in evals], [e[VAL_LOSS] for e in evals], "ko", label="validation")
     ax.set_xlabel("step")
     ax.set_ylabel("loss")
     ax.legend()

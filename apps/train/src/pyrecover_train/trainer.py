@@ -37,6 +37,7 @@ from . import build, logs
 from .config import TrainConfig, UsageError
 from .console import Console, HangupAware, LossWindow
 from .dryrun import dry_run
+from .metrics import VAL_LOSS
 from .perf import peak_flops
 from .profiling import StepProfiler
 from .resume import Resume, first_line
@@ -297,7 +298,9 @@ class Trainer:
         """The final save again, after the outage's pause, while a try still fits before the
         exit (rank 0 decides for every rank: each try is a collective)."""
         while True:
-            pause = self.outage.final_pause(self._time_for_a_try()) if self.dist.rank == 0 else None
+            pause = (
+                self.outage.final_pause(self._time_for_a_try()) if self.dist.rank == 0 else None
+            )
             pause = self.dist.broadcast_object(pause)
             if pause is None:
                 raise ckptstore.StoreUnreachableError(self._gave_up())
@@ -311,17 +314,18 @@ class Trainer:
                 self.outage.failed(self.state.step, e, time.perf_counter() - t0)
 
     def _time_for_a_try(self) -> float | None:
-        """Seconds a final save may still take (None: no deadline and no stop): what is left
-        (without a deadline: until the kill a stop announces; none once asked twice), less
-        the exit's share and a save's measured length."""
-        left = self.budget.seconds_left()
-        if left is None:
-            since = self.stop_flag.received_at  # no deadline, but a stop: its kill follows
-            if since is None:
-                return None
-            if len(self.stop_flag.arrivals) > 1:
-                return 0.0  # asked twice: no further try
-            left = since + STOP_KILL_WAIT_S - time.time()
+        """Seconds a final save may still take (None: no deadline and no stop): the loop's
+        answer with a deadline; without one, until the kill a stop announces (none once asked
+        twice), less the exit's share and a save's measured length."""
+        with_deadline = self.loop.final_try_time()
+        if with_deadline is not None:
+            return with_deadline
+        since = self.stop_flag.received_at  # no deadline, but a stop: its kill follows
+        if since is None:
+            return None
+        if len(self.stop_flag.arrivals) > 1:
+            return 0.0  # asked twice: no further try
+        left = since + STOP_KILL_WAIT_S - time.time()
         return left - self.budget.needed_after_save() - (self.budget.save_estimate or 0.0)
 
     def _gave_up(self) -> str:
@@ -403,11 +407,11 @@ class Trainer:
             "tokenizer": self.data.tokenizer.fingerprint(),
             "data_key": s.loader.key,
             "tokens_seen": s.loader.position * cfg.sequence_length,
-            "metrics": {"loss": self.last_loss, "val_loss": self.last_val},
+            "metrics": {"loss": self.last_loss, VAL_LOSS: self.last_val},
             "time_budget": self.budget.state_dict(),  # the next allocation starts from these
         }
         if self.last_val is not None and self.evaluated_at == s.step:
-            meta["val_loss"] = self.last_val  # only when measured at this very step
+            meta[VAL_LOSS] = self.last_val  # only when measured at this very step
         return s.checkpoint(rng), meta
 
     def _check_finite(self) -> None:

@@ -26,12 +26,16 @@ class Pruning:
     kept: dict[int, str] = field(default_factory=dict)
 
 
+DEFAULT_BEST_METRIC = "val_loss"
+"""The metadata key ``keep_best`` ranks by unless told: what a trainer usually validates."""
+
+
 @dataclass(kw_only=True, slots=True)
 class RetentionPolicy:
     keep_last: int | None = None
     keep_every: int | None = None
     keep_best: int | None = None
-    best_metric: str = "val_loss"
+    best_metric: str = DEFAULT_BEST_METRIC
     best_mode: str = "min"
 
     def __post_init__(self) -> None:

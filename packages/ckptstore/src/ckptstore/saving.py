@@ -38,7 +38,7 @@ from .errors import (
     unreachable,
     unreachable_error,
 )
-from .formats import CheckpointFormat, SaveContext
+from .formats import CheckpointFormat, SaveContext, takes_dtensor
 from .layout import Location, check_step
 from .limits import CallLimits
 from .manifest import MANIFEST_NAME, FileEntry, Manifest, SaveStats
@@ -297,7 +297,7 @@ class Saver:
         if error is not None or not self.fmt.writes_on(self.rank, self.world_size):
             return None, error
         try:
-            return encode_state(state, allow_dtensor=self.format_name != "torch"), None
+            return encode_state(state, allow_dtensor=takes_dtensor(self.fmt)), None
         except Exception as e:
             return None, e
 
@@ -320,7 +320,7 @@ class Saver:
     def reserve(self, state: Mapping[str, Any]) -> None:
         if not self.fmt.writes_on(self.rank, self.world_size):
             return
-        enc = encode_state(state, allow_dtensor=self.format_name != "torch")
+        enc = encode_state(state, allow_dtensor=takes_dtensor(self.fmt))
         nbytes = sum(align_up(_local_nbytes(t)) for t in enc.tensors.values())
         nbytes += 2 * len(orjson.dumps(enc.tree)) + (1 << 20)  # header, padding
         cuda = any(t.is_cuda for t in enc.tensors.values())

@@ -68,7 +68,7 @@ from .reading import (
     no_checkpoint,
     read_torch_save,
 )
-from .retention import InUse, Pruning, RetentionPolicy
+from .retention import DEFAULT_BEST_METRIC, InUse, Pruning, RetentionPolicy
 from .saving import SaveHandle, SaveHooks, Saver
 from .storage import IOEngine, IOOptions, Storage, open_storage
 from .storage.registry import STORAGES
@@ -162,7 +162,7 @@ class CheckpointStore:
         keep_last: int | None = None,
         keep_every: int | None = None,
         keep_best: int | None = None,
-        best_metric: str = "val_loss",
+        best_metric: str = DEFAULT_BEST_METRIC,
         best_mode: str = "min",
         mirror: str | Storage | None = None,
         storage_options: dict[str, Any] | None = None,

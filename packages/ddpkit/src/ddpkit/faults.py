@@ -28,6 +28,10 @@ FAULT_RECORD_KEYS = ("time", "rank", "host", "what", "reporter", "silent_s", "jo
 # is gone). Not 1 (this rank's own error), not 75 (stopped with a checkpoint: resume), not 128+N
 # (killed by a signal): a job script can tell "a peer failed, retry elsewhere" from all three.
 EXIT_PEER_LOST = 69
+# What a job script and slurmclock's supervisor read as "stopped with a durable checkpoint, steps
+# left: resume" (slurmclock.EXIT_STOPPED; ddpkit cannot import it): the watchdog refuses to end a
+# rank with it. tests/contracts/test_job_life.py checks that the two agree.
+EXIT_STOPPED = 75
 
 What = Literal["dead", "frozen", "error"]
 

@@ -46,7 +46,7 @@ from typing import Any, Protocol
 from ddpkit import faults
 from ddpkit.beacon import Beacon, Link
 from ddpkit.errors import DistConfigError, first_line
-from ddpkit.faults import EXIT_PEER_LOST, FAULT_FILE_ENV, Fault
+from ddpkit.faults import EXIT_PEER_LOST, EXIT_STOPPED, FAULT_FILE_ENV, Fault
 
 WATCHDOG_ENV = "DDPKIT_WATCHDOG"
 FROZEN_ENV = "DDPKIT_FROZEN_AFTER"
@@ -104,10 +104,10 @@ class WatchdogOptions:
             )
         if not (isinstance(self.exit_code, int) and 1 <= self.exit_code <= 255):
             raise DistConfigError(f"exit_code={self.exit_code!r} must be an int in 1..255")
-        if self.exit_code == 75:
+        if self.exit_code == EXIT_STOPPED:
             raise DistConfigError(
-                "exit_code=75 must not be used: job scripts read 75 as 'stopped with a "
-                "checkpoint, resume'; keep 69 or pick another code"
+                f"exit_code={EXIT_STOPPED} must not be used: job scripts read it as 'stopped "
+                f"with a checkpoint, resume'; keep {EXIT_PEER_LOST} or pick another code"
             )
 
     def settings(self, env: Mapping[str, str], interval: float) -> Settings | None:

@@ -1,4 +1,5 @@
-"""SLURM job deadline, time budget, stop signals and self-requeue (stdlib only).
+"""SLURM job deadline, time budget, stop signals, self-requeue and the batch job's supervisor
+(stdlib only).
 
 :class:`DeadlineWatcher` knows when the job ends (and notices extensions), :class:`TimeBudget`
 says when to stop so the final checkpoint is durable and the job requeued before the kill,
@@ -8,6 +9,9 @@ remembers what the end of each allocation took, :func:`requeue` puts the job bac
 :class:`WandbLogger` logs to W&B from rank 0 across requeues (``wandb`` imported lazily).
 :mod:`slurmclock.job` is the job: its facts (:func:`this_job`), who leads (:func:`is_leader`),
 the exit codes and timeline events, and the :class:`Scheduler` interface (:class:`Slurm`).
+:mod:`slurmclock.supervisor` is the batch script's last command (``slurmclock supervise``): it
+forwards SLURM's signals to the training step, requeues at the time limit, and after a crash or
+a lost node starts the step again inside the allocation (a hot spare, or fewer nodes) or requeues.
 See README.md.
 """
 

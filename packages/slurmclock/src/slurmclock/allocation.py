@@ -10,9 +10,9 @@ from dataclasses import dataclass
 from slurmclock.commands import CommandError, Runner
 from slurmclock.deadline import process_start_time
 from slurmclock.durations import parse_time
-from slurmclock.job import Scheduler
+from slurmclock.job import Scheduler, variables
 from slurmclock.job import job_id as _job_id
-from slurmclock.slurm import Slurm
+from slurmclock.schedulers import default_scheduler
 
 __all__ = ["AllocationStart", "allocation_start"]
 
@@ -45,15 +45,16 @@ def allocation_start(
     process. Never raises: problems are logged and the next source answers.
     """
     e = os.environ if env is None else env
-    raw = e.get("SLURM_JOB_START_TIME", "").strip()
+    name = variables(e).start_time
+    raw = e.get(name, "").strip()
     if raw:
         try:
-            return AllocationStart(parse_time(raw), "SLURM_JOB_START_TIME")
+            return AllocationStart(parse_time(raw), name)
         except ValueError as err:
-            log.warning("ignoring SLURM_JOB_START_TIME: %s", err)
+            log.warning("ignoring %s: %s", name, err)
     job = _job_id(e)
     if job is not None:
-        asked = Slurm(runner) if scheduler is None else scheduler
+        asked = default_scheduler(runner, env=e) if scheduler is None else scheduler
         try:
             return AllocationStart(asked.start_time(job, timeout=timeout), "squeue")
         except CommandError as err:

@@ -60,7 +60,7 @@ from slurmclock.job import (
     this_job,
 )
 from slurmclock.requeue import requeue
-from slurmclock.slurm import Slurm
+from slurmclock.schedulers import default_scheduler
 from slurmclock.supervisor import SuperviseConfig, Supervisor
 from slurmclock.supervisor.config import contradiction
 from slurmclock.timeline import Event, ExitSample, JobTimeline, find_timeline
@@ -83,7 +83,7 @@ def status(
     run in: its facts come from the scheduler (``restart_count`` None when it does not say), and
     none of this process's job variables (``SLURM_JOB_END_TIME``, ...) is taken for its own."""
     e = os.environ if env is None else env
-    asked = Slurm(runner) if scheduler is None else scheduler
+    asked = default_scheduler(runner, env=e) if scheduler is None else scheduler
     facts = this_job(e) if job is None else job_facts(job, asked, env=e, timeout=timeout)
     if facts.source != "environment":
         e = _outside_the_job(e, str(facts.job_id))
@@ -462,7 +462,7 @@ def _timeline_of(
     e = os.environ if env is None else env
     if args.target is None:
         return JobTimeline(env=e)
-    scheduler = Slurm(runner)
+    scheduler = default_scheduler(runner, env=e)
     if facts:
         job = job_facts(args.target, scheduler, env=e, timeout=args.timeout)
     else:
@@ -635,7 +635,7 @@ def _stop(args: argparse.Namespace, env: Mapping[str, str] | None, runner: Runne
         print(f"slurmclock: error: {e}", file=sys.stderr)
         return 2
     try:
-        Slurm(runner).signal(job, "TERM", batch=True, timeout=args.timeout)
+        default_scheduler(runner, env=env).signal(job, "TERM", batch=True, timeout=args.timeout)
     except CommandError as e:
         print(f"slurmclock: not stopped: {e}", file=sys.stderr)
         return 1

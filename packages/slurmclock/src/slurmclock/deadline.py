@@ -34,9 +34,9 @@ from datetime import datetime, timezone
 
 from slurmclock.commands import CommandError, Runner
 from slurmclock.durations import check_seconds, parse_duration, parse_time, parse_time_limit
-from slurmclock.job import Scheduler, is_leader
+from slurmclock.job import Scheduler, is_leader, variables
 from slurmclock.job import job_id as _job_id
-from slurmclock.slurm import Slurm
+from slurmclock.schedulers import default_scheduler
 
 __all__ = [
     "SOURCES",
@@ -208,7 +208,7 @@ class DeadlineWatcher:
             check_seconds("started_at", started_at)
         if scheduler is not None and runner is not None:
             raise TypeError("give a scheduler or a runner for SLURM's commands, not both")
-        self._scheduler: Scheduler = Slurm(runner) if scheduler is None else scheduler
+        self._scheduler = default_scheduler(runner, env=env) if scheduler is None else scheduler
         self._clock = time.time if clock is None else clock
         self.background = clock is None if background is None else bool(background)
         self.job_id = _job_id(self._env)
@@ -393,15 +393,16 @@ class DeadlineWatcher:
         return None
 
     def _env_end(self, job: str, now: float) -> Deadline | None:
-        raw = self._env.get("SLURM_JOB_END_TIME", "").strip()
+        name = variables(self._env).end_time
+        raw = self._env.get(name, "").strip()
         if not raw:
             return None
         try:
             end = parse_time(raw)
         except ValueError as e:
-            self._warn("SLURM_JOB_END_TIME", f"ignoring SLURM_JOB_END_TIME: {e}")
+            self._warn(name, f"ignoring {name}: {e}")
             return None
-        return self._plausible(Deadline(end, "SLURM_JOB_END_TIME", job), now)
+        return self._plausible(Deadline(end, name, job), now)
 
     def _ask(self, job: str, now: float, *, thorough: bool) -> Deadline | None:
         try:

@@ -32,11 +32,17 @@ import os
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from enum import Enum
 from typing import Protocol
 
 from slurmclock.commands import CommandError
 
 __all__ = [
+    "SLURM_VARIABLES",
+    "VARIABLES",
+    "JobState",
+    "Variables",
+    "variables",
     "EVENTS",
     "EXIT_CODES",
     "EXIT_ERROR",
@@ -120,6 +126,74 @@ RESERVED_KEYS = ("event", "time", "restart", "host", "pid")
 
 COMMAND_TIMEOUT = 10.0  # seconds a scheduler command may take, unless a caller says otherwise
 
+# -- the scheduler's variables (submitit's habit: one table per scheduler) -------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Variables:
+    """The environment variables through which a scheduler tells a job's processes about their
+    job: what :func:`this_job` and the functions below read, by meaning. ``num_nodes``: the
+    first that is set wins. A second scheduler is one more table in :data:`VARIABLES`."""
+
+    scheduler: str  # its name in slurmclock.schedulers.SCHEDULERS
+    job_id: str
+    array_job: str
+    array_task: str
+    restart: str  # how often the job was requeued
+    cluster: str
+    node_list: str  # the allocation's nodes, compressed (n[1-4])
+    num_nodes: tuple[str, ...]
+    tasks_per_node: str  # as asked (--ntasks-per-node)
+    task_counts: str  # per node, as the scheduler writes them (4(x2))
+    num_tasks: str
+    rank: str  # the scheduler's launcher's global rank (RANK_VARIABLES has every launcher's)
+    end_time: str  # the allocation's end (epoch seconds), where the scheduler sets one
+    start_time: str  # the allocation's start, likewise
+
+
+SLURM_VARIABLES = Variables(
+    scheduler="slurm",
+    job_id="SLURM_JOB_ID",
+    array_job="SLURM_ARRAY_JOB_ID",
+    array_task="SLURM_ARRAY_TASK_ID",
+    restart="SLURM_RESTART_COUNT",
+    cluster="SLURM_CLUSTER_NAME",
+    node_list="SLURM_JOB_NODELIST",
+    num_nodes=("SLURM_JOB_NUM_NODES", "SLURM_NNODES"),
+    tasks_per_node="SLURM_NTASKS_PER_NODE",
+    task_counts="SLURM_TASKS_PER_NODE",
+    num_tasks="SLURM_NTASKS",
+    rank="SLURM_PROCID",
+    end_time="SLURM_JOB_END_TIME",
+    start_time="SLURM_JOB_START_TIME",
+)
+VARIABLES: dict[str, Variables] = {"slurm": SLURM_VARIABLES}
+"""Every scheduler's table, by name; the first whose job id is set is this process's."""
+
+
+def variables(env: Mapping[str, str] | None = None) -> Variables:
+    """The table of the scheduler this process runs under: the first of :data:`VARIABLES`
+    whose job-id variable is set; SLURM's outside any job."""
+    e = _env(env)
+    return next((v for v in VARIABLES.values() if e.get(v.job_id, "").strip()), SLURM_VARIABLES)
+
+
+# -- a job's state, in no scheduler's words (JobView.state) ----------------------------------------
+
+
+class JobState(str, Enum):
+    """What a job is doing, as the supervisor needs to know it: each :class:`Scheduler` maps
+    its own states (and reasons) to these."""
+
+    ACTIVE = "active"  # its processes run (or are suspended, or start)
+    QUEUED = "queued"  # waiting for an allocation: pending, requeued, held
+    TIMED_OUT = "timed_out"  # ended, or ending, at its time limit
+    PREEMPTED = "preempted"  # ended, or ending, for a job of higher priority
+    ENDING = "ending"  # ending for another reason (cancelled, its steps done)
+    ENDED = "ended"
+    UNKNOWN = "unknown"  # the scheduler said nothing this table knows
+
+
 # SLURM job ids are uint32 (at most 10 digits); an array task is JOBID_TASK, a heterogeneous
 # job's component JOBID+OFFSET.
 _JOB_ID = re.compile(r"([0-9]{1,10})(?:(_|\+)([0-9]{1,10}))?")
@@ -160,11 +234,12 @@ def check_job_id(value: object, what: str = "job id") -> str:
 
 def job_id_problem(env: Mapping[str, str] | None = None) -> str | None:
     """Why ``SLURM_JOB_ID`` cannot be used (one line), or None when it is fine or unset."""
-    raw = _env(env).get("SLURM_JOB_ID", "")
+    name = variables(env).job_id
+    raw = _env(env).get(name, "")
     if not raw.strip():
         return None
     try:
-        check_job_id(raw, "SLURM_JOB_ID")
+        check_job_id(raw, name)
     except ValueError as e:
         return str(e)
     return None
@@ -177,11 +252,12 @@ def job_id(env: Mapping[str, str] | None = None) -> str | None:
     (no timeline file, no squeue). In an array job every task has its own ``SLURM_JOB_ID``;
     :func:`array_task` gives the ``ARRAYID_TASKID`` form users see in ``squeue``.
     """
-    raw = _env(env).get("SLURM_JOB_ID", "")
+    name = variables(env).job_id
+    raw = _env(env).get(name, "")
     if not raw.strip():
         return None
     try:
-        return check_job_id(raw, "SLURM_JOB_ID")
+        return check_job_id(raw, name)
     except ValueError as e:
         _warn_once(f"{e}; treating this process as outside a SLURM job")
         return None
@@ -190,13 +266,13 @@ def job_id(env: Mapping[str, str] | None = None) -> str | None:
 def array_task(env: Mapping[str, str] | None = None) -> str | None:
     """``"1234_7"`` from ``SLURM_ARRAY_JOB_ID``/``SLURM_ARRAY_TASK_ID``; None if not an array
     (or, with one warning, when they are not whole numbers)."""
-    e = _env(env)
-    array, task = e.get("SLURM_ARRAY_JOB_ID", "").strip(), e.get("SLURM_ARRAY_TASK_ID", "").strip()
+    e, v = _env(env), variables(env)
+    array, task = e.get(v.array_job, "").strip(), e.get(v.array_task, "").strip()
     if not array and not task:
         return None
     if not (_NUMBER.fullmatch(array) and _NUMBER.fullmatch(task)):
         _warn_once(
-            f"SLURM_ARRAY_JOB_ID={array[:30]!r} and SLURM_ARRAY_TASK_ID={task[:30]!r} are not "
+            f"{v.array_job}={array[:30]!r} and {v.array_task}={task[:30]!r} are not "
             "both whole numbers; reporting no array task"
         )
         return None
@@ -211,13 +287,13 @@ def in_slurm(env: Mapping[str, str] | None = None) -> bool:
 def restart_count(env: Mapping[str, str] | None = None) -> int:
     """How often SLURM requeued this job (``SLURM_RESTART_COUNT``); 0 when unset, or (with one
     warning) when it is not a whole number >= 0."""
-    raw = _env(env).get("SLURM_RESTART_COUNT", "").strip()
+    name = variables(env).restart
+    raw = _env(env).get(name, "").strip()
     if not raw:
         return 0
     if not _NUMBER.fullmatch(raw):
         _warn_once(
-            f"SLURM_RESTART_COUNT={raw[:30]!r} is not a whole number >= 0; counting this run as "
-            "restart 0"
+            f"{name}={raw[:30]!r} is not a whole number >= 0; counting this run as restart 0"
         )
         return 0
     return int(raw)
@@ -226,12 +302,13 @@ def restart_count(env: Mapping[str, str] | None = None) -> int:
 def cluster_name(env: Mapping[str, str] | None = None) -> str | None:
     """``SLURM_CLUSTER_NAME`` when it can be part of a file name (it is, from SLURM); None when
     unset, or (with one warning) when it could escape a folder."""
-    cluster = _env(env).get("SLURM_CLUSTER_NAME", "").strip()
+    name = variables(env).cluster
+    cluster = _env(env).get(name, "").strip()
     if not cluster:
         return None
     if not is_cluster_name(cluster):
         _warn_once(
-            f"SLURM_CLUSTER_NAME={cluster[:40]!r} cannot be part of a file name (letters, digits, "
+            f"{name}={cluster[:40]!r} cannot be part of a file name (letters, digits, "
             "'_', '.', '-'); naming the job's timeline job-JOBID.jsonl instead"
         )
         return None
@@ -248,18 +325,18 @@ def tasks_per_node(env: Mapping[str, str] | None = None) -> int | None:
     ``SLURM_TASKS_PER_NODE`` when every node has the same count (``4(x2)``; not ``2(x3),1``),
     else ``SLURM_NTASKS`` over the nodes when it divides; None outside SLURM or when none of
     them says."""
-    e = _env(env)
-    raw = e.get("SLURM_NTASKS_PER_NODE", "").strip()
+    e, v = _env(env), variables(env)
+    raw = e.get(v.tasks_per_node, "").strip()
     if _NUMBER.fullmatch(raw) and int(raw) > 0:
         return int(raw)
     counts = {
         m.group(1)
-        for part in e.get("SLURM_TASKS_PER_NODE", "").split(",")
+        for part in e.get(v.task_counts, "").split(",")
         if (m := re.fullmatch(r"\s*([0-9]{1,6})(?:\(x[0-9]+\))?\s*", part))
     }
     if len(counts) == 1 and int(next(iter(counts))) > 0:
         return int(next(iter(counts)))
-    tasks = e.get("SLURM_NTASKS", "").strip()
+    tasks = e.get(v.num_tasks, "").strip()
     nodes = num_nodes(e)
     if _NUMBER.fullmatch(tasks) and int(tasks) > 0 and int(tasks) % nodes == 0:
         return int(tasks) // nodes
@@ -270,7 +347,7 @@ def num_nodes(env: Mapping[str, str] | None = None) -> int:
     """The nodes of this job (``SLURM_JOB_NUM_NODES``, else ``SLURM_NNODES``); 1 outside SLURM
     or when neither is a whole number."""
     e = _env(env)
-    raw = (e.get("SLURM_JOB_NUM_NODES") or e.get("SLURM_NNODES") or "1").strip()
+    raw = next((e[n] for n in variables(e).num_nodes if e.get(n, "").strip()), "1").strip()
     return int(raw) if _NUMBER.fullmatch(raw) and int(raw) > 0 else 1
 
 
@@ -282,7 +359,7 @@ RANK_VARIABLES = (
     "MV2_COMM_WORLD_RANK",
     "PMI_RANK",
     "PMIX_RANK",
-    "SLURM_PROCID",
+    *(v.rank for v in VARIABLES.values()),
 )
 """Where a process's global rank is read, first set wins: torchrun's, then Open MPI's,
 MVAPICH2's, MPICH's and Intel MPI's, PMIx's, then srun's (every launcher ddpkit detects:
@@ -348,7 +425,7 @@ def this_job(env: Mapping[str, str] | None = None, *, rank: int | None = None) -
         array_task=array_task(e),
         restart=restart_count(e),
         cluster=cluster_name(e),
-        nodes=e.get("SLURM_JOB_NODELIST", "").strip(),
+        nodes=e.get(variables(e).node_list, "").strip(),
         num_nodes=num_nodes(e),
         rank=global_rank(e) if rank is None else rank,
     )
@@ -403,11 +480,13 @@ class EndTime:
 
 @dataclass(frozen=True, slots=True)
 class JobView:
-    """A job's record as the scheduler shows it (``scontrol show job -o``): ``state`` upper
-    case (``RUNNING``, ``COMPLETING``, ...), ``restarts`` None when not shown, ``preempt_time``
-    None when never preempted, ``nodes``/``exc_nodes`` compressed node lists."""
+    """A job's record as the scheduler shows it (``scontrol show job -o``): ``state`` in no
+    scheduler's words (:class:`JobState`; the scheduler's own in ``native_state``, e.g.
+    ``COMPLETING``, and ``reason``), ``restarts`` None when not shown, ``preempt_time`` None
+    when never preempted, ``nodes``/``exc_nodes`` compressed node lists."""
 
-    state: str = ""
+    state: JobState = JobState.UNKNOWN
+    native_state: str = ""
     reason: str = ""
     restarts: int | None = None
     preempt_time: str | None = None
@@ -527,4 +606,23 @@ class Scheduler(Protocol):
     def probe_node(self, job: str, node: str, *, timeout: float = COMMAND_TIMEOUT) -> None:
         """Run a no-op on ``node`` inside the job's allocation: a CommandError when the node
         does not answer within ``timeout``."""
+        ...
+
+    def exclude_nodes(
+        self, job: str, nodes: Sequence[str], *, timeout: float = COMMAND_TIMEOUT
+    ) -> None:
+        """Keep ``nodes`` (the whole list) out of the job's next allocations."""
+        ...
+
+    def resize(
+        self, job: str, nodes: int, *, tasks: int | None = None, timeout: float = COMMAND_TIMEOUT
+    ) -> None:
+        """Ask for ``nodes`` nodes (and ``tasks`` tasks) when the job is next allocated."""
+        ...
+
+    def release_nodes(
+        self, job: str, keep: Sequence[str], *, timeout: float = COMMAND_TIMEOUT
+    ) -> None:
+        """Give every node of the running job's allocation but ``keep`` back to the
+        scheduler (a job may shrink itself; it waits for no lost node to end)."""
         ...

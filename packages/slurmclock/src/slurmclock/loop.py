@@ -409,6 +409,16 @@ class TimeLoop:
             final = kind == "final"
             self.budget.record_save(seconds, final=final, background=background, step=step)
 
+    def final_try_time(self) -> float | None:
+        """Seconds one more try of the final save may still take (None: no deadline): the time
+        left, less what the exit needs after the save and a save's measured length. A trainer
+        whose final save failed (a store that does not answer) tries again while its pause plus
+        its last try's length fit in this; <= 0: no try fits."""
+        left = self.budget.seconds_left()
+        if left is None:
+            return None
+        return left - self.budget.needed_after_save() - (self.budget.save_estimate or 0.0)
+
     def _save_done(self, action: Action) -> None:
         """A final or extra save's block ended: every rank plans (rank 0's plan) or ends."""
         self.paused()

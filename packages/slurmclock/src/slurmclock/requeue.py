@@ -12,7 +12,7 @@ from slurmclock.commands import CommandError, Runner, last_line
 from slurmclock.durations import check_seconds
 from slurmclock.job import Scheduler, check_job_id, restart_count
 from slurmclock.job import job_id as _job_id
-from slurmclock.slurm import Slurm
+from slurmclock.schedulers import default_scheduler
 
 if TYPE_CHECKING:
     from slurmclock.timeline import JobTimeline
@@ -65,7 +65,7 @@ def requeue(
         return RequeueResult(
             False, "not requeued: not in a SLURM job (SLURM_JOB_ID is unset); pass the job id"
         )
-    asked = Slurm(runner) if scheduler is None else scheduler
+    asked = default_scheduler(runner, env=env) if scheduler is None else scheduler
     killed = False  # scontrol killed by a signal: most likely SLURM accepted and is ending us
     try:
         asked.requeue(job, timeout=timeout)

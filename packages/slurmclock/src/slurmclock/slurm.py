@@ -15,9 +15,9 @@ from pathlib import PurePath
 
 from slurmclock.commands import CommandError, Runner, default_runner
 from slurmclock.durations import parse_slurm_time, parse_time
-from slurmclock.job import COMMAND_TIMEOUT, PROBE_NAME, EndTime, JobView, Node, Step
+from slurmclock.job import COMMAND_TIMEOUT, PROBE_NAME, EndTime, JobState, JobView, Node, Step
 
-__all__ = ["Slurm", "parse_job_record"]
+__all__ = ["Slurm", "exclude_fields", "job_state", "parse_job_record", "resize_fields"]
 
 # What squeue/scontrol print instead of a time or a value when there is none (yet).
 _NOT_SET = {"", "n/a", "unknown", "none", "(null)"}
@@ -180,6 +180,26 @@ class Slurm:
             placed.append("--overlap")
         return [argv[0], *placed, *argv[1:]]
 
+    def exclude_nodes(
+        self, job: str, nodes: Sequence[str], *, timeout: float = COMMAND_TIMEOUT
+    ) -> None:
+        """``scontrol update JobId=JOB ExcNodeList=A,B``."""
+        self.update_job(job, timeout=timeout, **exclude_fields(nodes))
+
+    def resize(
+        self, job: str, nodes: int, *, tasks: int | None = None, timeout: float = COMMAND_TIMEOUT
+    ) -> None:
+        """``scontrol update JobId=JOB NumNodes=N-N`` (then ``NumTasks=T``: see
+        :func:`resize_fields`)."""
+        for fields in resize_fields(nodes, tasks):
+            self.update_job(job, timeout=timeout, **fields)
+
+    def release_nodes(
+        self, job: str, keep: Sequence[str], *, timeout: float = COMMAND_TIMEOUT
+    ) -> None:
+        """``scontrol update JobId=JOB NodeList=KEEP``: SLURM takes the other nodes back."""
+        self.update_job(job, timeout=timeout, NodeList=",".join(keep))
+
     def probe_node(self, job: str, node: str, *, timeout: float = COMMAND_TIMEOUT) -> None:
         """``srun --jobid=JOB --overlap -N1 -n1 --nodelist=NODE true``: answered in a fraction
         of a second by a live node; SLURM 22.05 takes about ``MessageTimeout`` (10 s) to give
@@ -187,6 +207,49 @@ class Slurm:
         argv = ["srun", f"--jobid={job}", "--overlap", "--nodes=1", "--ntasks=1"]
         argv += ["--ntasks-per-node=1", f"--nodelist={node}", f"--job-name={PROBE_NAME}"]
         self._run([*argv, "--quiet", "true"], timeout)
+
+
+def exclude_fields(nodes: Sequence[str]) -> dict[str, str]:
+    """The ``scontrol update`` field that keeps ``nodes`` out of a job's allocations."""
+    return {"ExcNodeList": ",".join(nodes)}
+
+
+def resize_fields(nodes: int, tasks: int | None) -> list[dict[str, str]]:
+    """The ``scontrol update`` fields of a new size, in the order slurmctld takes them: the
+    node count first (a task count that reaches it before the node count may be refused)."""
+    counts = [{"NumNodes": f"{nodes}-{nodes}"}]
+    return counts + ([] if tasks is None else [{"NumTasks": str(tasks)}])
+
+
+# What SLURM's job states (scontrol's JobState=) mean in no scheduler's words; what is not here is
+# JobState.UNKNOWN. COMPLETING is read with the Reason (TimeLimit) and PreemptTime: SLURM 22.05
+# shows COMPLETING at a time limit, a preemption and a cancel alike (slurmclock.supervisor).
+_STATES: dict[str, JobState] = {
+    **dict.fromkeys(
+        ("RUNNING", "SUSPENDED", "CONFIGURING", "RESIZING", "STOPPED"), JobState.ACTIVE
+    ),
+    **dict.fromkeys(("PENDING", "REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD"), JobState.QUEUED),
+    **dict.fromkeys(("TIMEOUT", "DEADLINE"), JobState.TIMED_OUT),
+    "PREEMPTED": JobState.PREEMPTED,
+    **dict.fromkeys(("COMPLETING", "SIGNALING", "STAGE_OUT"), JobState.ENDING),
+    **dict.fromkeys(
+        ("COMPLETED", "CANCELLED", "FAILED", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL"),
+        JobState.ENDED,
+    ),
+}
+
+
+def job_state(native: str, reason: str, preempt_time: str | None) -> JobState:
+    """SLURM's state, reason and preemption time as a :class:`JobState`: a job that runs is
+    active whatever its reason; then a time limit, a queued job, a preempted one."""
+    state = _STATES.get(native.upper(), JobState.UNKNOWN)
+    if state in (JobState.ACTIVE, JobState.TIMED_OUT):
+        return state
+    if reason == "TimeLimit":
+        return JobState.TIMED_OUT
+    if state is JobState.QUEUED:
+        return state
+    return JobState.PREEMPTED if preempt_time is not None else state
 
 
 def _first_line(text: str) -> str:
@@ -219,6 +282,10 @@ def scontrol_fields(text: str) -> dict[str, str]:
     return fields
 
 
+def _value(text: str) -> str | None:
+    return None if text.lower() in _NOT_SET else text
+
+
 def parse_job_record(text: str) -> JobView:
     """The fields of ``scontrol show job -o JOB`` that slurmclock reads."""
     fields: dict[str, str] = {}
@@ -231,11 +298,13 @@ def parse_job_record(text: str) -> JobView:
     restarts = fields.get("Restarts", fields.get("RestartCnt", ""))
     excluded = fields.get("ExcNodeList", "")
     array, task = fields.get("ArrayJobId", ""), fields.get("ArrayTaskId", "")
+    native, preempt_time = fields.get("JobState", "").upper(), _value(preempt)
     return JobView(
-        state=fields.get("JobState", "").upper(),
+        state=job_state(native, fields.get("Reason", ""), preempt_time),
+        native_state=native,
         reason=fields.get("Reason", ""),
         restarts=int(restarts) if restarts.isdigit() else None,
-        preempt_time=None if preempt.lower() in _NOT_SET else preempt,
+        preempt_time=preempt_time,
         partition=fields.get("Partition", ""),
         nodes="" if fields.get("NodeList", "").lower() in _NOT_SET else fields["NodeList"],
         exc_nodes="" if excluded.lower() in _NOT_SET else excluded,

@@ -10,7 +10,8 @@ packages declare theirs in the ``ckptstore.formats`` entry-point group::
 A format implements :class:`CheckpointFormat`: ``stage`` (foreground, on every rank: decide what
 to write and, for async saves, snapshot it), ``persist`` (possibly in a background thread: write
 this rank's payload, then on the coordinator call ``ctx.commit`` once every rank's payload is
-durable), ``load`` and ``describe``.
+durable), ``load`` and ``describe``. Its traits are class attributes: ``takes_dtensor`` (default
+True; see :func:`takes_dtensor`) says whether it saves DTensors as they are, sharded.
 """
 
 from __future__ import annotations
@@ -95,6 +96,13 @@ class CheckpointFormat(Protocol):
     def describe(self, manifest: Manifest, ctx: LoadContext) -> dict[str, Any]:
         """``{"tree": ..., "types": ..., "tensors": [{key, dtype, shape, nbytes, file}]}``."""
         ...
+
+
+def takes_dtensor(fmt: object) -> bool:
+    """Does ``fmt`` save a DTensor as it is (each rank its shard: DCP), or must every tensor be
+    whole (one file written by rank 0: ``torch``, whose class says ``takes_dtensor = False``)?
+    A format that does not say takes them: only a format that writes on one rank cannot."""
+    return bool(getattr(fmt, "takes_dtensor", True))
 
 
 FORMATS: Registry[type[CheckpointFormat]] = Registry(

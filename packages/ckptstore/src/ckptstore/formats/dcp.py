@@ -79,6 +79,7 @@ class DCPFormat:
     """Each rank writes its shard; replicated tensors once; loadable on any world size."""
 
     name = "dcp"
+    takes_dtensor = True  # each rank writes its shard
 
     def writes_on(self, rank: int, world_size: int) -> bool:
         return True

@@ -125,6 +125,7 @@ class TorchFormat:
     """One file, written by rank 0; every rank reads (and verifies) what its state needs."""
 
     name = "torch"
+    takes_dtensor = False  # rank 0 writes whole tensors: a DTensor must be gathered first
 
     def writes_on(self, rank: int, world_size: int) -> bool:
         return rank == 0

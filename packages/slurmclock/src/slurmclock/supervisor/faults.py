@@ -23,7 +23,11 @@ from typing import Any
 from slurmclock.durations import parse_time
 from slurmclock.untrusted import Tail, parse_record, quote, read_records, safe_text
 
-__all__ = ["Fault", "FaultWatch", "read_faults"]
+FAULT_FILE_ENV = "DDPKIT_FAULT_FILE"
+"""Where the step's ranks append their fault records (ddpkit.faults.FAULT_FILE_ENV; slurmclock
+cannot import it: tests/contracts/test_fault_record.py checks the two agree)."""
+
+__all__ = ["FAULT_FILE_ENV", "Fault", "FaultWatch", "read_faults"]
 
 
 @dataclass(frozen=True, slots=True)

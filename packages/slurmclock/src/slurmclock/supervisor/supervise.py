@@ -103,10 +103,10 @@ from slurmclock.job import (
     this_job,
 )
 from slurmclock.requeue import requeue
+from slurmclock.schedulers import default_scheduler
 from slurmclock.signals import signal_lead_from_env
-from slurmclock.slurm import Slurm
 from slurmclock.supervisor.config import SuperviseConfig
-from slurmclock.supervisor.faults import Fault
+from slurmclock.supervisor.faults import FAULT_FILE_ENV, Fault
 from slurmclock.supervisor.history import (
     Streak,
     failure_streak,
@@ -168,7 +168,9 @@ class Supervisor:
         self.env = dict(os.environ if env is None else env)
         if scheduler is not None and runner is not None:
             raise TypeError("give a scheduler or a runner for SLURM's commands, not both")
-        self.scheduler: Scheduler = scheduler or Slurm(runner or no_resize_scripts())
+        if scheduler is None:  # SLURM's commands write no resize scripts into the user's tree
+            scheduler = default_scheduler(runner or no_resize_scripts(), env=self.env)
+        self.scheduler: Scheduler = scheduler
         self.clock = time.time if clock is None else clock
         self.sleep = time.sleep if sleep is None else sleep
         self.out = sys.stdout if out is None else out
@@ -333,7 +335,7 @@ class Supervisor:
         placed = nodes if command != place(argv, None, overlap=again) else None
         env = dict(self.env)
         if self.fault_file is not None:
-            env.setdefault("DDPKIT_FAULT_FILE", str(self.fault_file))
+            env.setdefault(FAULT_FILE_ENV, str(self.fault_file))
         self.launches += 1
         if again:
             where = "" if placed is None else f" on {','.join(placed)}"
@@ -344,7 +346,7 @@ class Supervisor:
                 command,
                 env,
                 started=self.clock(),
-                fault_file=env.get("DDPKIT_FAULT_FILE"),
+                fault_file=env.get(FAULT_FILE_ENV),
                 nodes=self._allocation_hosts if self.job is not None else None,
             )
         except OSError as e:
@@ -537,7 +539,7 @@ class Supervisor:
             return
         gone = [h for h in hosts if h not in keep]
         job, timeout, nodes = self.job, self.config.command_timeout, ",".join(keep)
-        if self._tell(lambda: self.scheduler.update_job(job, timeout=timeout, NodeList=nodes)):
+        if self._tell(lambda: self.scheduler.release_nodes(job, keep, timeout=timeout)):
             self.log(
                 f"gave node(s) {', '.join(gone)} back to SLURM (NodeList={nodes}): the job "
                 "does not wait for them to end"

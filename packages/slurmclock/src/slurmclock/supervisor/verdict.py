@@ -21,6 +21,7 @@ from slurmclock.job import (
     SLURM_ENDS,
     STOP,
     TERM_KINDS,
+    JobState,
     JobView,
 )
 from slurmclock.supervisor.config import SuperviseConfig
@@ -52,15 +53,15 @@ def classify_term(view: JobView | None, restart: int, seconds_left: float | None
     """
     if view is None:
         return LIMIT if seconds_left is not None and seconds_left <= 2 else STOP
-    if view.state in ("RUNNING", "SUSPENDED", "CONFIGURING"):
+    if view.state == JobState.ACTIVE:
         return STOP
-    if view.reason == "TimeLimit" or view.state == "TIMEOUT":
+    if view.state == JobState.TIMED_OUT:
         return LIMIT
     if view.restarts is not None and view.restarts > restart:
         return REQUEUED
-    if view.state in ("PENDING", "REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD"):
+    if view.state == JobState.QUEUED:
         return REQUEUED
-    if view.preempt_time is not None or view.state == "PREEMPTED":
+    if view.state == JobState.PREEMPTED:
         return PREEMPTED
     return CANCELLED
 
