@@ -298,9 +298,7 @@ class Trainer:
         """The final save again, after the outage's pause, while a try still fits before the
         exit (rank 0 decides for every rank: each try is a collective)."""
         while True:
-            pause = (
-                self.outage.final_pause(self._time_for_a_try()) if self.dist.rank == 0 else None
-            )
+            pause = self.outage.final_pause(self._time_for_a_try()) if self.dist.rank == 0 else None
             pause = self.dist.broadcast_object(pause)
             if pause is None:
                 raise ckptstore.StoreUnreachableError(self._gave_up())

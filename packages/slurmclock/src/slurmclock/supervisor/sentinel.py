@@ -42,7 +42,7 @@ from pathlib import Path
 from slurmclock.commands import CommandError
 from slurmclock.job import Scheduler
 from slurmclock.requeue import requeue
-from slurmclock.slurm import Slurm
+from slurmclock.schedulers import default_scheduler
 from slurmclock.supervisor.nodestates import no_resize_scripts, quote
 from slurmclock.timeline import Event, JobTimeline
 
@@ -267,7 +267,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.batch_node,
         beat=args.beat,
         stop=args.stop,
-        scheduler=Slurm(no_resize_scripts()),
+        scheduler=default_scheduler(no_resize_scripts()),
         timeline=JobTimeline(env=os.environ),
         silent=args.silent,
     )
