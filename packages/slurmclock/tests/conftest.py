@@ -117,10 +117,19 @@ class FakeScheduler:
         self.update_job(job, timeout=timeout, **exclude_fields(nodes))
 
     def resize(
-        self, job: str, nodes: int, *, tasks: int | None = None, timeout: float = 10.0
-    ) -> None:
-        for fields in resize_fields(nodes, tasks):
+        self,
+        job: str,
+        nodes: int | None = None,
+        *,
+        tasks_per_node: int | None = None,
+        exclude: Sequence[str] | None = None,
+        log: Callable[[str], None] | None = None,
+        timeout: float = 10.0,
+    ) -> Callable[[], None]:
+        excluded = None if exclude is None else ",".join(exclude)
+        for fields in resize_fields(nodes, tasks_per_node, excluded):  # taken at once, in order
             self.update_job(job, timeout=timeout, **fields)
+        return lambda: None
 
     def release_nodes(self, job: str, keep: Sequence[str], *, timeout: float = 10.0) -> None:
         self.update_job(job, timeout=timeout, NodeList=",".join(keep))

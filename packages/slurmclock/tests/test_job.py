@@ -295,4 +295,4 @@ def test_the_supervisor_excludes_a_node_through_the_interface(fakes: Any, tmp_pa
     assert ("probe_node", "9", "n2") in scheduler.calls
     assert ("probe_node", "9", "n1") not in scheduler.calls
     plan = keeper.before_requeue(view, 1, asked=1)
-    assert (plan.exclude, plan.nodes, plan.give_up) == ("n2", None, None)
+    assert (plan.exclude, plan.nodes, plan.give_up) == (("n2",), None, None)

@@ -1,19 +1,22 @@
-"""What a requeued job that lost nodes asks for, and how the updates reach slurmctld: at once
-when it takes them, round after round while it holds them (a job that gave nodes back is not
-updated before its requeue is done when SLURM has no accounting database)."""
+"""What a requeued job that lost nodes asks for, and how ``Slurm.resize`` gets it to
+slurmctld: at once when it takes the updates, round after round while it holds them (a job that
+gave nodes back is not updated before its requeue is done when SLURM has no accounting
+database). The keeper asks through ``Scheduler.resize``; ``Slurmctld`` is ``Slurm`` with
+``update_job`` answered as slurmctld answers it."""
 
 from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
 
-from slurmclock import CommandError, JobView
+from slurmclock import CommandError, JobView, slurm
 from slurmclock.job import JobState
-from slurmclock.supervisor import lostnodes
-from slurmclock.supervisor.lostnodes import NodeKeeper, RequeuePlan, requeue_updates
+from slurmclock.slurm import Slurm, resize_fields
+from slurmclock.supervisor.lostnodes import NodeKeeper, RequeuePlan
 
 JOB = "7"
 HELD = "Job update not available right now, the DB index is being set, try again in a bit"
@@ -21,16 +24,23 @@ HELD = "Job update not available right now, the DB index is being set, try again
 
 @pytest.fixture
 def quick(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(lostnodes, "STAGGER_S", 0.01)
-    monkeypatch.setattr(lostnodes, "FIRST_WAIT_S", 0.2)
-    monkeypatch.setattr(lostnodes, "RESEND_S", 0.05)
+    monkeypatch.setattr(slurm, "STAGGER_S", 0.01)
+    monkeypatch.setattr(slurm, "FIRST_WAIT_S", 0.2)
+    monkeypatch.setattr(slurm, "RESEND_S", 0.05)
 
 
-class Slurmctld:
-    """``update_job`` as slurmctld answers it: taken at once, or -- while ``held`` -- refused
-    after ``retry_s`` (its 5 s of retries)."""
+def requeue_updates(plan: RequeuePlan, tasks_per_node: int | None) -> list[dict[str, str]]:
+    """The updates ``Slurm.resize`` sends for ``plan``, in their order."""
+    exclude = None if plan.exclude is None else ",".join(plan.exclude)
+    return resize_fields(plan.nodes, tasks_per_node, exclude)
+
+
+class Slurmctld(Slurm):
+    """``Slurm`` whose ``update_job`` is answered as slurmctld answers it: taken at once, or --
+    while ``held`` -- refused after ``retry_s`` (its 5 s of retries)."""
 
     def __init__(self, retry_s: float = 0.3) -> None:
+        super().__init__(runner=lambda argv, timeout: "")
         self.held = threading.Event()
         self.retry_s = retry_s
         self.taken: list[dict[str, str]] = []
@@ -53,7 +63,7 @@ def keeper(scheduler: Any, said: list[str]) -> NodeKeeper:
     return NodeKeeper(scheduler, JOB, log=said.append, timeout=5, probe_timeout=5, here="n1")
 
 
-PLAN = RequeuePlan(exclude="n2", nodes=1, said=("the next allocation asks for 1 instead of 2",))
+PLAN = RequeuePlan(exclude=("n2",), nodes=1, said=("the next allocation asks for 1 instead of 2",))
 
 
 def test_the_updates_of_a_requeue_in_the_order_slurm_takes_them() -> None:
@@ -68,7 +78,7 @@ def test_the_updates_of_a_requeue_in_the_order_slurm_takes_them() -> None:
         {"NumNodes": "1-1", "ExcNodeList": "n2"},
         {"NumNodes": "1-1"},
     ]
-    assert requeue_updates(RequeuePlan(exclude="n2"), 1) == [{"ExcNodeList": "n2"}]
+    assert requeue_updates(RequeuePlan(exclude=("n2",)), 1) == [{"ExcNodeList": "n2"}]
     assert requeue_updates(RequeuePlan(), 1) == []
 
 
@@ -81,7 +91,7 @@ def test_a_refusal_slurmctld_answers_at_once_is_said(quick: None) -> None:
             raise CommandError(["scontrol", "update"], "failed", "Invalid node name specified")
 
     ctld, said = Refusing(), []
-    keeper(ctld, said).apply(RequeuePlan(exclude="n9"), 1)
+    keeper(ctld, said).apply(RequeuePlan(exclude=("n9",)), 1)
     assert said == ["scontrol update: Invalid node name specified"]
     time.sleep(0.2)
     assert ctld.refused == 1
@@ -133,7 +143,7 @@ def test_the_last_round_goes_as_the_script_ends(
     quick: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The supervisor's last act: one more round, retrying in slurmctld the longest after."""
-    monkeypatch.setattr(lostnodes, "RESEND_S", 30.0)  # no round of the keeper's meanwhile
+    monkeypatch.setattr(slurm, "RESEND_S", 30.0)  # no round of the keeper's meanwhile
     ctld, said = Slurmctld(retry_s=5.0), []
     ctld.held.set()
     keeper_ = keeper(ctld, said)
@@ -159,3 +169,46 @@ def test_updates_of_a_job_that_lost_nodes_go_through_the_scheduler_interface(
         ("update_job", JOB, "NumNodes=1-1"),
         ("update_job", JOB, "NumTasks=2"),
     ]
+
+
+def test_the_keeper_asks_in_no_schedulers_words(fakes: Any) -> None:
+    """What the keeper decides reaches the scheduler as an intent: nodes, tasks per node,
+    nodes kept out -- no field names; nothing asked for, nothing sent."""
+    asked: list[tuple[Any, ...]] = []
+
+    class Recording(fakes.Scheduler):
+        def resize(self, job: str, nodes: int | None = None, **kw: Any) -> Any:
+            asked.append((job, nodes, kw["tasks_per_node"], kw["exclude"]))
+            return lambda: asked.append(("last round",))
+
+    said: list[str] = []
+    keeper_ = keeper(Recording({}), said)
+    keeper_.last_round()  # nothing asked yet: nothing to send again
+    keeper_.apply(RequeuePlan(said=("nothing to change",)), 2)
+    assert asked == [] and said == ["nothing to change"]
+    keeper_.apply(PLAN, 2)
+    keeper_.last_round()
+    assert asked == [(JOB, 1, 2, ("n2",)), ("last round",)]
+
+
+def test_slurm_resize_is_scontrol_updates(quick: None) -> None:
+    """``Slurm.resize`` through its runner: the fields, each update once when all are taken."""
+    argvs: list[tuple[str, ...]] = []
+
+    def runner(argv: Sequence[str], timeout: float) -> str:
+        argvs.append(tuple(argv))
+        return ""
+
+    last_round = Slurm(runner).resize(JOB, 2, tasks_per_node=4, exclude=["n2", "n3"])
+    update = ("scontrol", "update", f"JobId={JOB}")
+    assert sorted(argvs) == sorted(
+        [
+            (*update, "NumTasks=8"),
+            (*update, "NumNodes=2-2", "ExcNodeList=n2,n3"),
+            (*update, "NumTasks=8"),
+            (*update, "NumNodes=2-2"),
+            (*update, "NumTasks=8"),
+        ]
+    )
+    last_round()  # all taken: nothing held, nothing sent again
+    assert len(argvs) == 5

@@ -30,7 +30,7 @@ from __future__ import annotations
 import logging
 import os
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from typing import Protocol
@@ -615,9 +615,21 @@ class Scheduler(Protocol):
         ...
 
     def resize(
-        self, job: str, nodes: int, *, tasks: int | None = None, timeout: float = COMMAND_TIMEOUT
-    ) -> None:
-        """Ask for ``nodes`` nodes (and ``tasks`` tasks) when the job is next allocated."""
+        self,
+        job: str,
+        nodes: int | None = None,
+        *,
+        tasks_per_node: int | None = None,
+        exclude: Sequence[str] | None = None,
+        log: Callable[[str], None] | None = None,
+        timeout: float = COMMAND_TIMEOUT,
+    ) -> Callable[[], None]:
+        """What the requeued job asks for when it is next allocated: ``nodes`` nodes (None:
+        as it is) with ``tasks_per_node`` tasks each, and (``exclude``: the whole list; None:
+        as it is) nodes kept out. A scheduler that holds such changes for a while (SLURM 22.05:
+        a job that gave nodes back) goes on asking in the background and says so through
+        ``log``, as it says a refusal; returns what to call as this process ends (one more try
+        of what is still held; a no-op where nothing is)."""
         ...
 
     def release_nodes(

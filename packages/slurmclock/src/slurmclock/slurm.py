@@ -4,20 +4,39 @@
 :data:`~slurmclock.commands.Runner` (the real one by default; tests give canned output) and
 turns what they print into :class:`~slurmclock.job.EndTime`, :class:`~slurmclock.job.JobView`
 and :class:`~slurmclock.job.Node`. It is the one place of slurmclock that runs them; everything
-SLURM prints is read here, as SLURM 22.05 prints it.
+SLURM prints is read here, as SLURM 22.05 prints it, and slurmctld's quirks are met here: the
+order of a requeued job's updates, and its holding the updates of a job that gave nodes back
+(:meth:`Slurm.resize`).
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+import threading
+import time
+from collections.abc import Callable, Sequence
 from pathlib import PurePath
 
 from slurmclock.commands import CommandError, Runner, default_runner
 from slurmclock.durations import parse_slurm_time, parse_time
 from slurmclock.job import COMMAND_TIMEOUT, PROBE_NAME, EndTime, JobState, JobView, Node, Step
 
-__all__ = ["Slurm", "exclude_fields", "job_state", "parse_job_record", "resize_fields"]
+__all__ = [
+    "FIRST_WAIT_S",
+    "RESEND_S",
+    "STAGGER_S",
+    "Slurm",
+    "exclude_fields",
+    "job_state",
+    "parse_job_record",
+    "resize_fields",
+]
+
+STAGGER_S = 0.1  # between the updates of a requeued job, sent at once
+FIRST_WAIT_S = 1.5  # for slurmctld's answers to the first round: more is an update it holds
+# Between the starts of rounds while slurmctld holds them: a whole number of its 1 s retries,
+# so that the rounds retrying there land in the order of a round when the requeue is done.
+RESEND_S = 2.0
 
 # What squeue/scontrol print instead of a time or a value when there is none (yet).
 _NOT_SET = {"", "n/a", "unknown", "none", "(null)"}
@@ -187,12 +206,37 @@ class Slurm:
         self.update_job(job, timeout=timeout, **exclude_fields(nodes))
 
     def resize(
-        self, job: str, nodes: int, *, tasks: int | None = None, timeout: float = COMMAND_TIMEOUT
-    ) -> None:
-        """``scontrol update JobId=JOB NumNodes=N-N`` (then ``NumTasks=T``: see
-        :func:`resize_fields`)."""
-        for fields in resize_fields(nodes, tasks):
-            self.update_job(job, timeout=timeout, **fields)
+        self,
+        job: str,
+        nodes: int | None = None,
+        *,
+        tasks_per_node: int | None = None,
+        exclude: Sequence[str] | None = None,
+        log: Callable[[str], None] | None = None,
+        timeout: float = COMMAND_TIMEOUT,
+    ) -> Callable[[], None]:
+        """``scontrol update JobId=JOB`` with ``NumTasks``, ``NumNodes=N-N`` (with
+        ``ExcNodeList``), both again, ``NumTasks`` last (:func:`resize_fields`), sent
+        :data:`STAGGER_S` apart, each in a thread of its own: a task count that reaches
+        slurmctld before the node count may be refused (seen in CI: the job pended with 1 node
+        and the old 2 tasks at one per node), one after it holds.
+
+        A job that gave a node back (``NodeList=``, or SLURM removing a DOWN node from a
+        ``--no-kill`` job) was resized, and slurmctld takes no update of a resized job until
+        accounting gives it a new record (SLURM 22.05 ``_update_job``: "the DB index is being
+        set"; each update is retried in slurmctld for 5 s, then refused). Without slurmdbd
+        (``accounting_storage/none``) that is only when the requeue is done -- after this
+        process is gone. So when the first round is not taken within :data:`FIRST_WAIT_S`,
+        rounds go on every :data:`RESEND_S` until one is taken or this process ends: the last
+        rounds, retrying in slurmctld, land when the requeue is done, if that is within 5 s of
+        the end of the batch script (an Epilog of its own may take longer: the ``log`` line
+        says how to ask for the size by hand). Returns the last round: call it as this process
+        ends (it sends the updates slurmctld still holds, if any)."""
+        excluded = None if exclude is None else ",".join(exclude)
+        updates = resize_fields(nodes, tasks_per_node, excluded)
+        held = _HeldUpdates(self, job, log or (lambda line: None), timeout)
+        held.send(updates)
+        return held.last_round
 
     def release_nodes(
         self, job: str, keep: Sequence[str], *, timeout: float = COMMAND_TIMEOUT
@@ -214,11 +258,110 @@ def exclude_fields(nodes: Sequence[str]) -> dict[str, str]:
     return {"ExcNodeList": ",".join(nodes)}
 
 
-def resize_fields(nodes: int, tasks: int | None) -> list[dict[str, str]]:
-    """The ``scontrol update`` fields of a new size, in the order slurmctld takes them: the
-    node count first (a task count that reaches it before the node count may be refused)."""
-    counts = [{"NumNodes": f"{nodes}-{nodes}"}]
-    return counts + ([] if tasks is None else [{"NumTasks": str(tasks)}])
+def resize_fields(
+    nodes: int | None, tasks_per_node: int | None, exclude: str | None = None
+) -> list[dict[str, str]]:
+    """The ``scontrol update`` fields of a requeued job's new size (``nodes``: None, as it is)
+    and ExcNodeList (``exclude``: None, as it is), in the order they are sent."""
+    excluded = {} if exclude is None else {"ExcNodeList": exclude}
+    if nodes is None:
+        return [excluded] if excluded else []
+    counts = {"NumNodes": f"{nodes}-{nodes}"}
+    tasks = [] if tasks_per_node is None else [{"NumTasks": str(nodes * tasks_per_node)}]
+    return [*tasks, {**counts, **excluded}, *tasks, counts, *tasks]
+
+
+class _HeldUpdates:
+    """The updates of one requeued job, round after round while slurmctld holds them
+    (:meth:`Slurm.resize`); ``log`` gets a refusal of the first round and the held line."""
+
+    def __init__(self, slurm: Slurm, job: str, log: Callable[[str], None], timeout: float):
+        self.slurm, self.job, self.log, self.timeout = slurm, job, log, timeout
+        self._held: list[dict[str, str]] = []  # updates slurmctld did not take yet
+
+    def send(self, updates: list[dict[str, str]]) -> None:
+        if not updates:
+            return
+        first = self._round(updates, quiet=False)
+        if first.wait(FIRST_WAIT_S):
+            return
+        first.quiet = True  # its refusals, after slurmctld's 5 s, are what this line says
+        by_hand = [next(u for u in updates if "NumTasks" not in u)]
+        by_hand += [updates[-1]] if "NumTasks" in updates[-1] else []
+        commands = "; ".join(
+            f"scontrol update JobId={self.job} " + " ".join(f"{k}={v}" for k, v in u.items())
+            for u in by_hand
+        )
+        self.log(
+            f"slurmctld holds the updates of job {self.job} (a job that gave nodes back takes "
+            f"none until its requeue is done): sent again every {RESEND_S:.0f} s until this "
+            f"script ends. Should the job pend asking for its old size: {commands}"
+        )
+        self._held = updates
+        keeper = threading.Thread(target=self._resend, args=(updates, first), daemon=True)
+        keeper.start()
+
+    def last_round(self) -> None:
+        """Updates slurmctld holds: one more round as this process ends, to be retrying there
+        for the longest after it (returns once they are sent)."""
+        if self._held:
+            self._round(self._held, quiet=True)
+
+    def _resend(self, updates: list[dict[str, str]], first: _Round) -> None:
+        rounds, k = [first], 0
+        while not any(r.taken for r in rounds):
+            rounds = [r for r in rounds if r.taken or not r.finished]
+            k += 1  # rounds start on the first's beat: slurmctld's retries keep their order
+            time.sleep(max(0.0, first.started + k * RESEND_S - time.monotonic()))
+            rounds.append(self._round(updates, quiet=True))
+        self._held = []
+
+    def _round(self, updates: list[dict[str, str]], *, quiet: bool) -> _Round:
+        """Send ``updates`` at once, each in a thread of its own, :data:`STAGGER_S` apart."""
+        round_ = _Round(len(updates), quiet=quiet)
+        for fields in updates:
+            threading.Thread(target=self._update, args=(fields, round_), daemon=True).start()
+            time.sleep(STAGGER_S)
+        return round_
+
+    def _update(self, fields: dict[str, str], round_: _Round) -> None:
+        try:
+            self.slurm.update_job(self.job, timeout=self.timeout, **fields)
+            round_.done(True)
+        except CommandError as e:
+            round_.done(False)
+            if not round_.quiet:
+                self.log(f"{' '.join(e.argv)}: {e}")
+
+
+class _Round:
+    """The answers to one round of updates: ``taken`` when slurmctld took every one;
+    ``quiet``: its refusals are not logged."""
+
+    def __init__(self, size: int, *, quiet: bool) -> None:
+        self.started, self.quiet = time.monotonic(), quiet
+        self._left, self._ok = size, True
+        self._all = threading.Event()
+        self._lock = threading.Lock()
+
+    def done(self, ok: bool) -> None:
+        with self._lock:
+            self._left -= 1
+            self._ok = self._ok and ok
+            if self._left == 0:
+                self._all.set()
+
+    @property
+    def finished(self) -> bool:
+        return self._all.is_set()
+
+    @property
+    def taken(self) -> bool:
+        return self._all.is_set() and self._ok
+
+    def wait(self, timeout: float) -> bool:
+        """Were all answered within ``timeout`` seconds (taken or refused)?"""
+        return self._all.wait(timeout)
 
 
 # What SLURM's job states (scontrol's JobState=) mean in no scheduler's words; what is not here is
