@@ -38,8 +38,7 @@ TEST_TOOLS = ("pytest>=8", "pytest-timeout>=2.2", "hypothesis>=6.90")
 
 PACKAGES = {
     # session name: (install spec, extra test-only requirements)
-    # [wandb]: the real offline W&B test of slurmclock.WandbLogger runs (wandb brings no torch).
-    "slurmclock": ("./packages/slurmclock[wandb]", ()),
+    "slurmclock": ("./packages/slurmclock", ()),
     # numpy: the tests of ddpkit's numpy paths (that ddpkit works without numpy is tested in a
     # subprocess that blocks the import).
     "ddpkit": ("./packages/ddpkit", ("numpy",)),
@@ -259,10 +258,11 @@ for _name, (_spec, _extra) in PACKAGES.items():
 def train(session: nox.Session) -> None:
     """Tests of pyrecover-train (the app), with the four packages it composes."""
     # safetensors: test_import.py writes a safetensors file and a Hugging Face folder with it
+    # [wandb]: the real offline W&B test of the app's WandbLogger runs (wandb brings no torch).
     _install_with_torch(
         session,
         *ALL_LOCAL,
-        "./apps/train[s3,plot]",
+        "./apps/train[s3,plot,wandb]",
         *TEST_TOOLS,
         "moto[server]>=5",
         "safetensors>=0.4",

@@ -101,9 +101,9 @@ def test_package_layout(package: str) -> None:
 # Trainer integrations: optional extras of slurmclock, importable only with their library; the
 # core never imports them (module file -> the extra that must declare its libraries).
 SLURMCLOCK_INTEGRATIONS = {"lightning.py": "lightning", "hf.py": "hf"}
-# Core modules that import an extra's library lazily, inside a function (never when slurmclock is
-# imported): module file -> (library, the extra that declares it).
-SLURMCLOCK_LAZY = {"wandb_logger.py": ("wandb", "wandb")}
+# The app's modules that import an extra's library lazily, inside a function (never when the app
+# is imported): module file -> (library, the app's extra that declares it).
+APP_LAZY = {"wandb_log.py": ("wandb", "wandb"), "report.py": ("matplotlib", "plot")}
 
 
 def imported_at_import_time(source: str, filename: str) -> set[str]:
@@ -137,14 +137,23 @@ def test_slurmclock_is_stdlib_only() -> None:
                 f"{path.relative_to(ROOT)} imports the optional integration {name}"
             )
         third_party = imported_top_levels(source, str(path)) - stdlib
-        if path.name in SLURMCLOCK_LAZY:
-            library, extra = SLURMCLOCK_LAZY[path.name]
-            assert library in " ".join(extras.get(extra, [])), f"extra [{extra}] lacks {library}"
-            assert library not in imported_at_import_time(source, str(path)), (
-                f"{path.relative_to(ROOT)} imports {library} at import time (import it lazily)"
-            )
-            third_party -= {library}
         assert not third_party, f"{path.relative_to(ROOT)} imports non-stdlib {third_party}"
+
+
+@pytest.mark.parametrize("module", APP_LAZY)
+def test_app_imports_optional_libraries_lazily(module: str) -> None:
+    """An optional library (W&B, matplotlib) is the app's extra and comes in when it is used:
+    pyrecover-train starts without it."""
+    project = tomllib.loads((ROOT / "apps/train/pyproject.toml").read_text())["project"]
+    declared = project.get("optional-dependencies", {})
+    library, extra = APP_LAZY[module]
+    assert library in " ".join(declared.get(extra, [])), f"the app's [{extra}] lacks {library}"
+    path = ROOT / "apps/train/src/pyrecover_train" / module
+    source = path.read_text()
+    assert library in imported_top_levels(source, str(path)), f"{module} no longer uses {library}"
+    assert library not in imported_at_import_time(source, str(path)), (
+        f"{path.relative_to(ROOT)} imports {library} at import time (import it lazily)"
+    )
 
 
 def test_ci_runs_the_readme_test_command() -> None:

@@ -308,24 +308,23 @@ def test_ctrl_c_during_start_up_is_one_line(corpus: Path, cache_dir: Path, tmp_p
 
 
 def test_a_failing_wandb_init_is_one_line(monkeypatch: pytest.MonkeyPatch, caplog: Any) -> None:
-    """slurmclock's WandbLogger logs its own failure; the trainer does not say it again (it says
+    """The app's WandbLogger logs its own failure; the trainer does not say it again (it says
     the reasons the logger keeps quiet about: no credentials, not installed)."""
     import logging
 
-    import slurmclock
-    from pyrecover_train import console
+    from pyrecover_train import console, wandb_log
     from pyrecover_train.config import TrainConfig
 
     class Broken:
         def init(self, **kwargs: Any) -> Any:
             raise TimeoutError("could not reach api.wandb.ai")
 
-    real = slurmclock.WandbLogger
+    real = wandb_log.WandbLogger
 
     def logger(**kwargs: Any) -> Any:
         return real(**kwargs, mode="offline", module=Broken())
 
-    monkeypatch.setattr(slurmclock, "WandbLogger", logger)
+    monkeypatch.setattr(wandb_log, "WandbLogger", logger)
     caplog.set_level(logging.WARNING)
     assert console._wandb(TrainConfig(), 0, {}) is None
     said = [r.getMessage() for r in caplog.records if "wandb" in r.getMessage().lower()]
@@ -333,7 +332,7 @@ def test_a_failing_wandb_init_is_one_line(monkeypatch: pytest.MonkeyPatch, caplo
         "WandbLogger disabled: wandb.init failed: TimeoutError: could not reach api.wandb.ai"
     ], said
     caplog.clear()
-    monkeypatch.setattr(slurmclock, "WandbLogger", lambda **kw: real(**kw, env={"HOME": "/n"}))
+    monkeypatch.setattr(wandb_log, "WandbLogger", lambda **kw: real(**kw, env={"HOME": "/n"}))
     assert console._wandb(TrainConfig(), 0, {}) is None  # online, no credentials: the app says
     said = [r.getMessage() for r in caplog.records]
     assert len(said) == 1 and said[0].startswith("--wandb: not logging"), said

@@ -26,10 +26,8 @@ def test_readme_has_examples_and_shows_what_one_prints() -> None:
 
 @pytest.mark.parametrize("index", range(len(EXAMPLES)))
 def test_readme_python_block_runs(index: int, tmp_path: Path) -> None:
-    # The examples show the outside-SLURM case (and W&B's default mode, with no run dir left).
-    env = {
-        k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "PYRECOVER_", "WANDB_"))
-    }
+    # The examples show the outside-SLURM case.
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "PYRECOVER_"))}
     example = EXAMPLES[index]
     script = tmp_path / "block.py"
     script.write_text("\n" * (example.line - 1) + example.code)  # tracebacks name README lines

@@ -20,7 +20,7 @@ import torch
 
 import slurmclock
 
-from . import logs
+from . import logs, wandb_log
 from .config import TrainConfig
 from .data import Data
 from .metrics import VAL_LOSS, AppendFile, MetricsLog, fmt_duration, progress_line
@@ -37,7 +37,7 @@ class Console:
     def __init__(self, cfg: TrainConfig, *, rank: int, world_size: int) -> None:
         self.cfg, self.rank, self.world_size = cfg, rank, world_size
         self.metrics = MetricsLog(None)
-        self.wandb: Any = None
+        self.wandb: wandb_log.MetricsLogger | None = None
         self._csv: AppendFile | None = None
         self._flops_per_token = 0.0
         self._peak: float | None = None
@@ -298,10 +298,12 @@ def _csv_rows(rows: Iterable[tuple[Any, Any]]) -> bytes:
     return text.getvalue().encode()
 
 
-def _wandb(cfg: TrainConfig, rank: int, model_config: dict[str, Any]) -> Any:
+def _wandb(
+    cfg: TrainConfig, rank: int, model_config: dict[str, Any]
+) -> wandb_log.WandbLogger | None:
     """Rank 0's W&B run; the id is derived from the experiment so a requeued job continues it."""
     try:
-        logger = slurmclock.WandbLogger(
+        logger = wandb_log.WandbLogger(
             project="pyrecover",
             name=cfg.experiment_name,
             config={"args": cfg.to_dict(), "model": model_config},

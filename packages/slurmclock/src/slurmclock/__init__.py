@@ -5,8 +5,7 @@
 says when to stop so the final checkpoint is durable and the job requeued before the kill,
 :class:`TimeLoop` is the time-aware loop protocol every trainer drives (stop, saves, extra saves,
 exit codes), :class:`StopSignals` turns SLURM's signals into a flag, :class:`JobTimeline`
-remembers what the end of each allocation took, :func:`requeue` puts the job back in the queue,
-:class:`WandbLogger` logs to W&B from rank 0 across requeues (``wandb`` imported lazily).
+remembers what the end of each allocation took, :func:`requeue` puts the job back in the queue.
 :mod:`slurmclock.job` is the job: its facts (:func:`this_job`), who leads (:func:`is_leader`),
 the exit codes and timeline events, and the :class:`Scheduler` interface (:class:`Slurm`).
 :mod:`slurmclock.supervisor` is the batch script's last command (``slurmclock supervise``): it
@@ -83,7 +82,6 @@ from slurmclock.signals import (
 )
 from slurmclock.slurm import Slurm
 from slurmclock.timeline import Event, ExitSample, JobTimeline, find_timeline, timeline_dir
-from slurmclock.wandb_logger import MetricsLogger, WandbLogger
 
 __version__ = "0.1.0"
 
@@ -115,7 +113,6 @@ __all__ = [
     "JobFacts",
     "JobTimeline",
     "JobView",
-    "MetricsLogger",
     "Node",
     "RequeueResult",
     "RobustEstimate",
@@ -130,7 +127,6 @@ __all__ = [
     "SubprocessRunner",
     "TimeBudget",
     "TimeLoop",
-    "WandbLogger",
     "__version__",
     "allocation_start",
     "array_task",

@@ -1,11 +1,13 @@
-"""Optional rank-0 experiment logging to Weights & Biases (``pip install slurmclock[wandb]``).
+"""Optional rank-0 experiment logging to Weights & Biases (``--wandb``; the extra
+``pyrecover-train[wandb]``).
 
 Every failure mode turns it into a no-op with a reason instead of an exception or a hang: not
 rank 0, wandb not installed, ``WANDB_MODE=disabled``, no credentials for online mode (which would
 otherwise prompt on a batch node), or ``wandb.init`` failing. Training never dies for its logger.
-A failure of wandb is one line on the ``slurmclock`` logger, never a raw Python warning.
+A failure of wandb is one line on the ``pyrecover_train`` logger, never a raw Python warning.
 No module-level state: the run object is held by the logger instance. Standard library only:
-``wandb`` is imported when a logger starts, not with this module.
+``wandb`` is imported when a logger starts, not with this module (nor with the app). Nothing here
+reads the job: the caller passes the rank and a run id that survives a requeue.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from types import TracebackType
 from typing import Any, Protocol
 from urllib.parse import urlparse
 
-log = logging.getLogger("slurmclock")
+log = logging.getLogger("pyrecover_train")
 
 
 class MetricsLogger(Protocol):
@@ -33,7 +35,7 @@ class MetricsLogger(Protocol):
 
 
 OFFLINE_MODES = ("offline", "dryrun")
-NOT_INSTALLED = "wandb is not installed: pip install wandb (or the extra 'slurmclock[wandb]')"
+NOT_INSTALLED = "wandb is not installed: pip install wandb (or the extra 'pyrecover-train[wandb]')"
 
 
 class WandbLogger:
