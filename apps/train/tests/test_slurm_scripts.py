@@ -294,7 +294,9 @@ def test_failed_requeue_exits_75_and_says_what_to_do(fake: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    "env", [{"SLURM_ARRAY_TASK_ID": "3"}, {"PYRECOVER_CHAIN": "1"}], ids=["array", "chain"]
+    "env",
+    [{"SLURM_ARRAY_TASK_ID": "3", "SLURM_ARRAY_JOB_ID": "4240"}, {"PYRECOVER_CHAIN": "1"}],
+    ids=["array", "chain"],
 )
 def test_array_task_or_chained_job_does_not_requeue(fake: Path, env: dict[str, str]) -> None:
     r = run_script(fake, SIMPLE, "--continue", FAKE_RC="75", **env)
