@@ -8,15 +8,15 @@
                  one (blocking), or, after a stop for time, an extra one after more training
     exit 75 after a stop with steps left, 0 when --training-steps are done
 
-A store that does not answer (ckptstore's StoreUnreachableError) does not end the run: periodic
-saves wait for it (retried with a doubling pause, ckptstore's Outage), the final save is retried
-while the time allows, then the run exits 74 with the last durable checkpoint intact.
+A store that does not answer does not end the run (outage.py): periodic saves wait for it, the
+final save is retried while the time allows, then the run exits 74, the last checkpoint intact.
+Every wait on the store is bounded by the time left (store_waits.py).
 
 The protocol -- when to stop, the final save, extra saves and their abandon (exit 75 at once,
 the last durable save stands), the exit codes, the job timeline's marks -- is slurmclock's
 :class:`~slurmclock.TimeLoop`, shared with the Lightning and Hugging Face callbacks. This module
-only trains, evaluates, saves and reports. Exit status: 0 finished, 75 stopped early (requeue
-wanted), 1 error, 2 usage error.
+only trains, evaluates, saves and reports. Exit status (outcome.py): 0 finished, 75 stopped
+early (requeue wanted), 1 error, 2 usage error, 74 the store did not answer.
 """
 
 from __future__ import annotations
@@ -25,25 +25,26 @@ import logging
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import ckptstore
 import ddpkit
 import slurmclock
 
-from . import build, logs
+from . import build, outcome
 from .config import TrainConfig, UsageError
 from .console import Console, HangupAware, LossWindow
 from .dryrun import dry_run
 from .metrics import VAL_LOSS
+from .outage import StoreOutage
+from .outcome import EXIT_ERROR, EXIT_STORE_UNAVAILABLE, RunResult, TrainingDiverged
 from .perf import peak_flops
 from .profiling import StepProfiler
-from .resume import Resume, first_line
+from .resume import Resume
 from .save_schedule import SaveSchedule
 from .startup import Startup
 from .step import OutOfMemory, Stepper, memory_guard
+from .store_waits import StoreWaits
 
 __all__ = [
     "EXIT_ERROR",
@@ -55,55 +56,6 @@ __all__ = [
 ]
 
 log = logging.getLogger("pyrecover_train")
-
-
-# The job's exit codes are slurmclock's (its supervisor acts on them): 1 a crash, 74 (EX_IOERR)
-# the store did not answer at the start or the final save; 0, 2 and 75 likewise.
-EXIT_ERROR = slurmclock.EXIT_ERROR
-EXIT_STORE_UNAVAILABLE = slurmclock.EXIT_STORE_UNAVAILABLE
-# How long one wait on the store may last: this many measured saves, at least STORE_CALL_MIN_S;
-# before a save is measured (the first contact, the resume), STORE_CALL_FIRST_S.
-STORE_CALL_SAVES = 4.0
-STORE_CALL_MIN_S = 10.0
-STORE_CALL_FIRST_S = 30.0
-STORE_CALL_LATE_S = 5.0  # what a call gets however late it is
-STOP_KILL_WAIT_S = 30.0  # without a deadline: a stop's kill follows this late (SLURM's KillWait)
-
-
-@dataclass(slots=True)
-class RunResult:
-    """What a run did; ``exit_code`` is the process's exit status."""
-
-    exit_code: int
-    step: int
-    start_step: int
-    reason: str
-    final_loss: float | None = None
-    val_loss: float | None = None
-    exp_dir: Path | None = None
-    metrics_path: Path | None = None
-
-
-def _deadline_at_start(cfg: TrainConfig) -> slurmclock.Deadline:
-    """One look at the deadline before the budget watches it (a failed look: none)."""
-    try:
-        return slurmclock.find_deadline(time_limit=cfg.time_limit, command_timeout=5.0)
-    except Exception as e:  # the budget looks again and says what is wrong
-        log.debug("no deadline at the start: %s", e)
-        return slurmclock.Deadline(None, "unknown at the start")
-
-
-def _exit_code_of(e: BaseException) -> int:
-    """What the CLI exits with for ``e``: 74 an outage, 2 a store or plugin setting, else 1."""
-    if isinstance(e, ckptstore.StoreUnreachableError):
-        return EXIT_STORE_UNAVAILABLE
-    if isinstance(e, (ckptstore.StoreConfigError, ckptstore.PluginError)):
-        return slurmclock.EXIT_USAGE
-    return EXIT_ERROR
-
-
-class TrainingDiverged(RuntimeError):
-    """The loss became NaN/inf: nothing more is saved, so good checkpoints are not replaced."""
 
 
 class Trainer:
@@ -123,10 +75,11 @@ class Trainer:
         self.interrupt = HangupAware(("INT", "HUP"))  # installed when the loop starts
         self.stop_flag = slurmclock.AnyFlag(signals, self.interrupt)
         self.console = Console(cfg, rank=dist.rank, world_size=dist.world_size)
-        self._start_deadline = _deadline_at_start(cfg)  # bounds the store's first contact
-        parts = build.parts(cfg, dist, phase=self.startup.mark, limits=self._store_limits())
+        self.waits = StoreWaits(cfg, self.stop_flag)  # every wait on the store bounded
+        parts = build.parts(cfg, dist, phase=self.startup.mark, limits=self.waits.limits())
         self.precision, self.data, self.model_cfg = parts.precision, parts.data, parts.model_cfg
         self.state, self.store = parts.state, parts.store
+        self.waits.store = self.store
         self.stepper = Stepper(
             cfg, self.state, parts.train_model, self.precision, before_update=self.store.staged
         )
@@ -137,11 +90,22 @@ class Trainer:
             raise
         self.startup.mark("resume")
         self.start_step = self.state.step
+        saved = self.start_step if self.resumed_from else None  # the checkpoint resumed from
         self.async_saves = build.async_saves(cfg, self.device)
-        self.schedule = SaveSchedule(
-            cfg, saved_step=self.state.step if self.resumed_from else None, clock=clock
-        )
-        self.loop = slurmclock.TimeLoop(  # rank 0 decides; one agreement per step
+        self.schedule = SaveSchedule(cfg, saved_step=saved, clock=clock)
+        self.loop = self._time_loop()
+        self.profiler = StepProfiler(cfg, self.device, dist.rank)
+        self.store_outage = StoreOutage(dist, self.loop, self.stop_flag, self._final_save, saved)
+        self.outage = self.store_outage.outage  # the store not answering: each rank alike
+        self.last_loss: float | None = None
+        self.last_val: float | None = None
+        self.evaluated_at: int | None = None
+        self.window: LossWindow  # losses since the last progress line: made when the loop starts
+
+    def _time_loop(self) -> slurmclock.TimeLoop:
+        """slurmclock's protocol: when to stop, the final and extra saves, the exit codes."""
+        cfg, dist = self.cfg, self.dist
+        return slurmclock.TimeLoop(  # rank 0 decides; one agreement per step
             self.budget,
             leader=dist.rank == 0,
             agree=dist.agree,
@@ -151,49 +115,6 @@ class Trainer:
             on_abandon=self._abandoned,
             launch=self.startup.launch,  # measured after the first step (one squeue)
         )
-        self.profiler = StepProfiler(cfg, self.device, dist.rank)
-        self.outage = ckptstore.Outage()  # the store not answering: each rank alike
-        self.last_loss: float | None = None
-        self.last_val: float | None = None
-        self.evaluated_at: int | None = None
-        self.window: LossWindow  # losses since the last progress line: made when the loop starts
-
-    def _store_limits(self) -> ckptstore.CallLimits:
-        """Each wait on the store: a few measured saves at most (a stalled connection is
-        dropped; the store's next answer gets a new one), never past the time left for the
-        exit, and ended within seconds of a stop (once past a measured save's length)."""
-        return ckptstore.CallLimits(
-            call_s=self._store_call_s,
-            time_left=self._store_time_left,
-            stopping=lambda: len(self.stop_flag.arrivals),  # a second signal: now
-            expected_s=self._store_expected_s,
-        )
-
-    def _store_expected_s(self) -> float:
-        """What a healthy call may take (twice the median measured save): a stop does not
-        end it sooner."""
-        store = getattr(self, "store", None)
-        median = store.save_timings.median_s if store is not None else None
-        return 2 * median if median else 0.0
-
-    def _store_call_s(self) -> float:
-        budget = getattr(self, "budget", None)  # None while the store is opened and read
-        save = budget.save_estimate if budget is not None else None
-        return max(STORE_CALL_MIN_S, STORE_CALL_SAVES * save) if save else STORE_CALL_FIRST_S
-
-    def _store_time_left(self) -> float | None:
-        """Seconds until any wait on the store must end: the time left less the exit's (at
-        the start, before the budget: the deadline less STORE_CALL_MIN_S for the exit), and
-        never under STORE_CALL_LATE_S: past the deadline SLURM's KillWait is still to come
-        and a commit is atomic, so a late try costs nothing and may save the steps."""
-        budget = getattr(self, "budget", None)
-        if budget is None:
-            left = self._start_deadline.seconds_left()
-            bound = None if left is None else left - STORE_CALL_MIN_S
-        else:
-            left = budget.seconds_left()
-            bound = None if left is None else left - budget.needed_after_save()
-        return None if bound is None else max(bound, STORE_CALL_LATE_S)
 
     def _resume(self, parts: build.Parts) -> None:
         """The checkpoint to resume from (if any) loaded, and the time budget with the figures
@@ -202,6 +123,7 @@ class Trainer:
         resume = Resume(cfg, self.store, self.state, self.dist)
         self.resumed_from = resume.run(parts.start)
         self.budget = build.budget(cfg, self.state.model, self.stop_flag, resumed=resume.metadata)
+        self.waits.budget = self.budget
 
     # -- the loop ---------------------------------------------------------------------------
 
@@ -256,7 +178,7 @@ class Trainer:
                 if act.durable:
                     self.store.wait()
             except ckptstore.StoreUnreachableError as e:
-                self._store_down(act, e, time.perf_counter() - t0)
+                self.store_outage.failed(str(act.save), step, e, time.perf_counter() - t0)
             if act.durable:
                 self._record_finished_saves()
 
@@ -282,55 +204,10 @@ class Trainer:
         if kind == "periodic":  # the others are recorded by their caller, once durable
             self._record_finished_saves()
 
-    def _store_down(self, act: slurmclock.Action, error: BaseException, seconds: float) -> None:
-        """A save the store did not take (it did not answer): a periodic one waits for the
-        store while training goes on; the final one is tried again while the time allows;
-        then (and for an extra save) exit 74, the last durable checkpoint intact."""
-        line = self.outage.failed(self.state.step, error, seconds)
-        if line and self.dist.rank == 0:
-            log.warning("%s", line)
-        if act.save == "final":
-            self._retry_final()
-        elif act.save != "periodic":
-            raise ckptstore.StoreUnreachableError(self._gave_up()) from error
-
-    def _retry_final(self) -> None:
-        """The final save again, after the outage's pause, while a try still fits before the
-        exit (rank 0 decides for every rank: each try is a collective)."""
-        while True:
-            pause = self.outage.final_pause(self._time_for_a_try()) if self.dist.rank == 0 else None
-            pause = self.dist.broadcast_object(pause)
-            if pause is None:
-                raise ckptstore.StoreUnreachableError(self._gave_up())
-            time.sleep(pause)
-            t0 = time.perf_counter()
-            try:
-                self.save(kind="final", blocking=True)
-                self.store.wait()
-                return
-            except ckptstore.StoreUnreachableError as e:
-                self.outage.failed(self.state.step, e, time.perf_counter() - t0)
-
-    def _time_for_a_try(self) -> float | None:
-        """Seconds a final save may still take (None: no deadline and no stop): the loop's
-        answer with a deadline; without one, until the kill a stop announces (none once asked
-        twice), less the exit's share and a save's measured length."""
-        with_deadline = self.loop.final_try_time()
-        if with_deadline is not None:
-            return with_deadline
-        since = self.stop_flag.received_at  # no deadline, but a stop: its kill follows
-        if since is None:
-            return None
-        if len(self.stop_flag.arrivals) > 1:
-            return 0.0  # asked twice: no further try
-        left = since + STOP_KILL_WAIT_S - time.time()
-        return left - self.budget.needed_after_save() - (self.budget.save_estimate or 0.0)
-
-    def _gave_up(self) -> str:
-        durable = self.loop.durable_step
-        if durable is None and self.resumed_from:
-            durable = self.start_step
-        return self.outage.gave_up(self.state.step, durable)
+    def _final_save(self) -> None:
+        """A retry of the final save after the store did not answer: durable on return."""
+        self.save(kind="final", blocking=True)
+        self.store.wait()
 
     def _say_stop(self, act: slurmclock.Action) -> None:
         """Before a final or extra save: why, and the losses since the last progress line."""
@@ -361,11 +238,7 @@ class Trainer:
         loss, step = window[0], self.state.step
         self.last_loss = loss
         if not math.isfinite(loss) and self.state.scaler is None:  # fp16 skips inf steps
-            raise TrainingDiverged(
-                f"the loss is {loss} at step {step}: stopping without saving (the checkpoints "
-                f"hold step {self.schedule.last_step} and earlier); resume from one with a lower "
-                "--learning-rate or --grad-clip"
-            )
+            raise TrainingDiverged.at(f"the loss is {loss}", step, self.schedule.last_step)
         grad_norm = self.stepper.grad_norm
         self.console.progress(
             step,
@@ -415,11 +288,8 @@ class Trainer:
     def _check_finite(self) -> None:
         """Never save NaN/inf weights over good checkpoints (keep_last would rotate them out)."""
         if not self.state.weights_finite(self.dist):
-            raise TrainingDiverged(
-                f"the weights are NaN/inf at step {self.state.step}: stopping without saving "
-                f"(the checkpoints hold step {self.schedule.last_step} and earlier); resume from "
-                "one with a lower --learning-rate or --grad-clip"
-            )
+            step, last = self.state.step, self.schedule.last_step
+            raise TrainingDiverged.at("the weights are NaN/inf", step, last)
 
     def _record_finished_saves(self) -> None:
         """Durable saves: into the metrics, and to the loop (the budget's save times, the job's
@@ -515,19 +385,8 @@ class Trainer:
         return self._finish("imported")
 
     def record_error(self, e: BaseException) -> None:
-        """A stop event for a run that failed, so the report can tell it from a kill; the
-        traceback goes to train.log (the console gets the CLI's one line)."""
-        logs.exception_to_file(f"step {self.state.step}: {type(e).__name__}: {e}")
-        try:
-            self.console.event(
-                "stop",
-                step=self.state.step,
-                reason=f"{type(e).__name__}: {first_line(e)}",
-                cause="error",
-                exit_code=_exit_code_of(e),
-            )
-        except Exception as again:  # the metrics file itself may be what failed
-            log.debug("could not record the error: %s", again)
+        """A stop event for a run that failed (outcome.py); the traceback goes to train.log."""
+        outcome.record_error(self.console, self.state.step, e)
 
     def close(self) -> None:
         self.interrupt.restore()
