@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from slurmclock import CommandError, EndTime, JobView, Node, Slurm, Step
-from slurmclock.slurm import exclude_fields, resize_fields
+from slurmclock.slurm import exclude_fields, node_condition, resize_fields
 
 ROOT = Path(__file__).resolve().parents[3]
 LOCALSLURM = ROOT / "tools" / "localslurm.py"
@@ -145,8 +145,9 @@ class FakeScheduler:
         return [name for name in nodelist.split(",") if name]
 
     def nodes(self, partition: str, *, timeout: float = 10.0) -> list[Node]:
+        """The partition's nodes, each state sorted as SLURM's (``Node.condition``)."""
         self.calls.append(("nodes", partition))
-        return list(self.partitions.get(partition, []))
+        return [with_condition(n) for n in self.partitions.get(partition, [])]
 
     def cluster_name(self, *, timeout: float = 10.0) -> str:
         self.calls.append(("cluster_name",))
@@ -175,6 +176,11 @@ class FakeScheduler:
         self.calls.append(("probe_node", job, node))
         if node in self.dead:
             raise CommandError(["srun", node], "timeout", f"node {node} did not answer")
+
+
+def with_condition(node: Node) -> Node:
+    """``node`` as Slurm.nodes gives it: its printed state sorted (``Node.condition``)."""
+    return replace(node, condition=node.condition or node_condition(node.state))
 
 
 def local_iso(epoch: float) -> str:

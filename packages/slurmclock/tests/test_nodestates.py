@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from slurmclock import Node
+from slurmclock.slurm import node_condition
 from slurmclock.supervisor.nodestates import changes, no_resize_scripts, quote
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -16,7 +17,8 @@ from test_restart import JOB, events, log, make, placed, step  # noqa: E402  - i
 
 
 def states(*nodes: Node) -> dict[str, Node]:
-    return {n.name: n for n in nodes}
+    """Nodes as SLURM's scheduler gives them: each printed state sorted (``condition``)."""
+    return {n.name: replace(n, condition=node_condition(n.state)) for n in nodes}
 
 
 def test_a_node_out_of_the_job_is_gone_whatever_its_state() -> None:
@@ -109,3 +111,24 @@ def test_a_drained_node_finishes_the_allocation(tmp_path: Path, fakes: Any) -> N
     out = log(sup)
     assert "node n2 is 'drng' in SLURM, reason 'fan': it finishes this allocation" in out, out
     assert placed(tmp_path)[-1] == ["--nodes=2", "--nodelist=n1,n2", "--ntasks=2", "--overlap"]
+
+
+def test_slurm_sorts_its_node_states_the_supervisor_reads_only_the_condition() -> None:
+    """SLURM's printed states are sorted in slurm.py (Node.condition); nodestates never reads
+    them, so a second scheduler sets the condition and the supervisor follows unchanged."""
+    from slurmclock import Slurm
+
+    printed = "n1 mix none\nn2 drng@ Reboot ASAP\nn3 down* cable\nn4 idle* none\nn5 boot none\n"
+    nodes = Slurm(lambda argv, timeout: printed).nodes("p")
+    assert [(n.name, n.condition) for n in nodes] == [
+        ("n1", ""),
+        ("n2", "drained"),
+        ("n3", "gone"),
+        ("n4", ""),
+        ("n5", "gone"),
+    ]
+    # a state no scheduler prints, with the condition set: the supervisor goes by the condition
+    odd = {"n2": Node("n2", "quarantined", False, "", "gone")}
+    assert [(c.node, c.kind, c.state) for c in changes(["n1", "n2"], ["n1", "n2"], odd)] == [
+        ("n2", "gone", "quarantined")
+    ]

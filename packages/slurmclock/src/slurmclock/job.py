@@ -502,12 +502,17 @@ class JobView:
 class Node:
     """One node of a partition: ``state`` as the scheduler prints it (``idle``, ``down*``), and
     whether a job can be given it now or soon (``usable``: not down, drained, failing, ...);
-    ``reason``: why an administrator or the scheduler set that state ("" when none)."""
+    ``reason``: why an administrator or the scheduler set that state ("" when none);
+    ``condition``: that state in the supervisor's terms, whatever the scheduler -- ``"gone"``
+    (down, failing, rebooting: no step runs there), ``"drained"`` (it finishes its running
+    work, gets no new allocation) or ``""`` (in service). The scheduler sets it: only it knows
+    what its states mean."""
 
     name: str
     state: str
     usable: bool
     reason: str = ""
+    condition: str = ""
 
 
 @dataclass(frozen=True, slots=True)

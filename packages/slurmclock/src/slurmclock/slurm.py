@@ -49,6 +49,23 @@ _REST_OF_LINE = ("JobName", "Command", "WorkDir", "StdErr", "StdIn", "StdOut", "
 # sinfo's short states of a node no job gets soon; a trailing * (not responding: SLURM
 # schedules nothing there, and marks it DOWN after SlurmdTimeout) too.
 _UNUSABLE = ("down", "drain", "fail", "maint", "futr", "inval")
+# sinfo's short states in the supervisor's terms (Node.condition): a node no step runs on now
+# (down, failing, in maintenance, booting or powering down, future, invalid) and one that
+# finishes its work and gets no new allocation (drain, draining).
+_GONE = ("down", "fail", "maint", "boot", "reboot", "powe", "pow", "futr", "inval", "npc")
+_DRAINED = ("drain", "drng", "drained", "draining")
+
+
+def node_condition(state: str) -> str:
+    """``"gone"``, ``"drained"`` or ``""`` (in service) for a state sinfo prints (``down*``,
+    ``drng@``, ``mix``): SLURM's flags (``*`` not responding, ``@`` reboot pending, ...)
+    aside."""
+    low = state.lower().rstrip("*~#!%$@^-+")
+    if low.startswith(_DRAINED) or "drain" in low:
+        return "drained"
+    if low.startswith(_GONE):
+        return "gone"
+    return ""
 
 
 class Slurm:
@@ -148,7 +165,8 @@ class Slurm:
                 reason = parts[2].strip() if len(parts) > 2 else ""
                 usable = not state.startswith(_UNUSABLE) and not state.endswith("*")
                 why = "" if reason.lower() in _NOT_SET else reason
-                found.setdefault(name, Node(name, state, usable, why))
+                node = Node(name, state, usable, why, node_condition(state))
+                found.setdefault(name, node)
         return list(found.values())
 
     def cluster_name(self, *, timeout: float = COMMAND_TIMEOUT) -> str:

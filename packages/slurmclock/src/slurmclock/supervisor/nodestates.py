@@ -32,8 +32,6 @@ from slurmclock.job import Node, Scheduler
 __all__ = ["LOOK_S", "NodeChange", "NodeStates", "changes", "no_resize_scripts", "quote"]
 
 LOOK_S = 10.0  # how often the job's nodes are read from SLURM while the step runs
-_GONE = ("down", "fail", "maint", "boot", "reboot", "powe", "pow", "futr", "inval", "npc")
-_DRAINED = ("drain", "drng", "drained", "draining")
 _MAX_QUOTED = 120  # characters of a value SLURM prints, in a log line
 
 
@@ -55,12 +53,13 @@ class NodeChange:
     reason: str = ""
     in_job: bool = True
     spare: bool = False
+    in_service: bool = False  # its state is in service (resumed since it left the job)
 
     def line(self) -> str:
         what = "hot spare" if self.spare else "node"
         why = f", reason {quote(self.reason)}" if self.reason else ""
         where = "" if self.in_job else "; SLURM took it out of the job"
-        if not self.in_job and _kind(self.state) is None:  # back in service since (resumed)
+        if not self.in_job and self.in_service:  # back in service since (resumed)
             where = "; SLURM took it out of the job (it may since have been resumed)"
         if self.kind == "drained":
             then = "it finishes this allocation; no later allocation is given it"
@@ -87,22 +86,16 @@ def changes(
         name = _short(host)
         node = states.get(name)
         state, reason = (node.state, node.reason) if node is not None else ("", "")
-        kind = _kind(state)
+        condition = node.condition if node is not None else ""
+        kind = condition
         if name not in now:
             kind = "gone"
             state = state or "not in the job"
-        if kind is not None:
-            found.append(NodeChange(name, kind, state, reason, name in now, name in spare))
+        if kind:
+            in_service = not condition
+            change = NodeChange(name, kind, state, reason, name in now, name in spare, in_service)
+            found.append(change)
     return found
-
-
-def _kind(state: str) -> str | None:
-    low = state.lower().rstrip("*~#!%$@^-+")
-    if low.startswith(_DRAINED) or "drain" in low:
-        return "drained"
-    if low.startswith(_GONE):
-        return "gone"
-    return None
 
 
 class NodeStates:
