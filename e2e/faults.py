@@ -124,6 +124,28 @@ def pid_of(job: Job, restart: int = 0, rank: int = 0, timeout: float = 600) -> i
     return int(path.read_text())
 
 
+def live_pid_at_step(job: Job, step: int, rank: int, timeout: float = 900) -> int:
+    """The pid of ``rank`` in the run that is going once step ``step`` is logged by any run.
+
+    A short limit on a loaded machine can end the first run before ``step`` (its deadline
+    save, then a requeue): the step counter goes on in the next run, so wait for the step
+    there rather than for the first run to reach it."""
+    found: list[int] = []
+
+    def ready() -> bool:
+        if last_step(job.metrics) < step:
+            return False
+        files = sorted(job.dir.glob(f"pid.*.{rank}"), key=lambda p: int(p.name.split(".")[1]))
+        pid = int(files[-1].read_text()) if files else 0
+        if pid and _alive(pid):
+            found.append(pid)
+            return True
+        return False
+
+    wait_until(f"{job.name}: a live rank {rank} at step {step}", ready, timeout)
+    return found[-1]
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -322,8 +344,8 @@ def rank_frozen(run: FaultRun, flags: list[str], *, master_port: int, **_: Any) 
     with starting():
         record = two_ranks(job, flags, "2", master_port)
         at_step(job, 1)
-    pid = pid_of(job, rank=1)
-    run.notes["frozen_at_step"] = at_step(job, 100)
+    pid = live_pid_at_step(job, 100, rank=1)
+    run.notes["frozen_at_step"] = last_step(job.metrics)
     run.fault_at = time.time()
     puppet = Puppet(pid)
     try:
