@@ -93,9 +93,17 @@ def _torch_pin() -> str:
     return found.group(1)
 
 
+def _query(session: nox.Session, code: str) -> str:
+    """What ``python -c code`` prints in the session's venv. run_install answers None when
+    installs are skipped (`nox -R`), and run is skipped by `--install-only`: ask both."""
+    out = session.run_install("python", "-c", code, silent=True)
+    if out is None:
+        out = session.run("python", "-c", code, silent=True)
+    return str(out).strip()
+
+
 def _python_tag(session: nox.Session) -> str:
-    code = "import sys; print(f'cp{sys.version_info[0]}{sys.version_info[1]}')"
-    return str(session.run_install("python", "-c", code, silent=True)).strip()
+    return _query(session, "import sys; print(f'cp{sys.version_info[0]}{sys.version_info[1]}')")
 
 
 def _shared_torch(session: nox.Session) -> Path:
@@ -117,8 +125,7 @@ def _shared_torch(session: nox.Session) -> Path:
 
 
 def _site_packages(session: nox.Session) -> Path:
-    code = "import sysconfig; print(sysconfig.get_paths()['purelib'])"
-    return Path(str(session.run_install("python", "-c", code, silent=True)).strip())
+    return Path(_query(session, "import sysconfig; print(sysconfig.get_paths()['purelib'])"))
 
 
 def _requested_extras(specs: tuple[str, ...]) -> dict[str, set[str]]:
@@ -144,7 +151,7 @@ _LIST_REQUIRES = (
 
 def _torch_users(session: nox.Session, specs: tuple[str, ...]) -> list[str]:
     """The installed distributions that declare torch (with the extras this session asked for)."""
-    installed = json.loads(str(session.run_install("python", "-c", _LIST_REQUIRES, silent=True)))
+    installed = json.loads(_query(session, _LIST_REQUIRES))
     wanted = _requested_extras(specs)
     users = []
     for name, requires in installed.items():
