@@ -43,8 +43,9 @@ from slurmclock.commands import CommandError
 from slurmclock.job import Scheduler
 from slurmclock.requeue import requeue
 from slurmclock.schedulers import default_scheduler
-from slurmclock.supervisor.nodestates import no_resize_scripts, quote
+from slurmclock.supervisor.nodestates import no_resize_scripts
 from slurmclock.timeline import Event, JobTimeline
+from slurmclock.untrusted import quote
 
 __all__ = [
     "BEAT_S",
