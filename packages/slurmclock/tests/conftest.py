@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import shutil
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
@@ -176,6 +177,12 @@ class FakeScheduler:
         self.calls.append(("probe_node", job, node))
         if node in self.dead:
             raise CommandError(["srun", node], "timeout", f"node {node} did not answer")
+
+    def helper_command(self, job: str, node: str, argv: Sequence[str], *, name: str) -> list[str]:
+        """Recorded; ``true`` by its path (the tests' PATH has no system folder): a command
+        that ends at once, where SLURM's would be srun; no launcher runs in a unit test."""
+        self.calls.append(("helper_command", job, node, name))
+        return [shutil.which("true") or "true"]
 
 
 def with_condition(node: Node) -> Node:

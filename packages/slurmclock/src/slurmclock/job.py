@@ -613,6 +613,13 @@ class Scheduler(Protocol):
         does not answer within ``timeout``."""
         ...
 
+    def helper_command(self, job: str, node: str, argv: Sequence[str], *, name: str) -> list[str]:
+        """``argv`` launched as one task on ``node`` inside the job's allocation, beside the
+        steps that run there (taking none of their resources), named ``name`` so that it is
+        told from the training's steps: the supervisor's own helper (the batch node's
+        sentinel). The launcher is the first word (looked up on PATH). Runs nothing."""
+        ...
+
     def exclude_nodes(
         self, job: str, nodes: Sequence[str], *, timeout: float = COMMAND_TIMEOUT
     ) -> None:
