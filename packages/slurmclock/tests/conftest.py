@@ -105,6 +105,7 @@ class FakeScheduler:
         self.jobs[job] = replace(view, restarts=(view.restarts or 0) + 1)
 
     def update_job(self, job: str, *, timeout: float = 10.0, **fields: str) -> None:
+        """Not the protocol's: how the intents below are recorded (as ``Slurm.update_job``)."""
         self._known("update_job", job)
         self.calls[-1] += tuple(f"{k}={v}" for k, v in fields.items())
         if "ExcNodeList" in fields:

@@ -563,10 +563,6 @@ class Scheduler(Protocol):
         """Put the job back in the queue (it ends now and starts again, restart count + 1)."""
         ...
 
-    def update_job(self, job: str, *, timeout: float = COMMAND_TIMEOUT, **fields: str) -> None:
-        """Change fields of the job's record (``ExcNodeList="n1,n2"``)."""
-        ...
-
     def signal(
         self, job: str, sig: str = "TERM", *, batch: bool = False, timeout: float = COMMAND_TIMEOUT
     ) -> None:
