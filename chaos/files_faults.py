@@ -3,15 +3,14 @@ reads, each one row (a new fault is one entry of :data:`FAULTS`).
 
 A fault either *writes* hostile lines into the file (appended after a good line, so a reader
 must skip the bad one and go on) or *replaces* the file by something that is not a regular file
-(a reader must refuse it without waiting on it). :func:`bounded` runs a reader in a thread and
-fails when it has not returned in time: a blocked read is a failed row, not a hung suite.
+(a reader must refuse it without waiting on it). ``finishes`` runs a reader in a thread and
+fails when it has not returned in time: a blocked read is a failed row, not a hung suite. It and
+the file builders are slurmclock's tests' own (``untrusted_helpers.py``, loaded by path).
 """
 
 from __future__ import annotations
 
 import importlib.util
-import os
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,7 +18,20 @@ from types import ModuleType
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-SPARSE_BYTES = 2 * 1024**3  # a 2 GB file of holes: costs no disk, would cost 2 GB to read
+
+
+def load(path: Path) -> ModuleType:
+    """A helper file by its path (tools and other folders' test helpers are no packages)."""
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+_shared = load(ROOT / "packages/slurmclock/tests/untrusted_helpers.py")
+finishes: Callable[..., Any] = _shared.finishes
+NONREGULAR: dict[str, Callable[[Path], None]] = _shared.NONREGULAR
 
 
 @dataclass(frozen=True)
@@ -45,11 +57,6 @@ class Fault:
             self.place(path)
 
 
-def _sparse(path: Path) -> None:
-    with open(path, "wb") as f:
-        f.truncate(SPARSE_BYTES)
-
-
 FAULTS = [
     Fault("garbage", lines=(b"\x00\xff\xfe garbage {]\x1b[2J",)),
     Fault("huge line", lines=(b'{"event": "x", "pad": "' + b"y" * (4 * 1024 * 1024) + b'"}',)),
@@ -61,11 +68,11 @@ FAULTS = [
             b'{"time": 1' + b"0" * 400 + b'.5, "rank": 1, "host": "n1", "what": "dead"}',
         ),
     ),
-    Fault("2 GB sparse file", place=_sparse),
-    Fault("FIFO", place=lambda p: os.mkfifo(p)),
-    Fault("/dev/zero symlink", place=lambda p: p.symlink_to("/dev/zero")),
-    Fault("symlink loop", place=lambda p: p.symlink_to(p)),
-    Fault("directory", place=lambda p: p.mkdir()),
+    Fault("2 GB sparse file", place=_shared.sparse),
+    Fault("FIFO", place=NONREGULAR["fifo"]),
+    Fault("/dev/zero symlink", place=NONREGULAR["dev-zero"]),
+    Fault("symlink loop", place=NONREGULAR["loop"]),
+    Fault("directory", place=NONREGULAR["directory"]),
     Fault(
         "forged host",
         lines=(
@@ -78,32 +85,8 @@ FAULTS = [
 FORGED = "[2026-01-01 00:00:00] slurmclock: FORGED"
 
 
-def bounded(fn: Callable[[], Any], seconds: float) -> Any:
-    """``fn()``'s result, or an AssertionError when it takes longer than ``seconds``."""
-    box: list[Any] = []
-    errors: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            box.append(fn())
-        except BaseException as e:  # noqa: BLE001 - re-raised in the caller's thread
-            errors.append(e)
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    thread.join(seconds)
-    assert not thread.is_alive(), f"the reader blocked for more than {seconds:.0f} s"
-    if errors:
-        raise errors[0]
-    return box[0] if box else None
-
-
 def localslurm() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("localslurm", ROOT / "tools/localslurm.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load(ROOT / "tools/localslurm.py")
 
 
 # A stand-in trainer: it drives slurmclock's TimeLoop (which reads the job's timeline at start,

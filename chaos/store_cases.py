@@ -5,9 +5,7 @@ user checks afterwards (exit, its time, the lines about the store, the checkpoin
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import os
-import random
 import subprocess
 import sys
 import threading
@@ -15,37 +13,11 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
 BUCKET = "ckpt"
 STEPS = 300  # every run's --training-steps; a deadline stops the faulty ones on the way
 EVERY = 25  # --checkpoint-frequency
-WORDS = ["the", "of", "and", "to", "in", "is", "was", "for", "that", "with", "as", "by"]
-
-
-def load_tool(name: str) -> ModuleType:
-    """``tools/NAME.py`` by path (no package imports another; the tools are files)."""
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, ROOT / "tools" / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-def make_corpus(path: Path) -> Path:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    rnd = random.Random(0)
-    texts = [" ".join(rnd.choice(WORDS) for _ in range(rnd.randint(40, 120))) for _ in range(80)]
-    path.parent.mkdir(parents=True, exist_ok=True)
-    pq.write_table(pa.table({"text": texts}), path, row_group_size=32)
-    return path
 
 
 def train_args(corpus: Path, cache: Path, experiment: str, *extra: str) -> list[str]:

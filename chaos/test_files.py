@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from files_faults import FAULTS, FORGED, ROOT, Fault, bounded, localslurm
+from files_faults import FAULTS, FORGED, ROOT, Fault, finishes, localslurm
 
 from slurmclock import TimeBudget
 from slurmclock.supervisor.faults import FaultWatch, read_faults
@@ -62,8 +62,8 @@ def test_the_fault_record(tmp_path: Path, fault: Fault) -> None:
     path.write_bytes(b"")
     watch = FaultWatch(path, 0.0, nodes=lambda: ["n1"])
     fault.apply(path, GOOD_FAULT)
-    seen = bounded(watch.new, ALLOW)
-    after = bounded(lambda: read_faults(path, 0.0), ALLOW)
+    seen = finishes(watch.new, ALLOW)
+    after = finishes(lambda: read_faults(path, 0.0), ALLOW)
     one_line_each(watch.said)
     if not fault.writes:  # refused; 2 GB of holes are read from their tail: one bad "line"
         assert seen == [] and after == [] and len(watch.said) <= 1
@@ -82,10 +82,10 @@ def test_the_timeline(tmp_path: Path, fault: Fault, caplog: pytest.LogCaptureFix
     assert timeline.path is not None
     fault.apply(timeline.path, GOOD_EVENT)
     with caplog.at_level(logging.WARNING, "slurmclock"):
-        events = bounded(timeline.events, ALLOW)
-        bounded(timeline.events, ALLOW)
-        bounded(lambda: TimeBudget(timeline=timeline).should_stop(), ALLOW)
-        bounded(lambda: timeline.mark("exited", rc=0), ALLOW)
+        events = finishes(timeline.events, ALLOW)
+        finishes(timeline.events, ALLOW)
+        finishes(lambda: TimeBudget(timeline=timeline).should_stop(), ALLOW)
+        finishes(lambda: timeline.mark("exited", rc=0), ALLOW)
     said = [r.getMessage() for r in caplog.records if "job timeline" in r.getMessage()]
     one_line_each(said)
     if fault.writes:
@@ -106,10 +106,10 @@ def test_the_budget_state(tmp_path: Path, fault: Fault) -> None:
     assert good.save_state_file(path) is None
     fault.apply(path, path.read_bytes())
     budget = TimeBudget()
-    problem = bounded(lambda: budget.load_state_file(path), ALLOW)
+    problem = finishes(lambda: budget.load_state_file(path), ALLOW)
     assert problem is not None and "\n" not in problem  # said in one line; the guesses stand
     assert budget.save_estimate is None
-    bounded(budget.should_stop, ALLOW)
+    finishes(budget.should_stop, ALLOW)
 
 
 @pytest.mark.parametrize(
@@ -137,7 +137,9 @@ def test_the_metrics_file(tmp_path: Path, fault: Fault, capsys: pytest.CaptureFi
     path = tmp_path / "metrics.jsonl"
     start = {"event": "start", "time": 1.0, "run_id": "r1", "step": 0, "pid": 1, "host": "n1"}
     fault.apply(path, json.dumps(start).encode() + b"\n")
-    code = bounded(lambda: report.main([str(tmp_path), "--metrics", str(path), "--no-plot"]), ALLOW)
+    code = finishes(
+        lambda: report.main([str(tmp_path), "--metrics", str(path), "--no-plot"]), ALLOW
+    )
     out = capsys.readouterr()
     assert code in (0, 2) and "Traceback" not in out.err
     said = out.err.splitlines()

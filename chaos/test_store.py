@@ -43,12 +43,11 @@ from store_cases import (
     Run,
     child_env,
     differences,
-    load_tool,
-    make_corpus,
     run_train,
     store_of,
     train_args,
 )
+from train_helpers import load_tool, make_corpus  # the app's test helpers (pytest's pythonpath)
 
 pytestmark = pytest.mark.s3
 

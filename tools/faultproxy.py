@@ -1,7 +1,8 @@
 """A fault proxy for tests: an HTTP/1.1 proxy on 127.0.0.1 in front of a real endpoint (the
 moto_server of ``tools/s3server.py``), switchable at run time between the ways a store fails.
 
-Standard library only, self-contained like ``tools/s3server.py`` (load it by path)::
+Standard library only; load it by path, as ``tools/s3server.py`` (whose socket helpers it
+shares, loaded by path from beside this file)::
 
     with s3server.MotoServer() as server, FaultProxy(server.port) as proxy:
         server.make_bucket("ckpt")
@@ -30,10 +31,13 @@ runs one in the foreground (a mode per line on stdin).
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import socket
 import sys
 import threading
 from collections import Counter
+from pathlib import Path
+from types import ModuleType
 
 MODES = ("pass", "refuse", "reset", "500", "502", "503", "403", "nosuchbucket", "hang", "trickle")
 _ERRORS = {
@@ -44,7 +48,23 @@ _ERRORS = {
     "nosuchbucket": (404, "Not Found", "NoSuchBucket", "The specified bucket does not exist"),
 }
 _MAX_HEAD = 64 * 1024
-_RST = b"\x01\x00\x00\x00\x00\x00\x00\x00"  # SO_LINGER on, 0 s: close() sends RST
+
+
+def _s3server() -> ModuleType:
+    """``tools/s3server.py`` (the tools are files, not a package): the one loaded, else loaded
+    from beside this file."""
+    loaded = sys.modules.get("s3server")
+    if loaded is not None:
+        return loaded
+    path = Path(__file__).with_name("s3server.py")
+    spec = importlib.util.spec_from_file_location("s3server", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+_sockets = _s3server()  # listen, unlisten, reset, free_port: shared with its TCP proxy
 
 
 class FaultProxy:
@@ -52,7 +72,7 @@ class FaultProxy:
 
     def __init__(self, target_port: int, *, port: int | None = None) -> None:
         self.target_port = target_port
-        self.port = port or _free_port()
+        self.port = port or _sockets.free_port()
         self.mode = "pass"
         self.retry_after = 1
         self.rate = 64  # bytes per second in trickle mode
@@ -100,37 +120,23 @@ class FaultProxy:
 
     # -- sockets ----------------------------------------------------------------------------
     def _listen(self) -> None:
-        if self._listener is not None or self.mode == "refuse":
-            return
-        s = socket.socket()
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        s.bind(("127.0.0.1", self.port))
-        s.listen(64)
-        self._listener = s
-        threading.Thread(target=self._accept, args=(s,), daemon=True).start()
+        if self._listener is None and self.mode != "refuse":
+            self._listener = _sockets.listen(self.port, self._on_client)
 
     def _unlisten(self) -> None:
-        s, self._listener = self._listener, None
-        if s is not None:
-            with contextlib.suppress(OSError):
-                s.shutdown(socket.SHUT_RDWR)
-            s.close()
+        listener, self._listener = self._listener, None
+        _sockets.unlisten(listener)
 
     def _reset_all(self) -> None:
         with self._lock:
             conns, self._conns = self._conns, set()
         for c in conns:
-            _reset(c)
+            _sockets.reset(c)
 
-    def _accept(self, listener: socket.socket) -> None:
-        while True:
-            try:
-                client, _ = listener.accept()
-            except OSError:
-                return
-            with self._lock:
-                self._conns.add(client)
-            threading.Thread(target=self._serve, args=(client,), daemon=True).start()
+    def _on_client(self, client: socket.socket) -> None:
+        with self._lock:
+            self._conns.add(client)
+        threading.Thread(target=self._serve, args=(client,), daemon=True).start()
 
     # -- one client connection: request by request ------------------------------------------
     def _serve(self, client: socket.socket) -> None:
@@ -145,7 +151,7 @@ class FaultProxy:
                 mode = self.mode
                 self.requests[mode] += 1
                 if mode in ("reset", "refuse"):
-                    _reset(client)
+                    _sockets.reset(client)
                     return
                 if mode == "hang":
                     self._stopped.wait()  # silent for good
@@ -286,19 +292,6 @@ def _chunked(r: _Reader) -> bytes | None:
         if data is None:
             return None
         out += data
-
-
-def _reset(s: socket.socket) -> None:
-    with contextlib.suppress(OSError):
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _RST)
-    with contextlib.suppress(OSError):
-        s.close()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def main(argv: list[str]) -> int:

@@ -49,6 +49,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import IO
 
@@ -56,6 +57,7 @@ ACCESS_KEY = "testing"
 SECRET_KEY = "testing"
 REGION = "us-east-1"
 _INSTALL_HINT = "install it with: pip install 'moto[server]'"
+_RST = b"\x01\x00\x00\x00\x00\x00\x00\x00"  # SO_LINGER on, 0 s: close() sends RST
 
 
 def moto_server_path() -> str | None:
@@ -92,6 +94,43 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def listen(port: int, on_client: Callable[[socket.socket], None]) -> socket.socket:
+    """A socket listening on 127.0.0.1:``port``; a daemon thread accepts each connection and
+    gives it to ``on_client`` until the socket is closed (:func:`unlisten`). SO_REUSEADDR: a
+    proxy that stopped listens on its port again at once."""
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind(("127.0.0.1", port))
+    s.listen(64)
+    threading.Thread(target=_accept, args=(s, on_client), daemon=True).start()
+    return s
+
+
+def _accept(listener: socket.socket, on_client: Callable[[socket.socket], None]) -> None:
+    while True:
+        try:
+            client, _ = listener.accept()
+        except OSError:
+            return  # closed
+        on_client(client)
+
+
+def unlisten(listener: socket.socket | None) -> None:
+    """Close a socket :func:`listen` made (None: nothing): new connections are refused."""
+    if listener is not None:
+        with contextlib.suppress(OSError):
+            listener.shutdown(socket.SHUT_RDWR)
+        listener.close()
+
+
+def reset(conn: socket.socket) -> None:
+    """Close ``conn`` with RST (SO_LINGER on, 0 s), as a dead server looks to the client."""
+    with contextlib.suppress(OSError):
+        conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _RST)
+    with contextlib.suppress(OSError):
+        conn.close()
 
 
 class MotoServer:
@@ -286,48 +325,28 @@ class _TcpProxy:
         self._lock = threading.Lock()
 
     def start(self) -> None:
-        if self._listener is not None:
-            return
-        s = socket.socket()
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        s.bind(("127.0.0.1", self.port))
-        s.listen(64)
-        self._listener = s
-        threading.Thread(target=self._accept, args=(s,), daemon=True).start()
+        if self._listener is None:
+            self._listener = listen(self.port, self._connect)
 
     def stop(self) -> None:
-        s, self._listener = self._listener, None
-        if s is not None:
-            with contextlib.suppress(OSError):
-                s.shutdown(socket.SHUT_RDWR)
-            s.close()
+        listener, self._listener = self._listener, None
+        unlisten(listener)
         with self._lock:
             conns, self._conns = self._conns, set()
         for c in conns:
-            with contextlib.suppress(OSError):
-                # SO_LINGER 0: close with RST, as a dead server would look to the client.
-                c.setsockopt(
-                    socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00"
-                )
-            with contextlib.suppress(OSError):
-                c.close()
+            reset(c)
 
-    def _accept(self, listener: socket.socket) -> None:
-        while True:
-            try:
-                client, _ = listener.accept()
-            except OSError:
-                return
-            try:
-                upstream = socket.create_connection(("127.0.0.1", self.target_port), timeout=30)
-                upstream.settimeout(None)
-            except OSError:
-                client.close()
-                continue
-            with self._lock:
-                self._conns.update((client, upstream))
-            for a, b in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+    def _connect(self, client: socket.socket) -> None:
+        try:
+            upstream = socket.create_connection(("127.0.0.1", self.target_port), timeout=30)
+            upstream.settimeout(None)
+        except OSError:
+            client.close()
+            return
+        with self._lock:
+            self._conns.update((client, upstream))
+        for a, b in ((client, upstream), (upstream, client)):
+            threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
 
     def _pump(self, src: socket.socket, dst: socket.socket) -> None:
         try:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -37,41 +38,42 @@ def finished(corpus: Path, cache_dir: Path, tmp_path_factory: pytest.TempPathFac
     return ckpt
 
 
-def copy(finished: Path, tmp_path: Path) -> Path:
-    ckpt = tmp_path / "ckpt"
-    shutil.copytree(finished, ckpt)
-    return ckpt
+@pytest.fixture
+def ckpt(finished: Path, tmp_path: Path) -> Path:
+    """A copy of the finished run's checkpoint folder, for a test that changes it."""
+    copied = tmp_path / "ckpt"
+    shutil.copytree(finished, copied)
+    return copied
+
+
+@pytest.fixture
+def flags(corpus: Path, cache_dir: Path, ckpt: Path) -> Callable[..., list[str]]:
+    """``tiny_flags`` on the copy, with the test's own flags after them."""
+    return lambda *extra: tiny_flags(corpus, cache_dir, ckpt, *extra)
 
 
 def test_a_dry_run_beside_a_runs_checkpoints_touches_nothing(
-    finished: Path,
-    corpus: Path,
-    cache_dir: Path,
-    tmp_path: Path,
-    capsys: pytest.CaptureFixture[str],
+    ckpt: Path, flags: Callable[..., list[str]], capsys: pytest.CaptureFixture[str]
 ) -> None:
     """Refused before ("already holds checkpoints"), though it writes nothing lasting: now it
     runs from step 0 beside them; its save goes to a scratch experiment, removed; no metrics or
     log lines are added to the run's."""
-    ckpt = copy(finished, tmp_path)
     before = checksums(ckpt)
     capsys.readouterr()
-    assert main([*tiny_flags(corpus, cache_dir, ckpt, "--training-steps", "4"), "--dry-run"]) == 0
+    assert main([*flags("--training-steps", "4"), "--dry-run"]) == 0
     out = capsys.readouterr().out
     assert "dry run OK: 1 step" in out and "(untouched)" in out
     assert checksums(ckpt) == before
 
 
 def test_a_resume_from_a_ckptstore_import_says_how_to_start_from_it(
-    finished: Path,
-    corpus: Path,
-    cache_dir: Path,
+    ckpt: Path,
+    flags: Callable[..., list[str]],
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     """`ckptstore import --into-run` made a weights-only checkpoint the newest; the resume then
     ended in ckptstore's "pass strict=False", which no flag passes."""
-    ckpt = copy(finished, tmp_path)
     exp = ckpt / "default-exp"
     with ckptstore.CheckpointStore(str(exp)) as store:
         model = store.read(4)[1]["model"]
@@ -80,7 +82,7 @@ def test_a_resume_from_a_ckptstore_import_says_how_to_start_from_it(
     ckptstore.import_checkpoint(src, str(exp), into_run=True)
     before = checksums(ckpt)
     capsys.readouterr()
-    argv = tiny_flags(corpus, cache_dir, ckpt, "--training-steps", "8")
+    argv = flags("--training-steps", "8")
     assert main([*argv, "--resume-from-checkpoint", "latest"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1, err
@@ -95,18 +97,13 @@ def test_a_resume_from_a_ckptstore_import_says_how_to_start_from_it(
 
 
 def test_a_resume_from_a_checkpoint_without_a_runs_entries_names_the_cli_way(
-    finished: Path,
-    corpus: Path,
-    cache_dir: Path,
-    tmp_path: Path,
-    capsys: pytest.CaptureFixture[str],
+    ckpt: Path, flags: Callable[..., list[str]], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    ckpt = copy(finished, tmp_path)
     with ckptstore.CheckpointStore(str(ckpt / "default-exp")) as store:
         model = store.read(4)[1]["model"]
         store.save(6, {"model": model, "step": 6})  # another program's save: weights only
     capsys.readouterr()
-    argv = tiny_flags(corpus, cache_dir, ckpt, "--training-steps", "8")
+    argv = flags("--training-steps", "8")
     assert main([*argv, "--resume-from-checkpoint", "latest"]) == 2
     err = capsys.readouterr().err.strip()
     assert "strict=False" not in err and len(err.splitlines()) == 1, err
@@ -116,18 +113,11 @@ def test_a_resume_from_a_checkpoint_without_a_runs_entries_names_the_cli_way(
 
 
 def test_a_resume_past_a_dangling_latest_says_which_step_it_takes(
-    finished: Path,
-    corpus: Path,
-    cache_dir: Path,
-    tmp_path: Path,
-    capsys: pytest.CaptureFixture[str],
+    ckpt: Path, flags: Callable[..., list[str]], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    ckpt = copy(finished, tmp_path)
     (ckpt / "default-exp" / "latest").write_text("step-00001000\n")
     capsys.readouterr()
-    argv = tiny_flags(
-        corpus, cache_dir, ckpt, "--training-steps", "6", "--checkpoint-frequency", "2"
-    )
+    argv = flags("--training-steps", "6", "--checkpoint-frequency", "2")
     assert main([*argv, "--resume-from-checkpoint", "latest"]) == 0
     out = capsys.readouterr().out
     assert "latest names step 1000, whose folder is gone: resuming from step 4" in out

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import shutil
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
@@ -104,6 +105,7 @@ class FakeScheduler:
         self.jobs[job] = replace(view, restarts=(view.restarts or 0) + 1)
 
     def update_job(self, job: str, *, timeout: float = 10.0, **fields: str) -> None:
+        """Not the protocol's: how the intents below are recorded (as ``Slurm.update_job``)."""
         self._known("update_job", job)
         self.calls[-1] += tuple(f"{k}={v}" for k, v in fields.items())
         if "ExcNodeList" in fields:
@@ -176,6 +178,12 @@ class FakeScheduler:
         self.calls.append(("probe_node", job, node))
         if node in self.dead:
             raise CommandError(["srun", node], "timeout", f"node {node} did not answer")
+
+    def helper_command(self, job: str, node: str, argv: Sequence[str], *, name: str) -> list[str]:
+        """Recorded; ``true`` by its path (the tests' PATH has no system folder): a command
+        that ends at once, where SLURM's would be srun; no launcher runs in a unit test."""
+        self.calls.append(("helper_command", job, node, name))
+        return [shutil.which("true") or "true"]
 
 
 def with_condition(node: Node) -> Node:

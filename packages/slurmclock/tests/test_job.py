@@ -231,6 +231,11 @@ def test_slurm_steps_as_squeue_lists_them_and_placed_launches(fakes: Any) -> Non
     ]  # fmt: skip
     assert slurm.step_command(step, None) == step
     assert slurm.step_command(["mpirun", "train"], ["n1"], overlap=True) == ["mpirun", "train"]
+    helper = slurm.helper_command("1", "n3", ["python", "-c", "w"], name="slurmclock-sentinel")
+    assert helper == [
+        "srun", "--jobid=1", "--overlap", "--nodes=1", "--ntasks=1", "--nodelist=n3",
+        "--job-name=slurmclock-sentinel", "--quiet", "python", "-c", "w",
+    ]  # fmt: skip
 
 
 def test_slurm_names_its_own_command_whatever_the_runner_says(fakes: Any) -> None:

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from slurmclock import JobTimeline, JobView, Node
-from slurmclock.supervisor.sentinel import Sentinel, batch_node_lost
+from slurmclock.supervisor.sentinel import SENTINEL_NAME, Sentinel, batch_node_lost
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_restart import JOB, log, make, step  # noqa: E402  - its fake job
@@ -91,6 +91,17 @@ def test_sigterm_reaches_the_watch(tmp_path: Path, fakes: Any) -> None:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     assert ("requeue", JOB) in scheduler.calls
+
+
+def test_the_sentinel_is_launched_as_the_scheduler_says_on_another_node(
+    tmp_path: Path, fakes: Any
+) -> None:
+    """The supervisor of a job of several nodes asks its scheduler how to launch the sentinel
+    (SLURM: srun; the fake: ``true``), on a node other than its own, and says where."""
+    sup, scheduler, _ = make(tmp_path, fakes, nodes="n1,n2,n3")
+    assert sup.run(step(tmp_path, "0")) == 0
+    assert ("helper_command", JOB, "n3", SENTINEL_NAME) in scheduler.calls
+    assert "sentinel on n3: requeues the job should this node (n1) be lost" in log(sup)
 
 
 def test_the_next_allocation_names_it_and_counts_no_failure(tmp_path: Path, fakes: Any) -> None:

@@ -8,9 +8,7 @@ import json
 import logging
 import os
 import sys
-import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +32,9 @@ from slurmclock.untrusted import (
     safe_text,
 )
 
+sys.path.insert(0, str(Path(__file__).parent))
+from untrusted_helpers import NONREGULAR, finishes, sparse  # noqa: E402  - shared with chaos/
+
 ENV = {"SLURM_JOB_ID": "77", "SLURM_RESTART_COUNT": "0"}
 
 # The lines that killed the supervisor and every trainer before (issue 34).
@@ -55,26 +56,6 @@ FILES = settings(
     max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
 FORGED = "n1\n[2026-01-01 00:00:00] slurmclock: forged"
-
-
-def finishes(fn: Callable[[], Any], seconds: float = 10.0) -> Any:
-    """``fn()``'s result; fails when it has not returned within ``seconds`` (a blocked read)."""
-    box: list[Any] = []
-    errors: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            box.append(fn())
-        except BaseException as e:  # noqa: BLE001 - reported below
-            errors.append(e)
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    thread.join(seconds)
-    assert not thread.is_alive(), f"{fn} blocked for more than {seconds} s"
-    if errors:
-        raise errors[0]
-    return box[0]
 
 
 def timeline_at(tmp_path: Path) -> JobTimeline:
@@ -130,26 +111,18 @@ def test_a_big_file_is_read_from_its_tail(tmp_path: Path) -> None:
 
 def test_a_sparse_2gb_file_costs_its_bound(tmp_path: Path) -> None:
     path = tmp_path / "sparse.jsonl"
-    with open(path, "wb") as f:
-        f.truncate(2 * 1024**3)
+    sparse(path)
     found = finishes(lambda: read_records(path))
     assert found.tail and not found.records and found.skipped == [1]
 
 
 def nonregular(tmp_path: Path, kind: str) -> Path:
     path = tmp_path / f"{kind}.jsonl"
-    if kind == "fifo":
-        os.mkfifo(path)
-    elif kind == "dev-zero":
-        path.symlink_to("/dev/zero")
-    elif kind == "loop":
-        path.symlink_to(path)
-    elif kind == "directory":
-        path.mkdir()
+    NONREGULAR[kind](path)
     return path
 
 
-KINDS = ["fifo", "dev-zero", "loop", "directory"]
+KINDS = list(NONREGULAR)
 
 
 @pytest.mark.parametrize("kind", KINDS)

@@ -563,10 +563,6 @@ class Scheduler(Protocol):
         """Put the job back in the queue (it ends now and starts again, restart count + 1)."""
         ...
 
-    def update_job(self, job: str, *, timeout: float = COMMAND_TIMEOUT, **fields: str) -> None:
-        """Change fields of the job's record (``ExcNodeList="n1,n2"``)."""
-        ...
-
     def signal(
         self, job: str, sig: str = "TERM", *, batch: bool = False, timeout: float = COMMAND_TIMEOUT
     ) -> None:
@@ -611,6 +607,13 @@ class Scheduler(Protocol):
     def probe_node(self, job: str, node: str, *, timeout: float = COMMAND_TIMEOUT) -> None:
         """Run a no-op on ``node`` inside the job's allocation: a CommandError when the node
         does not answer within ``timeout``."""
+        ...
+
+    def helper_command(self, job: str, node: str, argv: Sequence[str], *, name: str) -> list[str]:
+        """``argv`` launched as one task on ``node`` inside the job's allocation, beside the
+        steps that run there (taking none of their resources), named ``name`` so that it is
+        told from the training's steps: the supervisor's own helper (the batch node's
+        sentinel). The launcher is the first word (looked up on PATH). Runs nothing."""
         ...
 
     def exclude_nodes(

@@ -270,6 +270,12 @@ class Slurm:
         argv += ["--ntasks-per-node=1", f"--nodelist={node}", f"--job-name={PROBE_NAME}"]
         self._run([*argv, "--quiet", "true"], timeout)
 
+    def helper_command(self, job: str, node: str, argv: Sequence[str], *, name: str) -> list[str]:
+        """``srun --jobid=JOB --overlap -N1 -n1 --nodelist=NODE --job-name=NAME --quiet ARGV``:
+        ``--overlap`` so that it waits for no CPU the training's step holds."""
+        head = ["srun", f"--jobid={job}", "--overlap", "--nodes=1", "--ntasks=1"]
+        return [*head, f"--nodelist={node}", f"--job-name={name}", "--quiet", *argv]
+
 
 def exclude_fields(nodes: Sequence[str]) -> dict[str, str]:
     """The ``scontrol update`` field that keeps ``nodes`` out of a job's allocations."""

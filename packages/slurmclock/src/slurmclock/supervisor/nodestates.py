@@ -28,18 +28,12 @@ from dataclasses import dataclass
 
 from slurmclock.commands import CommandError, Runner, SubprocessRunner
 from slurmclock.job import Node, Scheduler
+from slurmclock.untrusted import quote
 
-__all__ = ["LOOK_S", "NodeChange", "NodeStates", "changes", "no_resize_scripts", "quote"]
+__all__ = ["LOOK_S", "NodeChange", "NodeStates", "changes", "no_resize_scripts"]
 
 LOOK_S = 10.0  # how often the job's nodes are read from SLURM while the step runs
 _MAX_QUOTED = 120  # characters of a value SLURM prints, in a log line
-
-
-def quote(value: str) -> str:
-    """``value`` (from SLURM, set by whoever ran scontrol) quoted for one log line: no newline
-    or escape passes, and at most :data:`_MAX_QUOTED` characters."""
-    text = value if len(value) <= _MAX_QUOTED else value[:_MAX_QUOTED] + "..."
-    return repr(text)
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,7 +51,7 @@ class NodeChange:
 
     def line(self) -> str:
         what = "hot spare" if self.spare else "node"
-        why = f", reason {quote(self.reason)}" if self.reason else ""
+        why = f", reason {quote(self.reason, _MAX_QUOTED)}" if self.reason else ""
         where = "" if self.in_job else "; SLURM took it out of the job"
         if not self.in_job and self.in_service:  # back in service since (resumed)
             where = "; SLURM took it out of the job (it may since have been resumed)"
@@ -67,7 +61,8 @@ class NodeChange:
             then = "no longer counted as a spare"
         else:
             then = "the next launch leaves it out"
-        return f"{what} {self.node} is {quote(self.state)} in SLURM{why}{where}: {then}"
+        state = quote(self.state, _MAX_QUOTED)
+        return f"{what} {self.node} is {state} in SLURM{why}{where}: {then}"
 
 
 def changes(

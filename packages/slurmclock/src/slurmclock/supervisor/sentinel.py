@@ -8,8 +8,9 @@ the job RUNNING on the other nodes with nothing using them until SLURM marks it 
 (``SlurmdTimeout``), when it ends the same way.
 
 So for a job of several nodes the supervisor starts a *sentinel*: one tiny step
-(``srun --overlap -N1 -n1``, named :data:`SENTINEL_NAME`) on a node that is not the batch node,
-running this module's :func:`main`. The supervisor touches a heartbeat file
+(the scheduler's :meth:`~slurmclock.Scheduler.helper_command`; SLURM: ``srun --overlap -N1
+-n1``), named :data:`SENTINEL_NAME`, on a node that is not the batch node, running this
+module's :func:`main`. The supervisor touches a heartbeat file
 beside the job's timeline every :data:`BEAT_S`. The sentinel acts once, when
 
 - SLURM ends the job (its SIGTERM to every step: the sentinel has ``KillWait`` seconds) and the
@@ -43,8 +44,9 @@ from slurmclock.commands import CommandError
 from slurmclock.job import Scheduler
 from slurmclock.requeue import requeue
 from slurmclock.schedulers import default_scheduler
-from slurmclock.supervisor.nodestates import no_resize_scripts, quote
+from slurmclock.supervisor.nodestates import no_resize_scripts
 from slurmclock.timeline import Event, JobTimeline
+from slurmclock.untrusted import quote
 
 __all__ = [
     "BEAT_S",
@@ -181,14 +183,16 @@ def batch_node_lost(events: Sequence[Event]) -> str | None:
 
 class SentinelStep:
     """The supervisor's side: the heartbeat (a thread touching ``beat`` every :data:`BEAT_S`)
-    and the sentinel's step, started with ``env`` on a node of ``hosts`` that is neither
-    ``here`` nor lost; ``log`` gets one line per start. Nothing without ``srun`` on PATH."""
+    and the sentinel's step, launched as ``scheduler`` says with ``env`` on a node of
+    ``hosts`` that is neither ``here`` nor lost; ``log`` gets one line per start. Nothing
+    without the scheduler's launcher on PATH."""
 
     def __init__(
-        self, job: str, here: str, files: tuple[Path, Path], env: Mapping[str, str],
-        log: Callable[[str], None],
+        self, scheduler: Scheduler, job: str, here: str, files: tuple[Path, Path],
+        env: Mapping[str, str], log: Callable[[str], None],
     ) -> None:  # fmt: skip
-        self.job, self.here, self.env, self.log = job, here.split(".")[0], dict(env), log
+        self.scheduler, self.job, self.here = scheduler, job, here.split(".")[0]
+        self.env, self.log = dict(env), log
         self.beat, self.stop_file = files
         self.proc: subprocess.Popen[bytes] | None = None
         self._done = threading.Event()
@@ -198,17 +202,19 @@ class SentinelStep:
         """A sentinel runs on a node other than this one (started again when its node went)."""
         if self.proc is not None and self.proc.poll() is None:
             return
-        srun = shutil.which("srun", path=self.env.get("PATH"))
         others = [h for h in hosts if h.split(".")[0] not in lost | {self.here}]
-        if srun is None or not others:
+        if not others:
             return
+        node = others[-1]  # the last: a hot spare where there is one
+        watch = [sys.executable, "-c", _MAIN, "--job", self.job, "--batch-node", self.here]
+        watch += ["--beat", str(self.beat), "--stop", str(self.stop_file)]
+        argv = self.scheduler.helper_command(self.job, node, watch, name=SENTINEL_NAME)
+        launcher = shutil.which(argv[0], path=self.env.get("PATH")) if argv else None
+        if launcher is None:
+            return
+        argv[0] = launcher
         self.stop_file.unlink(missing_ok=True)
         self._beat_on()
-        node = others[-1]  # the last: a hot spare where there is one
-        argv = [srun, f"--jobid={self.job}", "--overlap", "--nodes=1", "--ntasks=1"]
-        argv += [f"--nodelist={node}", f"--job-name={SENTINEL_NAME}", "--quiet"]
-        argv += [sys.executable, "-c", _MAIN, "--job", self.job]
-        argv += ["--batch-node", self.here, "--beat", str(self.beat), "--stop", str(self.stop_file)]
         try:
             self.proc = subprocess.Popen(argv, env=self.env, stdin=subprocess.DEVNULL)
         except OSError as e:

@@ -521,7 +521,7 @@ class Supervisor:
             base = path.with_name(f"{path.stem}.{self.restart}")
             files = (Path(f"{base}.beat"), Path(f"{base}.sentinel-stop"))
             here = self.nodes.here
-            self.sentinel = SentinelStep(self.job, here, files, self.env, self.log)
+            self.sentinel = SentinelStep(self.scheduler, self.job, here, files, self.env, self.log)
         try:
             yield
         finally:
