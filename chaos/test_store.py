@@ -21,7 +21,9 @@ Not every fault runs at every moment (the file must stay within a few minutes on
 CI machine; a case at the start costs one short process, any other a full run and maybe a
 resume): every fault runs at the start (where each must be classified right: 74 or 2); the
 stall (hang) at a periodic save and through the final save after the deadline; 500 mid-run; the
-deleted bucket mid-run (exit 2, then a resume once it is back); a trickle at a periodic save. A
+deleted bucket mid-run (exit 2, then a resume once it is back); a trickle at a periodic save;
+a reset mid-run, 503 (with Retry-After) at a periodic save, and a refusing and a 500-answering
+store through the final save. A
 mid-run or periodic fault lasts until the run says it met it ("store unreachable"), then the
 store answers again. A new row is one line of ``CASES``.
 """
@@ -80,6 +82,10 @@ CASES = [
     Case("hang", "periodic", 75, OUTAGE),
     Case("trickle", "periodic", 75, r""),  # slow, not down: may finish each save in time
     Case("hang", "final", 74, GAVE_UP),
+    Case("reset", "mid", 75, OUTAGE),
+    Case("503", "periodic", 75, OUTAGE),
+    Case("refuse", "final", 74, GAVE_UP),
+    Case("500", "final", 74, GAVE_UP),
 ]
 # A mid-run or periodic fault lasts until the run says it met it (then the store answers
 # again), at most MAX_FAULT_S; a trickle (the store slow, not down) TRICKLE_S.
