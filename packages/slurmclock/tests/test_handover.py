@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from slurmclock import CommandError
+from slurmclock.commands import Runner
 from slurmclock.supervisor.config import SuperviseConfig
 from slurmclock.supervisor.handover import (
     HANDOVER_MAX_S,
@@ -71,7 +72,7 @@ def test_chain_waits_are_untrusted(raw: str, waits: list[float], bad: int) -> No
     assert len(chain_waits({WAITS: raw})[0]) <= KEEP_WAITS
 
 
-def _answer(text: str | BaseException) -> Callable[[Sequence[str], float], str]:
+def _answer(text: str | BaseException) -> Runner:
     def run(argv: Sequence[str], timeout: float) -> str:
         if isinstance(text, BaseException):
             raise text
