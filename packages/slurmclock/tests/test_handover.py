@@ -360,3 +360,17 @@ def test_squeue_errors_are_retried_within_the_bound() -> None:
 )
 def test_handover_bound_from_the_time_left(left: float | None, bound: float) -> None:
     assert handover_bound(left) == bound
+
+
+def test_no_early_submission_once_the_allocation_ends(tmp_path: Path) -> None:
+    """Due after the SIGTERM came, or after the successor was submitted at the stop: none."""
+    slurm = Slurm(["77\n", "78\n"])
+    sup = _supervisor(tmp_path, slurm)
+    sup.early.planned, sup.early.at = True, 0.0  # due long ago
+    sup.term = "limit"
+    sup._early_tick()
+    assert slurm.said("sbatch") == []
+    sup.term = None
+    assert sup._hand_over()  # the successor at the stop (nothing was submitted early)
+    sup._early_tick()
+    assert len(slurm.said("sbatch")) == 1 and "--dependency=afterany:42" in slurm.said("sbatch")[0]

@@ -806,6 +806,7 @@ class Supervisor:
         submitted early when it still waits (or runs)."""
         if self._early_waits():
             return True
+        self.early.done = True  # submitted now: none early after this
         c, job = self.config, self.job or ""
         floor = time_min_floor(restart_cost(self.timeline.events()), guess=c.startup_guess)
         result = submit_successor(
@@ -833,8 +834,8 @@ class Supervisor:
     def _early_tick(self) -> None:
         """Plan the early successor at the first tick of the step, submit it when due."""
         e = self.early
-        if not self.config.successor_early or e.done:
-            return
+        if not self.config.successor_early or e.done or self.term is not None:
+            return  # (a SIGTERM: the allocation ends, its successor is decided there)
         if not e.planned:
             e.planned = True
             self._plan_early()
