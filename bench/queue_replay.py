@@ -15,6 +15,10 @@ to the next allocation:
   and resets its submit time (back of the age order);
 - ``successor``: ``sbatch --dependency=afterany:JOB`` of the same script and options at the
   stop, then exit: a new job, no hold;
+- ``successor-early``: that successor submitted while the job trains, without a dependency
+  (slurmclock's ``--successor-early``: the chain's median wait + 60 s before the end, at half of
+  the allocation before a wait is known); when it starts it asks the running one to hand over
+  (SIGUSR1), which saves and stops (``queue_early.sh``);
 - ``+tmin``: submitted with ``--time-min`` (backfill may start it early with a lower limit).
 
 Everything reported is read from SLURM's own records (``scontrol show job`` of every job, kept
@@ -47,7 +51,7 @@ ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 from queue_workload import Job, lublin_jobs  # noqa: E402
 
-POLICIES = ("requeue", "requeue+tmin", "successor", "successor+tmin")
+POLICIES = ("requeue", "requeue+tmin", "successor", "successor+tmin", "successor-early")
 
 
 def _localslurm() -> Any:
@@ -185,6 +189,7 @@ def submit_ours(cluster: Any, args: argparse.Namespace, state: Path) -> str:
         "MARGIN": f"{max(1.0, args.margin / scale):.2f}",
         "SUBMIT_ARGS": opts,
         "STANDIN": str(HERE / "queue_standin.sh"),
+        "LEAD": f"{60 / scale:.0f}",  # supervisor/handover.py's LEAD_S, scaled
         "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
     }
     return str(cluster.sbatch(HERE / "queue_standin.sh", *opts.split(), env=env))
@@ -213,8 +218,10 @@ def read_events(path: Path) -> list[tuple[str, float, str, str]]:
 def _allocations(
     events: list[tuple[str, float, str, str]], submitted: float, ended: float
 ) -> list[dict[str, Any]]:
+    """One record per allocation, in the order they started; ``wait_s``: from the previous
+    allocation's stop (``submitted`` for the first) to this one's start, 0 when it started
+    before (a successor already waiting takes over from a running job)."""
     allocs: list[dict[str, Any]] = []
-    ready = submitted
     for kind, at, job, rest in events:
         if kind == "alloc":
             rec = parse_record(rest)
@@ -223,18 +230,24 @@ def _allocations(
                 {
                     "job": job,
                     "start": start,
-                    "wait_s": start - ready,
                     "time_limit": rec.get("TimeLimit"),
                     "time_min": rec.get("TimeMin"),
                     "end_time": rec.get("EndTime"),
                     "granted_s": (parse_time(rec.get("EndTime", "")) or start) - start,
                 }
             )
-        elif kind == "first_step" and allocs:
-            allocs[-1]["first_step_after_ready_s"] = at - ready
-        elif kind == "stop" and allocs:
-            allocs[-1]["stop"] = at
-            ready = at
+            continue
+        mine = next((a for a in reversed(allocs) if a["job"] == job), None)
+        if kind == "first_step" and mine is not None:
+            mine["first_step"] = at
+        elif kind == "stop" and mine is not None:
+            mine["stop"] = at
+    ready = submitted
+    for a in allocs:
+        a["wait_s"] = max(0.0, a["start"] - ready)
+        if "first_step" in a:
+            a["first_step_after_ready_s"] = a.pop("first_step") - ready
+        ready = a.get("stop", ready)
     allocs = [a for a in allocs if a["start"] <= ended]
     if allocs and "stop" in allocs[-1] and allocs[-1]["stop"] < ended:
         # Still waiting when the window ends: a wait of at least this long (not an allocation).

@@ -73,3 +73,22 @@ def test_the_scaled_slurm_conf_keeps_slurm_defaults_in_model_time(replay: Module
     assert conf["AuthInfo"] == "cred_expire=5"  # 121 s hold / 20 = 6 s = cred_expire 5 + 1
     assert "bf_interval=2" in conf["SchedulerParameters"]  # 30 s / 20, rounded
     assert conf["PriorityType"] == "priority/multifactor"
+
+
+def test_a_successor_already_waiting_takes_over_without_a_wait(replay: ModuleType) -> None:
+    """successor-early: job 2 starts while job 1 runs; job 1 stops after it (the hand-over)."""
+    ev = [
+        ("alloc", 100.0, "1", "StartTime=x"),
+        ("first_step", 103.0, "1", ""),
+        ("alloc", 150.0, "2", "StartTime=x"),
+        ("saved", 151.0, "1", "steps=48 here=48"),
+        ("stop", 151.5, "1", "successor=2 early handed=1"),
+        ("first_step", 155.0, "2", ""),
+        ("saved", 200.0, "2", "steps=93 here=45"),
+        ("stop", 200.5, "2", "successor=3 early handed=0"),
+    ]
+    allocs = replay._allocations(ev, 90.0, 210.0)
+    assert [a["job"] for a in allocs] == ["1", "2", None]
+    assert [a["wait_s"] for a in allocs] == pytest.approx([10.0, 0.0, 9.5])
+    assert allocs[1]["first_step_after_ready_s"] == pytest.approx(3.5)  # after job 1 stopped
+    assert replay.trained(ev, 210.0, 1.0) == (93, 93)

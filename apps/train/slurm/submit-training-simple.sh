@@ -72,7 +72,10 @@ REQUEUE=${REQUEUE:-auto}          # auto: requeue unless part of a job array / c
                                   # 0: never (an unfinished run then ends with its exit status);
                                   # successor: instead of a requeue, sbatch the next job after this
                                   # one (--dependency=afterany): no requeue hold (121 s at SLURM's
-                                  # default), see docs/guides/slurm.md
+                                  # default), see docs/guides/slurm.md; successor-early: that job
+                                  # is submitted while this one trains (it waits in the queue,
+                                  # planned from the chain's waits) and this one hands over to it
+                                  # when it starts: two jobs of the chain in the queue for a while
 TIME_LIMIT=${TIME_LIMIT:-}        # e.g. 4:00:00: sbatch --time for this job and every successor
                                   # (empty: the #SBATCH line, or the running job's own limit)
 TIME_MIN=${TIME_MIN:-}            # whole minutes, e.g. 30: sbatch --time-min (backfill may start
@@ -91,14 +94,14 @@ log() { echo "[$(date '+%F %T')] submit-training-simple: $*"; }
 usage_error() { log "usage error: $*"; exit 2; }
 
 case $REQUEUE in
-    auto|0|1|successor) ;;
-    *) usage_error "REQUEUE=$REQUEUE: give auto (requeue unless in an array or a chain), 1, 0 or successor" ;;
+    auto|0|1|successor|successor-early) ;;
+    *) usage_error "REQUEUE=$REQUEUE: give auto (requeue unless in an array or a chain), 1, 0, successor or successor-early" ;;
 esac
 if [ -n "$TIME_MIN" ]; then
     [[ $TIME_MIN =~ ^[1-9][0-9]*$ ]] || usage_error "TIME_MIN=$TIME_MIN: give whole minutes >= 1 (e.g. TIME_MIN=30)"
     # SLURM keeps the lowered limit of a requeued job for every later allocation (measured on
     # 22.05): only a new job asks for TIME_LIMIT again.
-    [ "$REQUEUE" = successor ] || usage_error "TIME_MIN=$TIME_MIN needs REQUEUE=successor: a requeued job keeps the lowered limit for every later allocation"
+    [ "${REQUEUE%-early}" = successor ] || usage_error "TIME_MIN=$TIME_MIN needs REQUEUE=successor: a requeued job keeps the lowered limit for every later allocation"
     [ -n "$TIME_LIMIT" ] || usage_error "TIME_MIN=$TIME_MIN needs TIME_LIMIT (the limit each successor asks for, e.g. TIME_LIMIT=1:00:00)"
 fi
 orig_args=("$@")
@@ -236,7 +239,7 @@ supervise=(--name submit-training-simple --max-restarts "$MAX_RESTARTS"
            --max-failures "$MAX_FAILURES" --spare-nodes "$SPARE_NODES" "${place[@]}"
            --resume-hint "submit again with --continue (or scontrol requeue {job} while SLURM lists the job)")
 [ "$requeue" = 0 ] && supervise+=(--no-requeue)
-if [ "$REQUEUE" = successor ]; then
+if [ "${REQUEUE%-early}" = successor ]; then
     # The next job: this script (SLURM's copy: its #SBATCH lines) with the same arguments and
     # resources, resuming; the supervisor submits it at the stop instead of a requeue.
     next=(--job-name="${SLURM_JOB_NAME:-pyrecover}" --nodes="${SLURM_JOB_NUM_NODES:-1}")
@@ -247,12 +250,14 @@ if [ "$REQUEUE" = successor ]; then
     [ -n "$limit" ] && next+=(--time="$limit")
     supervise+=(--successor "$(printf '%q ' "${next[@]}" "$0" --continue ${orig_args[@]+"${orig_args[@]}"})")
     [ -n "$TIME_MIN" ] && supervise+=(--time-min "$TIME_MIN")
+    [ "$REQUEUE" = successor-early ] && supervise+=(--successor-early)
 fi
 [ "$requeue" = successor ] && supervise+=(--next-job-resumes)
 # A step started again in this allocation resumes from the newest checkpoint.
 [ "$continue_run" = 1 ] || [ "$restarts" -gt 0 ] || supervise+=(--relaunch-args "--resume-from-checkpoint latest")
 if command -v slurmclock >/dev/null 2>&1; then
     trap '' TERM USR2  # ignored (not lost to bash's default) until the supervisor handles them
+    [ "$REQUEUE" = successor-early ] && trap '' USR1  # the early successor's "hand over"
     exec slurmclock supervise "${supervise[@]}" -- "${step[@]}"
 fi
 

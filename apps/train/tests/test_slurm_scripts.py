@@ -321,7 +321,7 @@ def test_requeue_off_in_a_plain_job_says_how_to_go_on_and_does_not_complete(fake
     ("env", "said"),
     [
         ({"REQUEUE": "banana"}, "REQUEUE=banana: give auto (requeue unless in an array or a "
-         "chain), 1, 0 or successor"),
+         "chain), 1, 0, successor or successor-early"),
         ({"MIN_NODES": "0"}, "MIN_NODES=0: give a whole number >= 1"),
         ({"SPARE_NODES": "one"}, "SPARE_NODES=one: give a whole number >= 0"),
         ({"TIME_MIN": "0:30", "REQUEUE": "successor", "TIME_LIMIT": "60"},
@@ -364,6 +364,21 @@ def test_successor_instead_of_requeue_keeps_script_arguments_and_time_min(fake: 
     assert "--time=60" in argv and "--nodes=1" in argv and "--job-name=pyrecover" in argv
     script = argv.index(str(SIMPLE))
     assert argv[script + 1 :] == ["--continue", "--exp_name", "a b", "--lr", "0.1"]
+
+
+def test_successor_early_reaches_the_supervisor(fake: Path) -> None:
+    """REQUEUE=successor-early (issue 35): supervise --successor-early; a stop before the
+    early submission was due submits the successor at the stop, telling it its predecessor."""
+    r = run_script(
+        fake, SIMPLE, FAKE_RC="75", REQUEUE="successor-early", TIME_LIMIT="60", TIME_MIN="20"
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "submitted job 1000 to resume after job 4242 ends" in r.stdout
+    assert "handing the run to a successor job" in r.stdout and "requeueing" not in r.stdout
+    argv = (fake / "sbatch.log").read_text().split("---\n")[0].splitlines()
+    assert "--dependency=afterany:4242" in argv and "--time-min=20" in argv
+    export = next(a for a in argv if a.startswith("--export="))
+    assert "SLURMCLOCK_CHAIN_INDEX=1,SLURMCLOCK_PREDECESSOR=4242" in export
 
 
 def test_time_limit_and_time_min_reach_the_submission(fake: Path) -> None:

@@ -179,3 +179,114 @@ def test_successor_starts_within_seconds_not_after_the_requeue_hold(
     assert f'"successor": "{second}"' in first_timeline, first_timeline
     # The finished chain submits nothing more.
     assert not list(c.jobs())
+
+
+# -- a successor already waiting (--successor-early), on a real SLURM ------------------------
+
+# The step (under srun: "save and stop now" reaches it through SLURM): resumes from the step
+# count in CKPT, counts steps until SIGTERM (then saves and exits 75) or, by MODE, finishes at
+# once (``finish``) or once the early successor was submitted (``finish-after-submit``).
+EARLY_STEP = """
+import json, os, signal, sys, time
+log, ckpt, out, mode = sys.argv[1:5]
+stop = []
+signal.signal(signal.SIGTERM, lambda *a: stop.append(1))
+job, t = os.environ["SLURM_JOB_ID"], time.time()
+resumed = int(open(ckpt).read()) if os.path.exists(ckpt) else 0
+def say(**rec):
+    with open(log, "a") as f:
+        f.write(json.dumps({"job": job, **rec}) + "\\n")
+say(first_step=t, resumed=resumed, index=os.environ.get("SLURMCLOCK_CHAIN_INDEX", "0"))
+def submitted():
+    return os.path.exists(out) and "now: it waits in the queue" in open(out).read()
+step, end = resumed, t + 45
+while not stop and time.time() < end:
+    if mode == "finish" or (mode == "finish-after-submit" and submitted()):
+        break
+    step += 1
+    time.sleep(0.02)
+with open(ckpt + ".tmp", "w") as f:
+    f.write(str(step))
+os.replace(ckpt + ".tmp", ckpt)
+say(saved=step, at=time.time())
+sys.exit(75 if stop else 0)
+"""
+
+
+def _early_script(tmp_path: Path, name: str, first_mode: str) -> Path:
+    """A batch script: ``supervise --successor-early`` of ``srun`` the step; the chain's first
+    job (index 0) runs ``first_mode``, its successor finishes at once."""
+    step, script = tmp_path / "early_step.py", tmp_path / f"{name}.sh"
+    step.write_text(EARLY_STEP)
+    bindir = Path(sys.executable).parent
+    succ = f"-o {tmp_path}/out-%j.txt -t 2 {script}"
+    files = f"{tmp_path}/{name}.jsonl {tmp_path}/{name}.ckpt {tmp_path}/out-$SLURM_JOB_ID.txt"
+    script.write_text(
+        "#!/bin/bash\n"
+        f"export PATH={shlex.quote(str(bindir))}:$PATH\n"
+        f"export SLURMCLOCK_DIR={shlex.quote(str(tmp_path / 'timelines'))}\n"
+        f'mode=finish; [ "${{SLURMCLOCK_CHAIN_INDEX:-0}}" = 0 ] && mode={first_mode}\n'
+        f"exec slurmclock supervise --name t --successor {shlex.quote(succ)} --successor-early "
+        f"-- srun -n1 {shlex.quote(sys.executable)} {step} {files} $mode\n"
+    )
+    return script
+
+
+def _early_job(c: Any, tmp_path: Path, first: str) -> str:
+    """The early successor's id, once the first job's log says it submitted it."""
+    out, deadline = tmp_path / f"out-{first}.txt", time.monotonic() + 30
+    while time.monotonic() < deadline:
+        text = out.read_text() if out.exists() else ""
+        for line in text.splitlines():
+            if "now: it waits in the queue" in line:
+                return line.split("submitted job ")[1].split()[0]
+        time.sleep(0.2)
+    raise AssertionError(f"no early successor submitted by job {first}:\n{text}")
+
+
+def _state(c: Any, job: str) -> str:
+    return str(c.job(job).get("JobState", ""))
+
+
+def test_early_successor_waits_takes_over_and_is_cancelled_when_done(
+    default_cluster: Any, tmp_path: Path
+) -> None:
+    c = default_cluster
+    # The node's other CPU is taken: an early successor pends while its predecessor runs.
+    blocker = c.sbatch("#!/bin/bash\nsleep 120\n", "-o", "/dev/null", "-t", "3")
+    long_waits = "--export=ALL,SLURMCLOCK_CHAIN_WAITS=100000"  # the chain waited long: at once
+    try:
+        c.wait_for(blocker, {"RUNNING"}, timeout=30)
+        # 1. The run finishes while its successor waits: the successor is cancelled.
+        done = _early_script(tmp_path, "done", "finish-after-submit")
+        a = c.sbatch(str(done), "-o", f"{tmp_path}/out-%j.txt", "-t", "2", long_waits)
+        b = _early_job(c, tmp_path, a)
+        c.wait_for(a, {"COMPLETED"}, timeout=30)
+        assert c.wait_for(b, {"CANCELLED"}, timeout=15)["JobState"] == "CANCELLED"
+        assert (
+            f"cancelled job {b}, the successor submitted early"
+            in (tmp_path / f"out-{a}.txt").read_text()
+        )
+        # 2. The successor starts while the first job trains: it saves and hands over.
+        train = _early_script(tmp_path, "train", "train")
+        first = c.sbatch(str(train), "-o", f"{tmp_path}/out-%j.txt", "-t", "2", long_waits)
+        second = _early_job(c, tmp_path, first)
+        assert _state(c, second) == "PENDING" and _state(c, first) == "RUNNING"
+        c.run(["scancel", blocker])  # a CPU frees: the successor starts
+        info2 = c.wait_for(second, {"COMPLETED", "FAILED", "CANCELLED"}, timeout=40)
+    finally:
+        c.run(["scancel", blocker], check=False)
+    info1 = c.wait_for(first, {"COMPLETED", "FAILED", "CANCELLED"}, timeout=30)
+    out1, out2 = ((tmp_path / f"out-{j}.txt").read_text() for j in (first, second))
+    assert info1["JobState"] == "COMPLETED" and info2["JobState"] == "COMPLETED", out1 + out2
+    assert f"job {second}, the successor, started: saving and handing over" in out1, out1
+    assert f"handed over to job {second}" in out1 and "asked it to save and hand over" in out2
+    started = time.mktime(time.strptime(info2["StartTime"], "%Y-%m-%dT%H:%M:%S"))
+    ended = time.mktime(time.strptime(info1["EndTime"], "%Y-%m-%dT%H:%M:%S"))
+    assert ended - started <= 5 + 1, (info1["EndTime"], info2["StartTime"])  # a hand-over
+    recs = [json.loads(line) for line in (tmp_path / "train.jsonl").read_text().splitlines()]
+    saved = next(r for r in recs if r["job"] == first and "saved" in r)
+    resumed = next(r for r in recs if r["job"] == second and "resumed" in r)
+    assert saved["saved"] > 0 and resumed["resumed"] == saved["saved"], recs
+    assert resumed["first_step"] >= saved["at"], recs  # after the predecessor's save
+    assert not list(c.jobs())

@@ -261,6 +261,12 @@ def _next_job_options(p: argparse.ArgumentParser) -> None:
         metavar="MIN",
         help="the successor's --time-min, raised to the measured start-up + a save + steps",
     )
+    p.add_argument(
+        "--successor-early",
+        action="store_true",
+        help="submit the successor while this job trains (planned from the chain's waits in "
+        "the queue); when it starts, this job saves and hands over (supervisor/handover)",
+    )
 
 
 def _restart_options(p: argparse.ArgumentParser) -> None:
@@ -324,6 +330,7 @@ def _supervise(
             relaunch_args=tuple(shlex.split(args.relaunch_args)),
             successor=tuple(shlex.split(args.successor)),
             successor_time_min=args.time_min,
+            successor_early=args.successor_early,
             **extra,
         )
     except ValueError as e:

@@ -44,7 +44,9 @@ class SuperviseConfig:
     latest``). ``probe_timeout``: seconds a reported node has to answer a no-op step.
     ``successor``: sbatch options, script and arguments of the next job: instead of ``scontrol
     requeue`` a successor (:mod:`.successor`) is submitted, asking for ``successor_time_min``
-    minutes at least (raised to the measured floor).
+    minutes at least (raised to the measured floor). ``successor_early``: that successor is
+    submitted while this job trains, planned from the chain's waits, and takes over when it
+    starts (:mod:`.handover`).
     """
 
     max_failures: int = 3
@@ -67,6 +69,7 @@ class SuperviseConfig:
     store_pause: tuple[float, float] = (5.0, 300.0)
     successor: tuple[str, ...] = ()
     successor_time_min: int | None = None
+    successor_early: bool = False
 
     def __post_init__(self) -> None:
         for key, low in (("max_failures", 1), ("max_restarts", 0), ("spare_nodes", 0)):
@@ -95,6 +98,12 @@ class SuperviseConfig:
                 raise ValueError(f"{key} must be > 0 seconds, got {value!r}")
         if self.successor_time_min is not None:
             _whole("successor_time_min", self.successor_time_min, 1)
+        if self.successor_early and not self.successor:
+            raise ValueError(
+                "successor_early needs a successor (the next job's sbatch options, script and "
+                "arguments): give --successor TEXT too, or REQUEUE=successor-early in the "
+                "shipped script"
+            )
         if self.step_nodes is not None and self.step_nodes < self.min_nodes:
             raise ValueError(
                 f"step_nodes {self.step_nodes} is fewer than min_nodes {self.min_nodes}: give "

@@ -60,17 +60,20 @@ def time_min_floor(cost: RestartCost, *, guess: float) -> int:
 
 
 def successor_argv(
-    job: str, command: Sequence[str], *, index: int, time_min: int | None
+    job: str,
+    command: Sequence[str],
+    *,
+    index: int,
+    time_min: int | None,
+    exports: Mapping[str, str] | None = None,
+    early: bool = False,
 ) -> list[str]:
     """``sbatch`` of ``command`` (sbatch options, then the script and its arguments) after
-    ``job`` ends, exporting the chain's next index."""
-    argv = [
-        "sbatch",
-        "--parsable",
-        f"--dependency=afterany:{job}",
-        "--kill-on-invalid-dep=yes",
-        f"--export=ALL,{CHAIN_INDEX}={index + 1}",
-    ]
+    ``job`` ends (``early``: no dependency, it pends while ``job`` runs), exporting the chain's
+    next index and ``exports`` (values without commas)."""
+    more = "".join(f",{k}={v}" for k, v in (exports or {}).items())
+    after = [] if early else [f"--dependency=afterany:{job}", "--kill-on-invalid-dep=yes"]
+    argv = ["sbatch", "--parsable", *after, f"--export=ALL,{CHAIN_INDEX}={index + 1}{more}"]
     if time_min is not None:
         argv.append(f"--time-min={time_min}")
     return [*argv, *command]
@@ -86,8 +89,11 @@ def submit_successor(
     floor: int | None = None,
     runner: Runner | None = None,
     timeout: float = 30.0,
+    exports: Mapping[str, str] | None = None,
+    early: bool = False,
 ) -> Successor:
-    """Submit the successor of ``job``; never raises. ``time_min`` is raised to ``floor``."""
+    """Submit the successor of ``job``; never raises. ``time_min`` is raised to ``floor``;
+    ``exports`` and ``early``: as :func:`successor_argv`."""
     index = chain_index(env)
     if index >= max_chain:
         return Successor(
@@ -100,7 +106,9 @@ def submit_successor(
             f"and {FLOOR_STEPS} steps)"
         )
         time_min = floor
-    argv = successor_argv(job, command, index=index, time_min=time_min)
+    argv = successor_argv(
+        job, command, index=index, time_min=time_min, exports=exports, early=early
+    )
     run = SubprocessRunner() if runner is None else runner
     try:
         out = run(argv, timeout)
@@ -110,6 +118,9 @@ def submit_successor(
     new = last_line(out).split(";")[0].strip()
     if not new.isdigit():
         return Successor(False, f"no successor: sbatch answered {new[:80]!r}, not a job id")
-    return Successor(
-        True, f"submitted job {new} to resume after job {job} ends (no requeue hold){said}", new
+    when = (
+        "now: it waits in the queue while this job trains"
+        if early
+        else (f"to resume after job {job} ends (no requeue hold)")
     )
+    return Successor(True, f"submitted job {new} {when}{said}", new)

@@ -87,7 +87,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TextIO, TypeVar
 
-from slurmclock.commands import CommandError, Runner
+from slurmclock.commands import CommandError, Runner, SubprocessRunner, last_line
 from slurmclock.deadline import DeadlineWatcher
 from slurmclock.job import (
     EXIT_STOPPED,
@@ -107,6 +107,20 @@ from slurmclock.schedulers import default_scheduler
 from slurmclock.signals import signal_lead_from_env
 from slurmclock.supervisor.config import SuperviseConfig
 from slurmclock.supervisor.faults import FAULT_FILE_ENV, Fault
+from slurmclock.supervisor.handover import (
+    HOLDING,
+    PREDECESSOR,
+    WAITS,
+    Early,
+    Waiter,
+    await_predecessor,
+    chain_waits,
+    early_exports,
+    handover_bound,
+    job_state,
+    own_times,
+    plan_submit,
+)
 from slurmclock.supervisor.history import (
     Streak,
     failure_streak,
@@ -200,6 +214,7 @@ class Supervisor:
         self._wait_s = 0.0  # before the next launch (a store outage's pause)
         self._ended_at = 0.0  # when the last launch ended
         self._argv: list[str] = []
+        self.early = Early()  # the successor submitted while this job trains (--successor-early)
 
     @property
     def fault_file(self) -> Path | None:
@@ -234,10 +249,12 @@ class Supervisor:
                 return 127 if launch is None else self._wait(launch)
             if (code := self._start()) is not None:
                 return code
+            if (code := self._await_predecessor()) is not None:
+                return code
             if (code := self._before_step()) is not None:
                 return code
             with self._sentinel_step():
-                return self._supervise(argv)
+                return self._settle_early(self._supervise(argv))
 
     def _supervise(self, argv: Sequence[str]) -> int:
         """Launch, wait, decide -- until the verdict is not a restart in this allocation."""
@@ -385,6 +402,7 @@ class Supervisor:
         if self.job is not None:
             launch.end_if_stuck(now, self.scheduler, self.job, self.config.command_timeout)
             self._look_at_nodes(soon=True)
+            self._early_tick()
         launch.first_step(now, self.timeline.events)
         while launch.said:
             self.log(launch.said.pop(0))
@@ -395,6 +413,8 @@ class Supervisor:
         end = self.clock() + seconds
         while True:
             self._handle_signals(None)
+            if self.early.handed_over:
+                return 0
             if self.term is not None:
                 return self._before_step()
             if self.clock() >= end:
@@ -415,6 +435,11 @@ class Supervisor:
         self.timeline.mark("exited", rc=rc)
         if self.job is None:
             return rc
+        if self.early.handed_over:  # whatever the step's end: the successor resumes
+            self.log(
+                f"handed over to job {self.early.job_id}: it resumes from the newest checkpoint"
+            )
+            return 0
         kind = end_kind(rc, self.term, self.config.no_retry)
         refused = launch.refused() if kind == "failed" else None
         if refused is not None:  # a setting error: never a failure, never retried
@@ -591,7 +616,10 @@ class Supervisor:
         def queue(signum: int, frame: object) -> None:
             self._pending.append(signum)
 
-        previous = {s: signal.signal(s, queue) for s in (signal.SIGTERM, signal.SIGUSR2)}
+        handled = [signal.SIGTERM, signal.SIGUSR2]
+        if self.config.successor_early:  # the early successor started: hand over to it
+            handled.append(signal.SIGUSR1)
+        previous = {s: signal.signal(s, queue) for s in handled}
         try:
             yield
         finally:
@@ -603,6 +631,8 @@ class Supervisor:
             signum = self._pending.pop(0)
             if signum == signal.SIGUSR2:
                 self._on_usr2(proc)
+            elif signum == signal.SIGUSR1:
+                self._on_handover(proc)
             else:
                 self._on_term(proc)
 
@@ -626,8 +656,10 @@ class Supervisor:
             self._forward_term(proc)
         elif kind in (LIMIT, PREEMPTED):
             what = "the time limit" if kind == LIMIT else "preemption (PreemptMode=CANCEL)"
+            act = "handing the run to a successor job" if self.config.successor else ""
+            act = act or f"requeueing job {self.job}"
             self.log(
-                f"received SIGTERM at {what}: requeueing job {self.job} now, before the "
+                f"received SIGTERM at {what}: {act} now, before the "
                 "step has exited (SLURM kills it KillWait seconds after its SIGTERM; the "
                 "newest durable checkpoint stands)"
             )
@@ -770,7 +802,11 @@ class Supervisor:
         return False
 
     def _hand_over(self) -> bool:
-        """A successor job instead of a requeue (``--successor``; :mod:`.successor`)."""
+        """A successor job instead of a requeue (``--successor``; :mod:`.successor`); the one
+        submitted early when it still waits (or runs)."""
+        if self._early_waits():
+            return True
+        self.early.done = True  # submitted now: none early after this
         c, job = self.config, self.job or ""
         floor = time_min_floor(restart_cost(self.timeline.events()), guess=c.startup_guess)
         result = submit_successor(
@@ -782,11 +818,154 @@ class Supervisor:
             floor=floor,
             runner=getattr(self.scheduler, "runner", None),
             timeout=c.command_timeout,
+            exports=self._early_exports() if c.successor_early else None,
         )
         self.log(result.message if result.ok else f"{result.message}: {c.resume_hint}")
         if result.ok:
             self.timeline.mark("requeued", successor=result.job_id)
         return result.ok
+
+    # -- a successor already waiting (--successor-early; :mod:`.handover`) -----------------
+
+    def _runner(self) -> Runner:
+        run = getattr(self.scheduler, "runner", None)
+        return SubprocessRunner() if run is None else run
+
+    def _early_tick(self) -> None:
+        """Plan the early successor at the first tick of the step, submit it when due."""
+        e = self.early
+        if not self.config.successor_early or e.done or self.term is not None:
+            return  # (a SIGTERM: the allocation ends, its successor is decided there)
+        if not e.planned:
+            e.planned = True
+            self._plan_early()
+        elif e.at is not None and self.clock() >= e.at:
+            self._submit_early()
+
+    def _plan_early(self) -> None:
+        now, e = self.clock(), self.early
+        times = own_times(self.job or "", self._runner(), self.config.command_timeout)
+        e.waits, bad = chain_waits(self.env)
+        if bad:
+            self.log(f"{WAITS}: {bad} item(s) that are not seconds skipped")
+        if times is not None:
+            e.waits.append(times[1] - times[0])
+        left = self._seconds_left()
+        end = None if left is None else now + left
+        e.at, why = plan_submit(started=now if times is None else times[1], end=end, waits=e.waits)
+        if e.at is None:
+            e.done = True
+            self.log(why)
+            return
+        when = time.strftime("%H:%M:%S", time.localtime(e.at))
+        self.log(
+            f"the successor is submitted early at {when}, in {max(0.0, e.at - now):.0f} s ({why})"
+        )
+
+    def _submit_early(self) -> None:
+        c, e = self.config, self.early
+        e.done = True
+        floor = time_min_floor(restart_cost(self.timeline.events()), guess=c.startup_guess)
+        result = submit_successor(
+            self.job or "",
+            c.successor,
+            env=self.env,
+            max_chain=c.max_restarts,
+            time_min=c.successor_time_min,
+            floor=floor,
+            runner=self._runner(),
+            timeout=c.command_timeout,
+            exports=self._early_exports(),
+            early=True,
+        )
+        if result.ok:
+            e.job_id = result.job_id
+            self.log(result.message)
+            return
+        self.log(
+            f"could not submit the successor early ({result.message}): it is submitted at "
+            "the stop instead, as with --successor"
+        )
+
+    def _early_exports(self) -> dict[str, str]:
+        e = self.early
+        return early_exports(self.job or "", e.waits if e.planned else chain_waits(self.env)[0])
+
+    def _early_waits(self) -> bool:
+        """The early successor still waits (or runs): the run goes on in it, no second one."""
+        job = self.early.job_id
+        if job is None:
+            return False
+        try:
+            state = job_state(job, self._runner(), self.config.command_timeout)
+        except CommandError:
+            state = "PENDING"  # SLURM took it; a second successor would race it for the run
+        if state != "PENDING" and state not in HOLDING:
+            self.log(
+                f"job {job}, the successor submitted early, is {state or 'gone'}: "
+                "submitting one now"
+            )
+            self.early.job_id = None
+            return False
+        self.early.kept = True
+        self.log(f"job {job}, submitted early, already waits to resume from the newest checkpoint")
+        self.timeline.mark("requeued", successor=job)
+        return True
+
+    def _on_handover(self, proc: Any) -> None:
+        """SIGUSR1: the early successor started; save (SIGTERM to the step) and hand over."""
+        e, job = self.early, self.early.job_id
+        if job is None or e.handed_over:
+            if job is None:
+                self.log("received SIGUSR1: no successor of this job was submitted early: ignored")
+            return
+        try:
+            state = job_state(job, self._runner(), self.config.command_timeout)
+        except CommandError:
+            state = "RUNNING"  # squeue did not answer: its successor's word is taken
+        if state not in HOLDING:
+            self.log(
+                f"received SIGUSR1, but job {job} (the successor) is {state or 'gone'}: ignored"
+            )
+            return
+        e.handed_over = True
+        self.log(f"received SIGUSR1: job {job}, the successor, started: saving and handing over")
+        self.timeline.mark("signal", name="USR1", kind="handover", successor=job)
+        self._forward_term(proc)
+
+    def _settle_early(self, code: int) -> int:
+        """The run does not go on in the early successor (finished, stopped, gave up,
+        cancelled): cancel it, no orphan left pending."""
+        e = self.early
+        if e.job_id is None or e.handed_over or e.kept:
+            return code
+        try:
+            self._runner()(["scancel", e.job_id], self.config.command_timeout)
+        except CommandError as err:
+            why = last_line(err.stderr) or str(err)
+            self.log(
+                f"could not cancel job {e.job_id}, the successor submitted early ({why}): "
+                "scancel it"
+            )
+            return code
+        self.log(f"cancelled job {e.job_id}, the successor submitted early: the run does not go on")
+        return code
+
+    def _await_predecessor(self) -> int | None:
+        """An early successor: the job before it saves, hands over and ends first."""
+        pred = self.env.get(PREDECESSOR, "").strip()
+        if not pred or pred == self.job or not pred.replace("_", "").isdigit():
+            return None
+        bound = handover_bound(self._seconds_left())
+        c = self.config
+        w = Waiter(
+            self._runner(), self.clock, self.sleep, self.log, self._stop_came, c.command_timeout
+        )
+        return await_predecessor(pred, bound, w)
+
+    def _stop_came(self) -> bool:
+        self._handle_signals(None)
+        return self.term is not None
 
 
 @contextmanager

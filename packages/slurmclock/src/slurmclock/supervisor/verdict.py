@@ -265,6 +265,8 @@ def requeue_or_end(why: str, code: int, restarts: int, config: SuperviseConfig) 
             code,
             f"{why}, but already restarted {restarts} times (max restarts): not requeueing",
         )
+    if config.successor:  # not a requeue: the supervisor says which job resumes
+        return Verdict("requeue", code, f"{why}: handing the run to a successor job")
     return Verdict("requeue", code, f"{why}: requeueing to resume from the newest checkpoint")
 
 
