@@ -12,7 +12,10 @@ Rows: ``down`` (``scontrol update state=down``: SLURM takes the node out of a ``
 and kills the step whole), ``drain`` (the node finishes the allocation), ``fail`` (FAILING: the
 step goes on), ``spare`` (the hot spare set DOWN: named, no longer counted), ``batch_down`` and
 ``batch_killed`` (the batch node, where the supervisor runs, set DOWN or killed for good: the
-sentinel on another node requeues the job)."""
+sentinel on another node requeues the job), ``reboot`` (a training node's processes killed and
+its slurmd back :data:`REBOOT_S` later, inside SlurmdTimeout: SLURM never marks it down and
+still counts the step as running, srun waits for the lost tasks until the time limit unless
+the supervisor, seeing the daemon's new start time, ends the step and launches it again)."""
 
 from __future__ import annotations
 
@@ -37,6 +40,7 @@ ROOT = Path(__file__).resolve().parents[1]
 TRAINER = Path(__file__).with_name("nodes_trainer.py")
 STEPS, EVERY, STEP_S = 120, 10, 0.1  # ~12 s of training
 FAULT_AT = 25  # the step after which the node is hit: a checkpoint stands
+REBOOT_S = 3.0  # a reboot: the node's processes gone, its slurmd back this much later
 # SlurmdTimeout 10 s: a killed node is DOWN in seconds. CHAOS_SLURMD_TIMEOUT=300 measures the
 # cases at SLURM's default (minutes: not for CI).
 SLURMD_TIMEOUT = int(os.environ.get("CHAOS_SLURMD_TIMEOUT", "10"))
@@ -86,6 +90,8 @@ CASES = [
     Case("batch_killed", "kill", "batch", r"run 0 lost its batch node '(\S+)' \('[a-z]+\*' in "
          r"SLURM(, reason '[^']*')?\): requeued by the sentinel on '\S+'; not counted as a "
          r"failure", requeued=True),  # 'down*', or 'mix*' (not responding) at SlurmdTimeout 300
+    Case("reboot", "reboot", "second", r"node (\S+) restarted \(its daemon started '[^']+'\): "
+         r"what ran there is gone; the step is ended and launched again"),
 ]  # fmt: skip
 # When the node is hit: mid-interval (FAULT_AT: the steps since the checkpoint at 20 are lost
 # and done again), or right after a checkpoint became durable (step 30: nothing to do again).
@@ -168,6 +174,11 @@ def target(cluster: Any, case: Case, job: str) -> str:
 def hit(cluster: Any, case: Case, node: str) -> None:
     if case.fault == "kill":
         cluster.kill_node(node)
+        return
+    if case.fault == "reboot":  # down for a few seconds, then back: a machine that reboots
+        cluster.kill_node(node)
+        time.sleep(REBOOT_S)
+        cluster.start_node(node, timeout=20 * SLURMD_TIMEOUT)
         return
     state = {"down": "down", "drain": "drain", "fail": "fail"}[case.fault]
     cluster.run(["scontrol", "update", f"nodename={node}", f"state={state}",

@@ -82,6 +82,7 @@ class FakeScheduler:
         self.partitions: dict[str, list[Node]] = {}
         self.running: dict[str, list[Step]] = {}  # job -> its steps
         self.dead: set[str] = set()  # nodes that do not answer a probe
+        self.booted: dict[str, str] = {}  # node -> when its daemon started (node_starts)
         self.calls: list[tuple[str, ...]] = []
 
     def _known(self, what: str, job: str) -> str:
@@ -150,6 +151,11 @@ class FakeScheduler:
         """The partition's nodes, each state sorted as SLURM's (``Node.condition``)."""
         self.calls.append(("nodes", partition))
         return [with_condition(n) for n in self.partitions.get(partition, [])]
+
+    def node_starts(self, nodes: Sequence[str], *, timeout: float = 10.0) -> dict[str, str]:
+        """The stamps in :attr:`booted` (a test restarts a node by changing its stamp)."""
+        self.calls.append(("node_starts", *nodes))
+        return {n: self.booted[n] for n in nodes if n in self.booted}
 
     def cluster_name(self, *, timeout: float = 10.0) -> str:
         self.calls.append(("cluster_name",))

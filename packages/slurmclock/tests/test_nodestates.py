@@ -133,3 +133,43 @@ def test_slurm_sorts_its_node_states_the_supervisor_reads_only_the_condition() -
     assert [(c.node, c.kind, c.state) for c in changes(["n1", "n2"], ["n1", "n2"], odd)] == [
         ("n2", "gone", "quarantined")
     ]
+
+
+def test_a_node_whose_daemon_started_again_is_named_once_and_stays_in_service(
+    tmp_path: Path, fakes: Any
+) -> None:
+    """A reboot shorter than SlurmdTimeout: the node is in service, but the step's tasks there
+    are gone. Named once per restart, never counted as gone (the next launch uses it)."""
+    from slurmclock.supervisor.nodestates import NodeStates
+
+    _, scheduler, _ = make(tmp_path, fakes, nodes="n1,n2")
+    scheduler.booted = {"n1": "2026-01-01T00:00:00 2026-01-01T00:01:00", "n2": "t0 t0"}
+    said: list[str] = []
+    marks: list[dict[str, Any]] = []
+    states_ = NodeStates(scheduler, JOB, 5.0, said.append, lambda _e, **kw: marks.append(kw))
+    assert states_.look(["n1", "n2"]) == []  # the first read: what is normal
+    scheduler.booted["n2"] = "t0 t1\n\x1b[31m"  # a value SLURM prints is quoted in the line
+    found = states_.look(["n1", "n2"])
+    assert [(c.node, c.kind) for c in found] == [("n2", "restarted")]
+    assert said == [
+        "node n2 restarted (its daemon started 't0 t1\\n\\x1b[31m'): what ran there is gone; "
+        "the step is ended and launched again"
+    ], said
+    assert marks[0]["kind"] == "restarted" and marks[0]["node"] == "n2"
+    assert states_.look(["n1", "n2"]) == [] and states_.gone == set()  # once, still in service
+    scheduler.booted["n2"] = "t0 t2"  # a second restart is a second line
+    assert [c.since for c in states_.look(["n1", "n2"])] == ["t0 t2"]
+
+
+def test_slurm_reads_when_each_node_daemon_started() -> None:
+    from slurmclock import Slurm
+
+    printed = (
+        "NodeName=n1 Arch=x86_64 BootTime=2026-11-28T10:00:00 SlurmdStartTime=2026-11-28T10:01:02 "
+        "State=MIXED\nNodeName=n2 BootTime=None SlurmdStartTime=None State=DOWN*\ngarbage\n"
+    )
+    seen: list[list[str]] = []
+    slurm = Slurm(lambda argv, timeout: seen.append(list(argv)) or printed)
+    assert slurm.node_starts(["n1", "n2"]) == {"n1": "2026-11-28T10:00:00 2026-11-28T10:01:02"}
+    assert seen == [["scontrol", "show", "node", "-o", "n1,n2"]]
+    assert slurm.node_starts([]) == {}

@@ -609,6 +609,15 @@ class Scheduler(Protocol):
         does not answer within ``timeout``."""
         ...
 
+    def node_starts(
+        self, nodes: Sequence[str], *, timeout: float = COMMAND_TIMEOUT
+    ) -> dict[str, str]:
+        """{node: when its scheduler daemon last started} for ``nodes``, as an opaque stamp:
+        a later stamp than before means the node restarted (a reboot, a crashed daemon) and
+        what ran there is gone, although the node is in service again. Nodes the scheduler
+        cannot say are left out."""
+        ...
+
     def helper_command(self, job: str, node: str, argv: Sequence[str], *, name: str) -> list[str]:
         """``argv`` launched as one task on ``node`` inside the job's allocation, beside the
         steps that run there (taking none of their resources), named ``name`` so that it is

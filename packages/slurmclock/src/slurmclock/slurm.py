@@ -169,6 +169,23 @@ class Slurm:
                 found.setdefault(name, node)
         return list(found.values())
 
+    def node_starts(
+        self, nodes: Sequence[str], *, timeout: float = COMMAND_TIMEOUT
+    ) -> dict[str, str]:
+        """``scontrol show node -o LIST``: ``BootTime`` and ``SlurmdStartTime`` of each node
+        (a reboot changes both, a restarted slurmd the second)."""
+        if not nodes:
+            return {}
+        out = self._run(["scontrol", "show", "node", "-o", ",".join(nodes)], timeout)
+        found: dict[str, str] = {}
+        for line in out.splitlines():
+            fields = dict(re.findall(r"(\w+)=(\S*)", line))
+            name = fields.get("NodeName", "")
+            times = [fields.get(k, "") for k in ("BootTime", "SlurmdStartTime")]
+            if name and any(t.lower() not in _NOT_SET for t in times):
+                found[name] = " ".join(times)
+        return found
+
     def cluster_name(self, *, timeout: float = COMMAND_TIMEOUT) -> str:
         """``ClusterName`` of ``scontrol show config``."""
         argv = ["scontrol", "show", "config"]

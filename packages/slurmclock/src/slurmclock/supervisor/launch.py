@@ -117,6 +117,12 @@ class Launch:
             self.reported = now
         return fresh
 
+    def lost_tasks(self, now: float) -> None:
+        """Some of the step's tasks are gone without a word (their node restarted): ended as
+        after a fault report, by :meth:`end_if_stuck`."""
+        if self.reported is None:
+            self.reported = now
+
     def end_if_stuck(self, now: float, scheduler: Scheduler, job: str, timeout: float) -> None:
         """After a fault report: the step ended through SLURM once :data:`GRACE_S` has passed,
         srun killed :data:`KILL_S` after that. What was done is appended to :attr:`said`."""

@@ -12,7 +12,11 @@ states of its nodes from SLURM (never a list it kept) and sorts each node that c
   is left, takes its place; else the step goes on with the nodes left down to ``min_nodes``);
 - **drained** (DRAIN, DRAINING): it finishes this allocation -- the running step goes on, a
   relaunch may use it -- and SLURM gives it to no new allocation, so a requeue does not count
-  it among the partition's usable nodes.
+  it among the partition's usable nodes;
+- **restarted**: in service, but its daemon started again since it was first read (a reboot
+  shorter than ``SlurmdTimeout``, a crashed slurmd): the step's tasks there are gone while
+  SLURM still counts the step as running, and srun would wait for them until the time limit.
+  The supervisor ends the step and launches it again, the node included.
 
 Each change is one line in the job log (state and reason quoted) and a ``node`` event in the
 job's timeline; a hot spare that changed is named as one and no longer counted as a spare.
@@ -48,9 +52,15 @@ class NodeChange:
     in_job: bool = True
     spare: bool = False
     in_service: bool = False  # its state is in service (resumed since it left the job)
+    since: str = ""  # restarted: when its daemon started again, as the scheduler says
 
     def line(self) -> str:
         what = "hot spare" if self.spare else "node"
+        if self.kind == "restarted":
+            return (
+                f"{what} {self.node} restarted (its daemon started {quote(self.since, _MAX_QUOTED)}"
+                "): what ran there is gone; the step is ended and launched again"
+            )
         why = f", reason {quote(self.reason, _MAX_QUOTED)}" if self.reason else ""
         where = "" if self.in_job else "; SLURM took it out of the job"
         if not self.in_job and self.in_service:  # back in service since (resumed)
@@ -111,6 +121,7 @@ class NodeStates:
         self.gone: set[str] = set()
         self.drained: set[str] = set()
         self.said: dict[str, str] = {}  # node -> the state last named
+        self.booted: dict[str, str] = {}  # node -> its daemon's start as first read
         self._thread: threading.Thread | None = None
         self._found: list[NodeChange] = []
         self._looked = 0.0
@@ -124,7 +135,35 @@ class NodeStates:
             self.scheduler.nodes(view.partition, timeout=self.timeout) if view.partition else []
         )
         states = {_short(n.name): n for n in listed}
-        return changes(hosts, in_job or hosts, states, spares=spares)
+        found = changes(hosts, in_job or hosts, states, spares=spares)
+        return found + self._restarted(in_job or hosts, states, spares, {c.node for c in found})
+
+    def _restarted(
+        self,
+        hosts: Sequence[str],
+        states: Mapping[str, Node],
+        spares: Sequence[str],
+        changed: set[str],
+    ) -> list[NodeChange]:
+        """The nodes in service whose daemon started again since first read. Unknown when
+        the scheduler cannot say (no line: the states above are what matters then)."""
+        try:
+            starts = self.scheduler.node_starts(list(hosts), timeout=self.timeout)
+        except CommandError:
+            return []
+        spare = {_short(h) for h in spares}
+        found = []
+        for host, stamp in starts.items():
+            name = _short(host)
+            first = self.booted.setdefault(name, stamp)
+            if stamp != first and name not in changed:
+                node = states.get(name)
+                state, reason = (node.state, node.reason) if node is not None else ("", "")
+                found.append(
+                    NodeChange(name, "restarted", state, reason, spare=name in spare, since=stamp)
+                )
+            self.booted[name] = stamp
+        return found
 
     def look(self, hosts: Sequence[str], spares: Sequence[str] = ()) -> list[NodeChange]:
         """Read SLURM now and name what is new; the new changes (none when SLURM did not
@@ -162,10 +201,11 @@ class NodeStates:
         return self.name(found)
 
     def name(self, found: Sequence[NodeChange]) -> list[NodeChange]:
-        new = [c for c in found if self.said.get(c.node) != c.state]
+        new = [c for c in found if self.said.get(c.node) != f"{c.state} {c.since}"]
         for change in new:
-            self.said[change.node] = change.state
-            (self.gone if change.kind == "gone" else self.drained).add(change.node)
+            self.said[change.node] = f"{change.state} {change.since}"
+            if change.kind != "restarted":  # back in service: the next launch may use it
+                (self.gone if change.kind == "gone" else self.drained).add(change.node)
             self.log(change.line())
             self.mark(
                 "node",

@@ -130,7 +130,7 @@ from slurmclock.supervisor.history import (
 )
 from slurmclock.supervisor.launch import Launch, kill
 from slurmclock.supervisor.lostnodes import NodeKeeper, RequeuePlan
-from slurmclock.supervisor.nodestates import NodeStates, no_resize_scripts
+from slurmclock.supervisor.nodestates import NodeChange, NodeStates, no_resize_scripts
 from slurmclock.supervisor.placement import Placement, place, training_nodes
 from slurmclock.supervisor.sentinel import SentinelStep, batch_node_lost
 from slurmclock.supervisor.successor import submit_successor, time_min_floor
@@ -401,7 +401,8 @@ class Supervisor:
             )
         if self.job is not None:
             launch.end_if_stuck(now, self.scheduler, self.job, self.config.command_timeout)
-            self._look_at_nodes(soon=True)
+            if any(c.kind == "restarted" and not c.spare for c in self._look_at_nodes(soon=True)):
+                launch.lost_tasks(now)  # srun would wait for them until the time limit
             self._early_tick()
         launch.first_step(now, self.timeline.events)
         while launch.said:
@@ -520,22 +521,23 @@ class Supervisor:
             return f"`{self._argv[0]}` is not srun: the step cannot be placed on the nodes left"
         return placed
 
-    def _look_at_nodes(self, *, soon: bool = False) -> None:
+    def _look_at_nodes(self, *, soon: bool = False) -> list[NodeChange]:
         """The job's nodes as SLURM shows them now, never the list it started with (a node set
         DOWN left the job; one FAIL or DRAIN is named): those gone join the lost nodes.
-        ``soon``: while the step runs, read in a thread and named at a later tick only."""
+        ``soon``: while the step runs, read in a thread and named at a later tick only.
+        The changes named now."""
         hosts = (self._hosts or []) if soon else self._allocation_hosts()
         if self.job is None or len(hosts) <= 1:
-            return
+            return []
         placed = self.placement.nodes if self.placement is not None else hosts
         spares = [h for h in hosts if h not in placed]
         hosts = [h for h in hosts if h.split(".")[0] not in self.nodes.gone]  # named already
         if soon:  # named now; left out at the next launch (the probes of a fault go first)
             self.states.look_soon(hosts, spares)
-            self.states.collect()
-            return
-        self.states.look(hosts, spares)
+            return self.states.collect()
+        found = self.states.look(hosts, spares)
         self.nodes.gone |= self.states.gone
+        return found
 
     @contextmanager
     def _sentinel_step(self) -> Iterator[None]:
