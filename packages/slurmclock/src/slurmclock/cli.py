@@ -44,6 +44,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, NoReturn
 
 from slurmclock import __version__
+from slurmclock.chain import Chain
+from slurmclock.chain import follow as follow_chain
 from slurmclock.commands import CommandError, Runner
 from slurmclock.deadline import DeadlineWatcher
 from slurmclock.durations import check_seconds, parse_time, parse_time_limit
@@ -389,7 +391,11 @@ def _run(args: argparse.Namespace, env: Mapping[str, str] | None, runner: Runner
         return 2
     _warn_if_past(info)
     if args.command == "status":
-        print(json.dumps(info) if args.json else _human(info))
+        chain = _chain_of(args, env, runner)
+        if args.json:
+            print(json.dumps({**info, "chain": None if chain is None else chain.to_json()}))
+        else:
+            print("\n".join([_human(info), *_chain_status(chain)]))
         return 0
     if info["end_time"] is None:
         print(f"slurmclock: no deadline (source: {info['source']})", file=sys.stderr)
@@ -556,12 +562,70 @@ def _timeline(
                     ],
                     "unreadable_lines": timeline.unreadable,
                     "read_error": timeline.read_error,
+                    "chain": follow_chain(timeline, env=env).to_json(),
                 }
             )
         )
         return 0
     _print_timeline(timeline, events, exits, show_all=args.all)
+    for line in _chain_lines(follow_chain(timeline, env=env)):
+        print(line)
     return 0
+
+
+def _chain_of(
+    args: argparse.Namespace, env: Mapping[str, str] | None, runner: Runner | None
+) -> Chain | None:
+    """The chain the job asked about is a link of (None: no timeline to read it from)."""
+    try:
+        timeline = _timeline_of(args, env, runner, facts=False)
+    except ValueError as e:  # several clusters' files: status still answers the rest
+        logging.getLogger("slurmclock").warning("%s", e)
+        return None
+    if timeline.path is None:
+        return None
+    return follow_chain(timeline, env=env)
+
+
+def _chain_status(chain: Chain | None) -> list[str]:
+    """``status``'s rows about the run's chain (none for a lone allocation)."""
+    if chain is None or len(chain.links) < 2:
+        return []
+    t, last = chain.totals(), chain.links[-1]
+    rows = [
+        ("chain", f"{chain.id or last.job}: {t['allocations']} allocations, {t['jobs']} jobs"),
+        ("newest link", f"job {last.job} run {last.restart}: {last.verdict}"),
+        ("waited", f"{t['wait_s']:.0f} s between allocations ({t['waits_measured']} measured)"),
+        ("steps", "-" if t["steps"] is None else str(t["steps"])),
+    ]
+    return [f"{k + ':':<14}{v}" for k, v in rows]
+
+
+def _chain_lines(chain: Chain) -> Iterator[str]:
+    """``timeline``'s chain section: one line per link, then the totals; nothing for a lone
+    allocation."""
+    if len(chain.links) < 2 and chain.id is None:
+        return
+    yield f"chain {chain.id or chain.links[0].job}: the run's allocations, oldest first"
+    waits: list[float | None] = [None, *chain.waits()]
+    for n, (link, wait) in enumerate(zip(chain.links, waits, strict=True)):
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(link.start))
+        took = "" if link.end is None else f", {link.end - link.start:.0f} s"
+        queued = "" if wait is None else f", after {wait:.0f} s between"
+        steps = "" if link.steps is None else f", {link.steps} steps to {link.last_checkpoint}"
+        yield (
+            f"  link {n}: job {link.job} run {link.restart}  {when}{took}{queued}{steps}: "
+            f"{_text(link.verdict)}"
+        )
+    t = chain.totals()
+    steps = "no checkpoint" if t["steps"] is None else f"{t['steps']} steps"
+    wall = "" if t["wall_s"] is None else f", {t['wall_s']:.0f} s wall clock"
+    yield (
+        f"  total: {t['allocations']} allocations in {t['jobs']} jobs, {steps}, "
+        f"{t['wait_s']:.0f} s between allocations{wall}"
+    )
+    if chain.cut:
+        yield "  (the chain goes on beyond a timeline that could not be read)"
 
 
 def _print_timeline(

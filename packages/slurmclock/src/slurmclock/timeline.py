@@ -138,6 +138,7 @@ class JobTimeline:
         self.directory = Path(directory) if directory is not None else timeline_dir(e)
         # Checked here too: a JobFacts built by hand must not lead the file out of its folder.
         cluster = facts.cluster if facts.cluster and is_cluster_name(facts.cluster) else None
+        self.cluster = cluster  # the file's (None: ``job-JOBID.jsonl``)
         self._name = f"{cluster}-{self.job_id}" if cluster else f"job-{self.job_id}"
         self.unreadable: list[int] = []  # line numbers the last events() could not read
         self.read_error: str | None = None  # why the last events() could not read the file

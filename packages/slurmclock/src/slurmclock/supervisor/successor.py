@@ -21,6 +21,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from slurmclock.chain import CHAIN_ID, chain_id
 from slurmclock.commands import CommandError, Runner, SubprocessRunner, last_line
 from slurmclock.supervisor.history import RestartCost
 
@@ -60,7 +61,7 @@ def time_min_floor(cost: RestartCost, *, guess: float) -> int:
 
 
 def successor_argv(
-    job: str, command: Sequence[str], *, index: int, time_min: int | None
+    job: str, command: Sequence[str], *, index: int, time_min: int | None, chain: str | None = None
 ) -> list[str]:
     """``sbatch`` of ``command`` (sbatch options, then the script and its arguments) after
     ``job`` ends, exporting the chain's next index."""
@@ -69,7 +70,7 @@ def successor_argv(
         "--parsable",
         f"--dependency=afterany:{job}",
         "--kill-on-invalid-dep=yes",
-        f"--export=ALL,{CHAIN_INDEX}={index + 1}",
+        f"--export=ALL,{CHAIN_INDEX}={index + 1},{CHAIN_ID}={chain or job}",  # slurmclock.chain
     ]
     if time_min is not None:
         argv.append(f"--time-min={time_min}")
@@ -100,7 +101,7 @@ def submit_successor(
             f"and {FLOOR_STEPS} steps)"
         )
         time_min = floor
-    argv = successor_argv(job, command, index=index, time_min=time_min)
+    argv = successor_argv(job, command, index=index, time_min=time_min, chain=chain_id(env))
     run = SubprocessRunner() if runner is None else runner
     try:
         out = run(argv, timeout)

@@ -107,6 +107,7 @@ from slurmclock.schedulers import default_scheduler
 from slurmclock.signals import signal_lead_from_env
 from slurmclock.supervisor.config import SuperviseConfig
 from slurmclock.supervisor.faults import FAULT_FILE_ENV, Fault
+from slurmclock.chain import join as join_chain
 from slurmclock.supervisor.history import (
     Streak,
     failure_streak,
@@ -255,7 +256,7 @@ class Supervisor:
 
     def _start(self) -> int | None:
         events = self.timeline.events()
-        self.timeline.mark("start")
+        self.timeline.mark("start", **join_chain(self.env, self.job))  # slurmclock.chain
         if (code := self._check_nodes()) is not None:
             return code
         lost = vanished_run(events)
