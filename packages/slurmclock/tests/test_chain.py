@@ -79,7 +79,9 @@ def test_a_requeued_job_is_a_chain_of_its_runs(tmp_path: Path) -> None:
     ["41", "../../etc/passwd", 52, "", None],  # a loop, a path, not text, empty, none
 )
 def test_a_bad_successor_pointer_ends_the_walk(tmp_path: Path, pointer: object) -> None:
-    write(tmp_path, "41", [ev("start", 0, chain="41", link=0), ev("requeued", 1, successor=pointer)])
+    write(
+        tmp_path, "41", [ev("start", 0, chain="41", link=0), ev("requeued", 1, successor=pointer)]
+    )
     chain = follow(timeline(tmp_path, "41"))
     assert [k.job for k in chain.links] == ["41"]
 
@@ -88,7 +90,11 @@ def test_a_missing_link_is_said_and_the_walk_is_bounded(tmp_path: Path) -> None:
     write(tmp_path, "41", [ev("start", 0, chain="41", link=0), ev("requeued", 1, successor="52")])
     assert follow(timeline(tmp_path, "41")).cut  # 52's timeline is gone
     for n in range(10):
-        write(tmp_path, str(100 + n), [ev("start", n, chain="100"), ev("requeued", n, successor=str(101 + n))])
+        write(
+            tmp_path,
+            str(100 + n),
+            [ev("start", n, chain="100"), ev("requeued", n, successor=str(101 + n))],
+        )
     chain = follow(timeline(tmp_path, "100"), max_jobs=4)
     assert len(chain.links) == 4 and chain.cut
 
@@ -122,11 +128,13 @@ def test_timeline_command_shows_the_links_and_totals(
     assert got["totals"]["allocations"] == 3 and got["waits_s"] == [3.0, 28.0]
 
 
-def test_status_command_shows_the_chain(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_status_command_shows_the_chain(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     successor_chain(tmp_path)
-    env = {"SLURMCLOCK_DIR": str(tmp_path), "SLURM_JOB_ID": "63", "PYRECOVER_END_TIME": str(T + 900)}
+    env = {
+        "SLURMCLOCK_DIR": str(tmp_path),
+        "SLURM_JOB_ID": "63",
+        "PYRECOVER_END_TIME": str(T + 900),
+    }
     assert main(["status"], env=env) == 0
     rows = dict(line.split(":", 1) for line in capsys.readouterr().out.splitlines())
     assert rows["chain"].strip() == "41: 3 allocations, 3 jobs"

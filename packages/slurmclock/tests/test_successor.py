@@ -72,7 +72,10 @@ def test_submit_raises_a_too_small_time_min_and_says_so() -> None:
     )
     assert got.ok and got.job_id == "77"
     assert "raised to 4 min" in got.message and "job 77" in got.message
-    assert "--time-min=4" in run.calls[0] and f"--export=ALL,{CHAIN_INDEX}=2,SLURMCLOCK_CHAIN_ID=41" in run.calls[0]
+    assert (
+        "--time-min=4" in run.calls[0]
+        and f"--export=ALL,{CHAIN_INDEX}=2,SLURMCLOCK_CHAIN_ID=41" in run.calls[0]
+    )
 
 
 @pytest.mark.parametrize(

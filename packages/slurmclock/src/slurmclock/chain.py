@@ -168,8 +168,9 @@ def _link(job: str, restart: int, events: list[Event], before: int | None) -> Li
 
 
 def _verdict(events: list[Event]) -> tuple[str, float | None]:
-    """How a run ended and when, from its last end marks."""
-    verdict, end = "running", None
+    """How a run ended and when: the last hand-over or give-up, else its exit (SLURM's stop
+    named when SIGTERM said so), else ``running``."""
+    verdict, end, stopped = "running", None, ""
     for ev in events:
         if ev.name == "gave_up":
             verdict, end = "gave up", ev.time
@@ -179,11 +180,15 @@ def _verdict(events: list[Event]) -> tuple[str, float | None]:
             end = ev.time
         elif ev.name == "exited" and not verdict.startswith(("successor", "requeued", "gave")):
             rc = ev.info.get("rc")
-            verdict, end = ("done" if rc == 0 else f"exited {rc}"), ev.time
-        elif ev.name == "signal" and ev.info.get("kind") in ("limit", "preempted", "cancelled"):
-            if verdict == "running":
-                verdict = f"stopped by SLURM ({ev.info['kind']})"
+            verdict, end = ("done" if rc == 0 else f"exited {rc}{stopped}"), ev.time
+        elif ev.name == "signal" and ev.info.get("kind") in _SLURM_STOPS:
+            stopped = f" (stopped by SLURM: {ev.info['kind']})"
+    if verdict == "running" and stopped:
+        verdict = f"no end recorded{stopped}"
     return verdict, end
+
+
+_SLURM_STOPS = ("limit", "preempted", "cancelled")
 
 
 def _successor(events: Sequence[Event]) -> str | None:
@@ -282,7 +287,6 @@ def _open(open_: Opener, job: str) -> JobTimeline | None:
         return None
     path = found.path
     return found if path is not None and path.is_file() else None
-
 
 
 def join(env: dict[str, str], job: str | None) -> dict[str, object]:

@@ -87,6 +87,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TextIO, TypeVar
 
+from slurmclock.chain import join as join_chain
 from slurmclock.commands import CommandError, Runner
 from slurmclock.deadline import DeadlineWatcher
 from slurmclock.job import (
@@ -107,7 +108,6 @@ from slurmclock.schedulers import default_scheduler
 from slurmclock.signals import signal_lead_from_env
 from slurmclock.supervisor.config import SuperviseConfig
 from slurmclock.supervisor.faults import FAULT_FILE_ENV, Fault
-from slurmclock.chain import join as join_chain
 from slurmclock.supervisor.history import (
     Streak,
     failure_streak,
