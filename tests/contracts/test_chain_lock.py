@@ -118,10 +118,12 @@ def test_a_chain_of_jobs_is_one_run_and_one_writer(slurm: Any, tmp_path: Path) -
         "#!/bin/bash\n"
         f"export PATH={shlex.quote(str(Path(sys.executable).parent))}:$PATH\n"
         f"export SLURMCLOCK_DIR={shlex.quote(str(timelines))}\n"
-        f"exec slurmclock supervise --name t --successor {shlex.quote(succ)} -- "
+        f'exec slurmclock supervise --name t --successor {shlex.quote(succ)} --run "$RUN" '
+        "${CONT:+--continue-run} -- "
         f"{shlex.quote(sys.executable)} {step} {tmp_path / 'ckpt'} {log}\n"
     )
-    first = c.sbatch(str(script), "-o", f"{tmp_path}/out-%j.txt", "-t", "3")
+    job = (str(script), "-o", f"{tmp_path}/out-%j.txt", "-t", "3")
+    first = c.sbatch(*job, env={"RUN": "r"})
     deadline = time.monotonic() + 90
     while len(_lines(log)) < 2 and time.monotonic() < deadline:
         time.sleep(0.5)
@@ -131,6 +133,10 @@ def test_a_chain_of_jobs_is_one_run_and_one_writer(slurm: Any, tmp_path: Path) -
     assert c.wait_for(second, {"COMPLETED"}, timeout=60)["JobState"] == "COMPLETED"
     took = Path(f"{log}.{second}.log").read_text()
     assert f"link 0 (SLURM job {first}) of this run's chain {first}" in took, took
+    # The stopped run submitted again to go on (--continue): the chain's next link.
+    third = c.sbatch(*job, env={"RUN": "r", "CONT": "1"})
+    assert c.wait_for(third, {"COMPLETED", "FAILED"}, timeout=60)["JobState"] == "COMPLETED"
+    assert _lines(log)[2] == {"job": third, "chain": first, "link": 2}, _outs(tmp_path)
     # From a login shell: either job's timeline shows the run's two allocations.
     env = {**os.environ, "SLURMCLOCK_DIR": str(timelines)}
     env = {k: v for k, v in env.items() if not k.startswith("SLURM_")}
@@ -138,14 +144,14 @@ def test_a_chain_of_jobs_is_one_run_and_one_writer(slurm: Any, tmp_path: Path) -
         ["slurmclock", "timeline", first, "--json"], env=env, capture_output=True, text=True
     )
     chain = json.loads(out.stdout)["chain"]
-    assert chain["id"] == first and [k["job"] for k in chain["links"]] == [first, second]
-    assert [k["verdict"] for k in chain["links"]] == [f"successor {second}", "done"]
-    assert chain["totals"]["allocations"] == 2 and chain["waits_s"][0] is not None
+    assert chain["id"] == first and [k["job"] for k in chain["links"]] == [first, second, third]
+    assert [k["verdict"] for k in chain["links"]] == [f"successor {second}", "done", "done"]
+    assert chain["totals"]["allocations"] == 3 and None not in chain["waits_s"]
     # Another run (not of this chain) while someone writes the experiment: refused, exit 2.
     logging.getLogger("ckptstore").setLevel(logging.ERROR)
     with CheckpointStore(str(tmp_path / "ckpt")) as holder:
         holder.acquire()
-        other = c.sbatch(str(script), "-o", f"{tmp_path}/out-%j.txt", "-t", "3")
+        other = c.sbatch(*job, env={"RUN": "another", "CONT": "1"})
         info = c.wait_for(other, {"COMPLETED", "FAILED"}, timeout=60)
     said = (tmp_path / f"out-{other}.txt").read_text()
     assert info["ExitCode"].startswith("2:") and "is being written by another run" in said, said

@@ -10,9 +10,19 @@ from typing import Any
 
 import pytest
 
-from slurmclock.chain import CHAIN_ID, CHAIN_INDEX, chain_id, chain_index, follow, join
+from slurmclock.chain import (
+    CHAIN_ID,
+    CHAIN_INDEX,
+    RunRecord,
+    chain_id,
+    chain_index,
+    follow,
+    join,
+    read_run,
+)
 from slurmclock.cli import main
-from slurmclock.job import JobFacts
+from slurmclock.job import JobFacts, JobState, JobView
+from slurmclock.supervisor import SuperviseConfig
 from slurmclock.supervisor.successor import successor_argv
 from slurmclock.timeline import JobTimeline
 
@@ -141,3 +151,88 @@ def test_status_command_shows_the_chain(tmp_path: Path, capsys: pytest.CaptureFi
     assert rows["steps"].strip() == "250" and "31 s between" in rows["waited"]
     assert main(["status", "--json"], env=env) == 0
     assert json.loads(capsys.readouterr().out)["chain"]["totals"]["jobs"] == 3
+
+
+# -- a stopped run submitted again with --continue (supervise --run NAME --continue-run) ----------
+
+
+def resubmit(
+    folder: Path, fakes: Any, jobs: dict[str, JobView], job: str = "70"
+) -> tuple[dict[str, str], dict[str, object], list[str]]:
+    said: list[str] = []
+    env: dict[str, str] = {}
+    details = join(
+        env,
+        job,
+        timeline(folder, job),
+        run="exp 1",
+        resume=True,
+        scheduler=fakes.Scheduler(jobs),
+        log=said.append,
+    )
+    return env, details, said
+
+
+def first_two(folder: Path) -> None:
+    """Jobs 41 and 52 of run "exp 1" (chain 41), recorded as the supervisor records them."""
+    for job, index in (("41", 0), ("52", 1)):
+        env = {CHAIN_ID: "41", CHAIN_INDEX: str(index)} if index else {}
+        assert join(env, job, timeline(folder, job), run="exp 1")["link"] == index
+
+
+@pytest.mark.parametrize(
+    ("jobs", "link", "said"),
+    [
+        ({}, 2, "run 'exp 1' goes on: link 2 of chain 41"),  # SLURM forgot 52: long ended
+        ({"52": JobView(state=JobState.ENDED)}, 2, "goes on"),
+        ({"52": JobView(state=JobState.TIMED_OUT)}, 2, "goes on"),
+        ({"52": JobView(state=JobState.ACTIVE)}, 0, "its job 52 is still active; a chain of"),
+        ({"52": JobView(state=JobState.QUEUED)}, 0, "its job 52 is still queued"),
+    ],
+)
+def test_a_resubmit_goes_on_with_the_runs_chain_once_its_last_job_ended(
+    tmp_path: Path, fakes: Any, jobs: dict[str, JobView], link: int, said: str
+) -> None:
+    first_two(tmp_path)
+    env, details, lines = resubmit(tmp_path, fakes, jobs)
+    head = "41" if link else "70"
+    assert details["link"] == link and env == {CHAIN_ID: head, CHAIN_INDEX: str(link)}
+    assert details.get("previous") == ("52" if link else None)
+    assert len(lines) == 1 and said in lines[0]
+    assert read_run(timeline(tmp_path, "70"), "exp 1") == RunRecord(head, link, "70")
+
+
+def test_a_resubmitted_link_is_found_without_a_successor_pointer(tmp_path: Path) -> None:
+    successor_chain(tmp_path)  # 41 -> 52 -> 63, each named by the one before it
+    write(tmp_path, "63", [ev("start", 230, chain="41", link=2), ev("exited", 240, rc=75)])
+    write(tmp_path, "70", [ev("start", 900, chain="41", link=3, previous="63")])
+    (tmp_path / "job-41.chain.jsonl").write_text(
+        "".join(json.dumps({"job": j, "link": n}) + "\n" for n, j in enumerate(["41", "52", "63"]))
+        + "not json\n"
+        + json.dumps({"job": "../x", "link": 3})
+        + "\n"
+        + json.dumps({"job": "70", "link": 3})
+        + "\n"
+    )
+    chain = follow(timeline(tmp_path, "52"))
+    assert [k.job for k in chain.links] == ["41", "52", "63", "70"]
+    assert chain.links[2].verdict == "exited 75" and chain.waits()[-1] == pytest.approx(660.0)
+
+
+def test_a_run_record_that_is_not_one_is_ignored(tmp_path: Path, fakes: Any) -> None:
+    first_two(tmp_path)
+    path = next(tmp_path.glob("job.run-*.json"))
+    for text in ("", "{", '{"chain": "41", "link": -1, "job": "52"}\n', '{"chain": "x"}\n'):
+        path.write_text(text)
+        env, details, _ = resubmit(tmp_path, fakes, {})
+        assert details == {"chain": "70", "link": 0}
+
+
+def test_continue_run_needs_the_runs_name(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(ValueError, match="give --run NAME"):
+        SuperviseConfig(continue_run=True)
+    with pytest.raises(ValueError, match="one line"):
+        SuperviseConfig(run="a\nb")
+    env = {"SLURM_JOB_ID": "5"}
+    assert main(["supervise", "--continue-run", "--", "true"], env=env) == 2
+    assert "--run NAME" in capsys.readouterr().err

@@ -22,13 +22,20 @@ what cannot be read is skipped, never a reason to fail.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import os
+import re
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
-from slurmclock.job import JobFacts, check_job_id
+from slurmclock.commands import CommandError
+from slurmclock.job import JobFacts, JobState, Scheduler, check_job_id
 from slurmclock.timeline import Event, JobTimeline, find_timeline
+from slurmclock.untrusted import quote, read_records
 
 __all__ = [
     "CHAIN_ID",
@@ -36,11 +43,14 @@ __all__ = [
     "MAX_JOBS",
     "Chain",
     "Link",
+    "RunRecord",
     "chain_id",
     "chain_index",
+    "chain_jobs",
     "follow",
     "join",
     "links_of",
+    "read_run",
 ]
 
 log = logging.getLogger("slurmclock")
@@ -238,7 +248,8 @@ def follow(
     first = timeline if head is None or head == job else _open(open_, head)
     if first is None:  # the first job's timeline is gone: the chain from this job on
         first, head = timeline, head or job
-    return _walk(first, head, open_, max_jobs, {job: events})
+    order = chain_jobs(timeline, head) if head is not None else []
+    return _walk(first, head, open_, max_jobs, {job: events}, order)
 
 
 def _walk(
@@ -247,7 +258,10 @@ def _walk(
     open_: Opener,
     max_jobs: int,
     known: dict[str, list[Event]],
+    order: list[str],
 ) -> Chain:
+    """From ``first``, job to job: the successor a job named, else the next in the chain's list
+    (``order``: a job resubmitted to go on names no successor of the one before it)."""
     links: list[Link] = []
     seen: set[str] = set()
     current: JobTimeline | None = first
@@ -261,11 +275,16 @@ def _walk(
         events = known[job] if job in known else current.events()
         before = links[-1].last_checkpoint if links else None
         links.extend(links_of(job, events, before))
-        nxt = _successor(events)
+        nxt = _successor(events) or _after(order, job)
         current = None if nxt is None else _open(open_, nxt)
         cut = cut or (nxt is not None and current is None)
     named = head if head is not None or len(links) > 1 else None
     return Chain(named, links, cut)
+
+
+def _after(order: list[str], job: str) -> str | None:
+    at = order.index(job) + 1 if job in order else len(order)
+    return order[at] if at < len(order) else None
 
 
 def _opener(timeline: JobTimeline, env: Mapping[str, str]) -> Opener:
@@ -289,13 +308,144 @@ def _open(open_: Opener, job: str) -> JobTimeline | None:
     return found if path is not None and path.is_file() else None
 
 
-def join(env: dict[str, str], job: str | None) -> dict[str, object]:
+def join(
+    env: dict[str, str],
+    job: str | None,
+    timeline: JobTimeline | None = None,
+    *,
+    run: str = "",
+    resume: bool = False,
+    scheduler: Scheduler | None = None,
+    timeout: float = 10.0,
+    log: Callable[[str], None] | None = None,
+) -> dict[str, object]:
     """Make this job a link of its chain: ``env`` (the step's and the successor's) gets the
-    chain's id (this job's when it starts one) and the link's index; returns the details of the
-    run's ``start`` event (``chain``, ``link``) that lead the next reader to the chain."""
+    chain's id and the link's index; returns the details of the run's ``start`` event (``chain``,
+    ``link``, ``previous``) that lead the next reader to the chain.
+
+    The chain is the one exported to this job (a successor), else -- ``resume`` (the job was
+    submitted to go on: ``--continue``) and the run ``run`` has a recorded chain whose newest job
+    has ended -- that chain, as its next link; else a new one, this job its first. With a
+    ``timeline`` the link is recorded beside it: in the chain's list of jobs and as the run's
+    newest link."""
     if job is None:
         return {}
-    head = chain_id(env) or job
-    index = chain_index(env)
+    head, index, previous = chain_id(env), chain_index(env), None
+    if head is None and resume and run and timeline is not None:
+        found = _resumed(timeline, run, job, scheduler, timeout, log or _log)
+        if found is not None:
+            head, index, previous = found.chain, found.link + 1, found.job
+    head = head or job
     env[CHAIN_ID], env[CHAIN_INDEX] = head, str(index)
-    return {"chain": head, "link": index}
+    if timeline is not None:
+        _record(timeline, head, index, job, run)
+    return {"chain": head, "link": index, **({"previous": previous} if previous else {})}
+
+
+@dataclass(frozen=True, slots=True)
+class RunRecord:
+    """The newest link of a named run: its chain, its index, its job."""
+
+    chain: str
+    link: int
+    job: str
+
+
+def run_path(timeline: JobTimeline, run: str) -> Path:
+    """Where the run ``run``'s newest link is recorded: beside the timelines, one file per run
+    name (a name with other characters than letters, digits, ``._-`` gets a hash of it)."""
+    safe = re.sub(r"[^A-Za-z0-9._-]", "_", run)[:80]
+    if safe != run:
+        safe += "-" + hashlib.sha256(run.encode()).hexdigest()[:10]
+    return timeline.directory / f"{timeline.cluster or 'job'}.run-{safe}.json"
+
+
+def chain_path(timeline: JobTimeline, head: str) -> Path:
+    """The chain's list of jobs (one line per link as it starts)."""
+    return timeline.directory / f"{timeline.cluster or 'job'}-{head}.chain.jsonl"
+
+
+def read_run(timeline: JobTimeline, run: str) -> RunRecord | None:
+    """The run's newest link as recorded (untrusted: None when it does not read as one)."""
+    found = read_records(run_path(timeline, run), limit=64 * 1024)
+    for record in reversed(found.records):
+        try:
+            chain, job = check_job_id(record["chain"]), check_job_id(record["job"])
+            link = record["link"]
+        except (KeyError, ValueError):
+            continue
+        if isinstance(link, int) and not isinstance(link, bool) and 0 <= link < 10**9:
+            return RunRecord(chain, link, job)
+    return None
+
+
+def _resumed(
+    timeline: JobTimeline,
+    run: str,
+    job: str,
+    scheduler: Scheduler | None,
+    timeout: float,
+    say: Callable[[str], None],
+) -> RunRecord | None:
+    """The run's recorded chain when this job may go on as its next link: its newest job has
+    ended (a job that still runs or waits keeps its chain; this one starts its own)."""
+    found = read_run(timeline, run)
+    if found is None or found.job == job:
+        return None
+    why = None if scheduler is None else _still_there(scheduler, found.job, timeout)
+    if why is not None:
+        say(f"not joining run {quote(run)}'s chain {found.chain}: {why}; a chain of its own")
+        return None
+    say(f"run {quote(run)} goes on: link {found.link + 1} of chain {found.chain}")
+    return found
+
+
+def _still_there(scheduler: Scheduler, job: str, timeout: float) -> str | None:
+    """Why ``job`` may still write (it runs, waits or ends), or None when it has ended."""
+    try:
+        state = scheduler.show_job(job, timeout=timeout).state
+    except CommandError as e:
+        said = f"{e.stderr} {e}"
+        if "Invalid job id" in said:  # SLURM forgot it: it ended MinJobAge ago
+            return None
+        return f"cannot tell whether job {job} ended ({e})"
+    if state in (JobState.ACTIVE, JobState.QUEUED, JobState.ENDING):
+        return f"its job {job} is still {state.value}"
+    return None
+
+
+def _record(timeline: JobTimeline, head: str, index: int, job: str, run: str) -> None:
+    """The link in the chain's list, and as the run's newest (atomic); never raises: a record
+    is a measurement, as the timeline is."""
+    line = {"job": job, "link": index, "time": round(time.time(), 3)}
+    try:
+        timeline.directory.mkdir(parents=True, exist_ok=True)
+        with open(chain_path(timeline, head), "a") as f:
+            f.write(json.dumps(line) + "\n")
+        if run:
+            path = run_path(timeline, run)
+            tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+            tmp.write_text(json.dumps({"chain": head, "link": index, "job": job}) + "\n")
+            os.replace(tmp, path)
+    except OSError as e:
+        log.warning(
+            "cannot record link %d of chain %s in %s: %s", index, head, timeline.directory, e
+        )
+
+
+def chain_jobs(timeline: JobTimeline, head: str) -> list[str]:
+    """The jobs of chain ``head`` in the order they started (its list; untrusted, bounded)."""
+    found = read_records(chain_path(timeline, head), limit=1024 * 1024)
+    jobs: list[str] = []
+    for record in found.records:
+        try:
+            job = check_job_id(record.get("job"))
+        except ValueError:
+            continue
+        if job not in jobs:
+            jobs.append(job)
+    return jobs
+
+
+def _log(message: str) -> None:
+    log.warning("%s", message)

@@ -263,6 +263,18 @@ def _next_job_options(p: argparse.ArgumentParser) -> None:
         metavar="MIN",
         help="the successor's --time-min, raised to the measured start-up + a save + steps",
     )
+    p.add_argument(
+        "--run",
+        default="",
+        metavar="NAME",
+        help="the run's name (the experiment): its chain of jobs is recorded under it",
+    )
+    p.add_argument(
+        "--continue-run",
+        action="store_true",
+        help="with --run: a job that is not a successor goes on as the next link of the run's "
+        "chain once its newest job has ended (a resubmit with --continue)",
+    )
 
 
 def _restart_options(p: argparse.ArgumentParser) -> None:
@@ -326,6 +338,8 @@ def _supervise(
             relaunch_args=tuple(shlex.split(args.relaunch_args)),
             successor=tuple(shlex.split(args.successor)),
             successor_time_min=args.time_min,
+            run=args.run,
+            continue_run=args.continue_run,
             **extra,
         )
     except ValueError as e:

@@ -44,7 +44,10 @@ class SuperviseConfig:
     latest``). ``probe_timeout``: seconds a reported node has to answer a no-op step.
     ``successor``: sbatch options, script and arguments of the next job: instead of ``scontrol
     requeue`` a successor (:mod:`.successor`) is submitted, asking for ``successor_time_min``
-    minutes at least (raised to the measured floor).
+    minutes at least (raised to the measured floor). ``run``: the run's name (the experiment):
+    each link of its chain is recorded under it (:mod:`slurmclock.chain`); ``continue_run``: a
+    job that is not a successor goes on as the next link of the run's recorded chain (a resubmit
+    with ``--continue``), once the chain's newest job has ended.
     """
 
     max_failures: int = 3
@@ -67,8 +70,11 @@ class SuperviseConfig:
     store_pause: tuple[float, float] = (5.0, 300.0)
     successor: tuple[str, ...] = ()
     successor_time_min: int | None = None
+    run: str = ""
+    continue_run: bool = False
 
     def __post_init__(self) -> None:
+        _check_run(self.run, self.continue_run)
         for key, low in (("max_failures", 1), ("max_restarts", 0), ("spare_nodes", 0)):
             _whole(key, getattr(self, key), low)
         _whole("min_nodes", self.min_nodes, 1)
@@ -100,6 +106,13 @@ class SuperviseConfig:
                 f"step_nodes {self.step_nodes} is fewer than min_nodes {self.min_nodes}: give "
                 "a minimum no larger than the nodes the step trains on"
             )
+
+
+def _check_run(run: str, continue_run: bool) -> None:
+    if len(run) > 200 or any(not c.isprintable() for c in run):
+        raise ValueError(f"run must be one line of at most 200 characters, got {run[:60]!r}")
+    if continue_run and not run:
+        raise ValueError("continue_run needs the run's name: give --run NAME with --continue-run")
 
 
 def contradiction(config: SuperviseConfig, env: Mapping[str, str] | None = None) -> str | None:
