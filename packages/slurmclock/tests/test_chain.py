@@ -236,3 +236,15 @@ def test_continue_run_needs_the_runs_name(capsys: pytest.CaptureFixture[str]) ->
     env = {"SLURM_JOB_ID": "5"}
     assert main(["supervise", "--continue-run", "--", "true"], env=env) == 2
     assert "--run NAME" in capsys.readouterr().err
+
+
+def test_a_requeued_link_stays_the_link_it_was(tmp_path: Path, fakes: Any) -> None:
+    """SLURM starts a requeued job with its submission's environment: without the chain a
+    resubmit joined at its first run; the job's own timeline says which it is."""
+    first_two(tmp_path)
+    env, details, _ = resubmit(tmp_path, fakes, {})
+    assert details["link"] == 2
+    write(tmp_path, "70", [ev("start", 0, chain="41", link=2, previous="52")])
+    again: dict[str, str] = {}
+    assert join(again, "70", timeline(tmp_path, "70"), run="exp 1") == {"chain": "41", "link": 2}
+    assert again == {CHAIN_ID: "41", CHAIN_INDEX: "2"}

@@ -225,6 +225,16 @@ def _named_chain(events: Sequence[Event]) -> str | None:
     return None
 
 
+def _own_link(events: Sequence[Event], index: int) -> tuple[str | None, int]:
+    """The chain and link an earlier run of this job joined (its newest ``start``)."""
+    head = _named_chain(events)
+    starts = [ev for ev in events if ev.name == "start" and ev.info.get("chain") == head]
+    link = starts[-1].info.get("link") if starts and head is not None else None
+    if isinstance(link, int) and not isinstance(link, bool) and 0 <= link < 10**9:
+        return head, link
+    return None, index
+
+
 Opener = Callable[[str], JobTimeline]
 
 
@@ -331,6 +341,8 @@ def join(
     if job is None:
         return {}
     head, index, previous = chain_id(env), chain_index(env), None
+    if head is None and timeline is not None:  # requeued: SLURM's copy of the job lacks them
+        head, index = _own_link(timeline.events(), index)
     if head is None and resume and run and timeline is not None:
         found = _resumed(timeline, run, job, scheduler, timeout, log or _log)
         if found is not None:

@@ -1,6 +1,7 @@
 """``slurmclock`` command line: the job's deadline for bash scripts, and self-requeue.
 
-    slurmclock status [--json]      job id, restarts, deadline (ISO-8601), seconds left, source
+    slurmclock status [--json]      job id, restarts, deadline (ISO-8601), seconds left, source;
+                                    the run's chain of jobs (allocations, waits, steps)
     slurmclock seconds-left         an integer, for `$(...)`; exit 1 without a deadline
     slurmclock end-time [--epoch]   the deadline (ISO-8601 or epoch); exit 1 without one
     slurmclock requeue              scontrol requeue $SLURM_JOB_ID; exit 0 only when requeued
@@ -10,7 +11,8 @@
                                     the time to the job's timeline; exit 1 when not written
     slurmclock timeline [--json]    the job's timeline (a run of checkpoints as its first and
                                     last; --all: each) and what each run needed after its
-                                    final save (exit, requeue)
+                                    final save (exit, requeue); the run's allocations over
+                                    requeues, successor jobs and resubmits (slurmclock.chain)
     slurmclock stop JOBID           ask a running job to save and stop now (SIGTERM to its
                                     batch shell, which forwards it; the trainer saves and exits)
     slurmclock supervise -- CMD...  run the job's step (the end of a batch script: exec it);

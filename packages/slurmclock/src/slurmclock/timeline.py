@@ -8,7 +8,8 @@ allocation of the same job (``SLURM_JOB_ID`` stays the same across requeues) rea
 ==============  ===================================================================================
 event           written by, with which details
 ==============  ===================================================================================
-``start``       the batch script or ``slurmclock supervise``, first thing
+``start``       the batch script or ``slurmclock supervise``, first thing: ``chain``, ``link``,
+                ``previous`` (the run's chain of jobs: :mod:`slurmclock.chain`)
 ``signal``      the batch script / supervisor when a signal arrives: ``name`` (TERM, USR2),
                 ``kind`` (what a TERM meant: stop, limit, preempted, requeued, cancelled),
                 ``forwarded`` (0: a USR2 that agreed with the known end time)
