@@ -31,6 +31,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from slurmclock.commands import CommandError
 from slurmclock.job import JobFacts, JobState, Scheduler, check_job_id
@@ -328,7 +329,7 @@ def join(
     scheduler: Scheduler | None = None,
     timeout: float = 10.0,
     log: Callable[[str], None] | None = None,
-) -> dict[str, object]:
+) -> dict[str, Any]:
     """Make this job a link of its chain: ``env`` (the step's and the successor's) gets the
     chain's id and the link's index; returns the details of the run's ``start`` event (``chain``,
     ``link``, ``previous``) that lead the next reader to the chain.

@@ -254,7 +254,7 @@ class Supervisor:
             if (code := self._pause(self._wait_s)) is not None:
                 return code
 
-    def _join_chain(self) -> dict[str, object]:
+    def _join_chain(self) -> dict[str, Any]:
         """This job as a link of the run's chain of jobs (:mod:`slurmclock.chain`)."""
         c = self.config
         return join_chain(
