@@ -322,7 +322,8 @@ def _supervise(
         return 2
     try:
         codes = frozenset(int(c) for c in items)
-        extra = {} if args.resume_hint is None else {"resume_hint": args.resume_hint}
+        extra: dict[str, Any] = {"run": args.run, "continue_run": args.continue_run}
+        extra |= {} if args.resume_hint is None else {"resume_hint": args.resume_hint}
         config = SuperviseConfig(
             name=args.name,
             max_failures=args.max_failures,
@@ -340,8 +341,6 @@ def _supervise(
             relaunch_args=tuple(shlex.split(args.relaunch_args)),
             successor=tuple(shlex.split(args.successor)),
             successor_time_min=args.time_min,
-            run=args.run,
-            continue_run=args.continue_run,
             **extra,
         )
     except ValueError as e:
