@@ -98,7 +98,8 @@ def test_a_bad_successor_pointer_ends_the_walk(tmp_path: Path, pointer: object) 
 
 def test_a_missing_link_is_said_and_the_walk_is_bounded(tmp_path: Path) -> None:
     write(tmp_path, "41", [ev("start", 0, chain="41", link=0), ev("requeued", 1, successor="52")])
-    assert follow(timeline(tmp_path, "41")).cut  # 52's timeline is gone
+    waiting = follow(timeline(tmp_path, "41"))  # 52 has no timeline: queued (or it is gone)
+    assert waiting.pending == "52" and not waiting.cut and len(waiting.links) == 1
     for n in range(10):
         write(
             tmp_path,
@@ -200,6 +201,23 @@ def test_a_resubmit_goes_on_with_the_runs_chain_once_its_last_job_ended(
     assert details.get("previous") == ("52" if link else None)
     assert len(lines) == 1 and said in lines[0]
     assert read_run(timeline(tmp_path, "70"), "exp 1") == RunRecord(head, link, "70")
+
+
+def test_the_pending_successor_is_shown(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    write(tmp_path, "41", [ev("start", 0, chain="41", link=0), ev("requeued", 1, successor="52")])
+    assert main(["timeline", "41"], env={"SLURMCLOCK_DIR": str(tmp_path)}) == 0
+    assert "next: job 52 (no timeline yet: it waits in the queue" in capsys.readouterr().out
+    env = {"SLURMCLOCK_DIR": str(tmp_path), "SLURM_JOB_ID": "41", "PYRECOVER_END_TIME": str(T)}
+    assert main(["status"], env=env) == 0
+    assert "next job:     52 (no timeline yet" in capsys.readouterr().out
+
+
+def test_a_chain_whose_first_timeline_is_gone_starts_at_the_oldest_left(tmp_path: Path) -> None:
+    successor_chain(tmp_path)
+    (tmp_path / "job-41.jsonl").unlink()
+    lines = [{"job": j, "link": n} for n, j in enumerate(["41", "52", "63"])]
+    (tmp_path / "job-41.chain.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    assert [k.job for k in follow(timeline(tmp_path, "63")).links] == ["52", "63"]
 
 
 def test_a_resubmitted_link_is_found_without_a_successor_pointer(tmp_path: Path) -> None:

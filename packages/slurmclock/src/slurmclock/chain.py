@@ -99,7 +99,8 @@ class Chain:
 
     id: str | None
     links: list[Link] = field(default_factory=list)
-    cut: bool = False  # the walk stopped at MAX_JOBS or at a timeline it could not read
+    cut: bool = False  # the walk stopped at MAX_JOBS
+    pending: str | None = None  # the job named next that has no timeline (yet): it waits
 
     @property
     def jobs(self) -> list[str]:
@@ -143,6 +144,7 @@ class Chain:
                 for k in self.links
             ],
             "waits_s": [None if w is None else round(w, 3) for w in self.waits()],
+            "pending": self.pending,
             "totals": self.totals(),
         }
 
@@ -256,11 +258,13 @@ def follow(
     events = timeline.events()
     head = _named_chain(events)
     open_ = opener or _opener(timeline, e)
-    first = timeline if head is None or head == job else _open(open_, head)
-    if first is None:  # the first job's timeline is gone: the chain from this job on
-        first, head = timeline, head or job
     order = chain_jobs(timeline, head) if head is not None else []
-    return _walk(first, head, open_, max_jobs, {job: events}, order)
+    first = timeline if head is None or head == job else _open(open_, head)
+    for older in order[: order.index(job) if job in order else 0]:
+        if first is not None:
+            break
+        first = _open(open_, older)  # the first job's timeline is gone: the oldest one left
+    return _walk(first or timeline, head, open_, max_jobs, {job: events}, order)
 
 
 def _walk(
@@ -276,7 +280,7 @@ def _walk(
     links: list[Link] = []
     seen: set[str] = set()
     current: JobTimeline | None = first
-    cut = False
+    cut, pending = False, None
     while current is not None and current.job_id is not None:
         job = str(current.job_id)
         if job in seen or len(seen) >= max_jobs:
@@ -288,9 +292,9 @@ def _walk(
         links.extend(links_of(job, events, before))
         nxt = _successor(events) or _after(order, job)
         current = None if nxt is None else _open(open_, nxt)
-        cut = cut or (nxt is not None and current is None)
+        pending = nxt if current is None else None
     named = head if head is not None or len(links) > 1 else None
-    return Chain(named, links, cut)
+    return Chain(named, links, cut, pending)
 
 
 def _after(order: list[str], job: str) -> str | None:

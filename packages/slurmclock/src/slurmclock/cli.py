@@ -46,7 +46,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, NoReturn
 
 from slurmclock import __version__
-from slurmclock.chain import Chain
+from slurmclock.chain import MAX_JOBS, Chain
 from slurmclock.chain import follow as follow_chain
 from slurmclock.commands import CommandError, Runner
 from slurmclock.deadline import DeadlineWatcher
@@ -604,7 +604,7 @@ def _chain_of(
 
 def _chain_status(chain: Chain | None) -> list[str]:
     """``status``'s rows about the run's chain (none for a lone allocation)."""
-    if chain is None or len(chain.links) < 2:
+    if chain is None or (len(chain.links) < 2 and chain.pending is None):
         return []
     t, last = chain.totals(), chain.links[-1]
     rows = [
@@ -613,13 +613,15 @@ def _chain_status(chain: Chain | None) -> list[str]:
         ("waited", f"{t['wait_s']:.0f} s between allocations ({t['waits_measured']} measured)"),
         ("steps", "-" if t["steps"] is None else str(t["steps"])),
     ]
+    if chain.pending is not None:
+        rows.append(("next job", f"{chain.pending} (no timeline yet: waiting in the queue?)"))
     return [f"{k + ':':<14}{v}" for k, v in rows]
 
 
 def _chain_lines(chain: Chain) -> Iterator[str]:
     """``timeline``'s chain section: one line per link, then the totals; nothing for a lone
     allocation."""
-    if len(chain.links) < 2 and chain.id is None:
+    if len(chain.links) < 2 and chain.pending is None:
         return
     yield f"chain {chain.id or chain.links[0].job}: the run's allocations, oldest first"
     waits: list[float | None] = [None, *chain.waits()]
@@ -639,8 +641,10 @@ def _chain_lines(chain: Chain) -> Iterator[str]:
         f"  total: {t['allocations']} allocations in {t['jobs']} jobs, {steps}, "
         f"{t['wait_s']:.0f} s between allocations{wall}"
     )
+    if chain.pending is not None:
+        yield f"  next: job {chain.pending} (no timeline yet: it waits in the queue, or it is gone)"
     if chain.cut:
-        yield "  (the chain goes on beyond a timeline that could not be read)"
+        yield f"  (cut at {MAX_JOBS} jobs)"
 
 
 def _print_timeline(
