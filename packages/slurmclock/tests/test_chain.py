@@ -5,6 +5,7 @@ timelines of a requeued job and of a chain of successor jobs, what ``slurmclock 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -266,3 +267,14 @@ def test_a_requeued_link_stays_the_link_it_was(tmp_path: Path, fakes: Any) -> No
     again: dict[str, str] = {}
     assert join(again, "70", timeline(tmp_path, "70"), run="exp 1") == {"chain": "41", "link": 2}
     assert again == {CHAIN_ID: "41", CHAIN_INDEX: "2"}
+
+
+@pytest.mark.parametrize("where", ["job-41.chain.jsonl", "job.run-r.json.{pid}.tmp"])
+def test_a_fifo_at_a_record_is_not_written_and_nothing_waits(
+    tmp_path: Path, where: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / where.format(pid=os.getpid())
+    os.mkfifo(path)
+    env: dict[str, str] = {}
+    assert join(env, "41", timeline(tmp_path, "41"), run="r") == {"chain": "41", "link": 0}
+    assert "cannot record link 0 of chain 41" in caplog.text and path.is_fifo()

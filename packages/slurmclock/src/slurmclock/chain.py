@@ -22,11 +22,13 @@ what cannot be read is skipped, never a reason to fail.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import logging
 import os
 import re
+import stat
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -432,22 +434,38 @@ def _still_there(scheduler: Scheduler, job: str, timeout: float) -> str | None:
 
 
 def _record(timeline: JobTimeline, head: str, index: int, job: str, run: str) -> None:
-    """The link in the chain's list, and as the run's newest (atomic); never raises: a record
-    is a measurement, as the timeline is."""
+    """The link in the chain's list, and as the run's newest (atomic); never raises, never
+    blocks (a FIFO or a device at either path is not written): a record is a measurement, as
+    the timeline is."""
     line = {"job": job, "link": index, "time": round(time.time(), 3)}
     try:
         timeline.directory.mkdir(parents=True, exist_ok=True)
-        with open(chain_path(timeline, head), "a") as f:
-            f.write(json.dumps(line) + "\n")
+        _write(chain_path(timeline, head), json.dumps(line), os.O_APPEND)
         if run:
             path = run_path(timeline, run)
             tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-            tmp.write_text(json.dumps({"chain": head, "link": index, "job": job}) + "\n")
+            _write(tmp, json.dumps({"chain": head, "link": index, "job": job}), os.O_TRUNC)
             os.replace(tmp, path)
     except OSError as e:
         log.warning(
-            "cannot record link %d of chain %s in %s: %s", index, head, timeline.directory, e
+            "cannot record link %d of chain %s in %s: %s; going on without it",
+            index,
+            head,
+            timeline.directory,
+            e.strerror or e,
         )
+
+
+def _write(path: Path, text: str, mode: int) -> None:
+    """One line into a regular file (created), in one write."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0) | mode
+    fd = os.open(path, flags, 0o644)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", str(path))
+        os.write(fd, (text + "\n").encode())
+    finally:
+        os.close(fd)
 
 
 def chain_jobs(timeline: JobTimeline, head: str) -> list[str]:
