@@ -11,7 +11,10 @@ is taken over at once, never waited on, when:
   ``SLURMCLOCK_CHAIN_INDEX`` lower, another job id; exported by ``slurmclock supervise`` to the
   step and to the successor it submits with ``--dependency=afterany``): SLURM starts a link only
   once the one before it has ended, so its lock is taken over at once, not after its lease (a
-  live holder on this host still is not);
+  live holder on this host still is not). slurmclock keeps that order for every way a link
+  starts (a resubmit with ``--continue`` joins the chain only once SLURM says its newest job
+  ended); a successor that waits in the queue while its predecessor runs must not start its
+  step before the predecessor has ended, or it would take a live writer's lock;
 - the holder ran on this host and its process is gone (a pid reused by another process does not
   count as the holder), or this host rebooted since;
 - its lease expired: a holder on another host that stopped renewing (``lease_s``, 60 s).
