@@ -266,7 +266,11 @@ def follow(
         if first is not None:
             break
         first = _open(open_, older)  # the first job's timeline is gone: the oldest one left
-    return _walk(first or timeline, head, open_, max_jobs, {job: events}, order)
+    chain = _walk(first or timeline, head, open_, max_jobs, {job: events}, order)
+    if job in chain.jobs:
+        return chain
+    # Not reached from the first job (its list damaged, a pointer lost): from this job on.
+    return _walk(timeline, head, open_, max_jobs, {job: events}, order)
 
 
 def _walk(
@@ -386,7 +390,7 @@ def chain_path(timeline: JobTimeline, head: str) -> Path:
 
 def read_run(timeline: JobTimeline, run: str) -> RunRecord | None:
     """The run's newest link as recorded (untrusted: None when it does not read as one)."""
-    found = read_records(run_path(timeline, run), limit=64 * 1024)
+    found = read_records(run_path(timeline, run))
     for record in reversed(found.records):
         try:
             chain, job = check_job_id(record["chain"]), check_job_id(record["job"])
@@ -470,7 +474,7 @@ def _write(path: Path, text: str, mode: int) -> None:
 
 def chain_jobs(timeline: JobTimeline, head: str) -> list[str]:
     """The jobs of chain ``head`` in the order they started (its list; untrusted, bounded)."""
-    found = read_records(chain_path(timeline, head), limit=1024 * 1024)
+    found = read_records(chain_path(timeline, head))
     jobs: list[str] = []
     for record in found.records:
         try:
