@@ -132,7 +132,7 @@ def test_timeline_command_shows_the_links_and_totals(
     assert main(["timeline", "52"], env={"SLURMCLOCK_DIR": str(tmp_path)}) == 0
     out = capsys.readouterr().out
     assert "chain 41: the run's allocations, oldest first" in out
-    assert "link 1: job 52 run 0" in out and "after 3 s between, 100 steps to 200" in out
+    assert "link 1: job 52 run 0" in out and "3 s after the one before, 100 steps to 200" in out
     assert "total: 3 allocations in 3 jobs, 250 steps, 31 s between allocations" in out
     assert main(["timeline", "63", "--json"], env={"SLURMCLOCK_DIR": str(tmp_path)}) == 0
     got = json.loads(capsys.readouterr().out)["chain"]

@@ -628,7 +628,7 @@ def _chain_lines(chain: Chain) -> Iterator[str]:
     for n, (link, wait) in enumerate(zip(chain.links, waits, strict=True)):
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(link.start))
         took = "" if link.end is None else f", {link.end - link.start:.0f} s"
-        queued = "" if wait is None else f", after {wait:.0f} s between"
+        queued = "" if wait is None else f", {wait:.0f} s after the one before"
         steps = "" if link.steps is None else f", {link.steps} steps to {link.last_checkpoint}"
         yield (
             f"  link {n}: job {link.job} run {link.restart}  {when}{took}{queued}{steps}: "
