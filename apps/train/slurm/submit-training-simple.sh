@@ -253,6 +253,10 @@ if [ "${REQUEUE%-early}" = successor ]; then
     [ "$REQUEUE" = successor-early ] && supervise+=(--successor-early)
 fi
 [ "$requeue" = successor ] && supervise+=(--next-job-resumes)
+# The run is one chain of jobs (requeues, successors, resubmits with --continue) for
+# `slurmclock status/timeline`: recorded under the experiment's name; --continue goes on with it.
+supervise+=(--run "$exp_name")
+[ "$continue_run" = 1 ] && supervise+=(--continue-run)
 # A step started again in this allocation resumes from the newest checkpoint.
 [ "$continue_run" = 1 ] || [ "$restarts" -gt 0 ] || supervise+=(--relaunch-args "--resume-from-checkpoint latest")
 if command -v slurmclock >/dev/null 2>&1; then

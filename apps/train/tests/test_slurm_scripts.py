@@ -358,7 +358,7 @@ def test_successor_instead_of_requeue_keeps_script_arguments_and_time_min(fake: 
         "--parsable",
         "--dependency=afterany:4242",
         "--kill-on-invalid-dep=yes",
-        "--export=ALL,SLURMCLOCK_CHAIN_INDEX=1",
+        "--export=ALL,SLURMCLOCK_CHAIN_INDEX=1,SLURMCLOCK_CHAIN_ID=4242",  # slurmclock.chain
         "--time-min=20",
     ]
     assert "--time=60" in argv and "--nodes=1" in argv and "--job-name=pyrecover" in argv
@@ -590,7 +590,7 @@ def test_the_signal_lead_is_exported_from_the_sbatch_line(fake: Path) -> None:
 def test_the_end_of_each_run_is_marked_in_the_timeline(fake: Path) -> None:
     r = run_script(fake, SIMPLE, FAKE_RC="75")
     assert r.returncode == 0, r.stdout + r.stderr
-    assert marks(fake) == ["start", "exited rc=75", "requeued confirmed=True"]
+    assert marks(fake) == ["start chain=4242 link=0", "exited rc=75", "requeued confirmed=True"]
     assert calls(fake) == ["scontrol requeue 4242"]
 
 

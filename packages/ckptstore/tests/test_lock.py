@@ -34,6 +34,10 @@ def holder(**kw: Any) -> LockInfo:
     return LockInfo(**{**base, "since": 1000.0, "renewed": 1000.0, **kw})
 
 
+LINK0: dict[str, Any] = {"job_id": "7", "chain": "7", "link": 0}
+LINK1: dict[str, Any] = {"job_id": "8", "chain": "7", "link": 1}
+
+
 @pytest.mark.parametrize(
     "held, me, now, alive, expect",
     [
@@ -45,6 +49,14 @@ def holder(**kw: Any) -> LockInfo:
         ({}, {"host": "node-a"}, 5000.0, True, None),  # alive here: never, lease or not
         ({"job_id": "7"}, {"host": "node-a", "job_id": "7"}, 1001.0, True, None),
         ({"boot_id": "b1"}, {"host": "node-a", "boot_id": "b2"}, 1001.0, True, "rebooted"),
+        # slurmclock's successor jobs: an earlier link of the chain ended before this one began
+        (LINK0, {"host": "node-b", **LINK1}, 1001.0, True, "link 0 (SLURM job 7) of this run's"),
+        (LINK0, {"host": "node-a", **LINK1}, 1001.0, False, "link 0 (SLURM job 7)"),
+        (LINK0, {"host": "node-a", **LINK1}, 1001.0, True, None),  # alive here: never
+        (LINK0, {"host": "node-b", **LINK1, "chain": "9"}, 1001.0, True, None),  # another chain
+        ({**LINK1, "link": 2}, {"host": "node-b", **LINK1, "job_id": "9"}, 1001.0, True, None),
+        ({"job_id": "7"}, {"host": "node-b", **LINK1}, 1001.0, True, None),  # not of a chain
+        ({**LINK0, "job_id": ""}, {"host": "node-b", **LINK1}, 1001.0, True, None),
     ],
 )
 def test_takeover_rules(
@@ -266,10 +278,33 @@ def test_cli_prune_is_refused_while_a_trainer_writes(tmp_path: Path, capsys: Any
     assert cli(["prune", str(tmp_path), "--keep-last", "1"]) == 0
 
 
+def test_a_successor_takes_over_its_chain_a_live_other_chain_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A lock from another node renewed just now (its job was killed at the limit): the next
+    link of its chain takes it at once; a job of another chain is refused in one line."""
+    crafted(tmp_path / "a", **LINK0)
+    monkeypatch.setenv("SLURM_JOB_ID", "9")
+    monkeypatch.setenv("SLURMCLOCK_CHAIN_ID", "9")
+    monkeypatch.setenv("SLURMCLOCK_CHAIN_INDEX", "1")
+    with pytest.raises(LockedError, match="SLURM job 7 .link 0 of chain 7.") as refused:
+        CheckpointStore(str(tmp_path / "a")).acquire()
+    assert "\n" not in str(refused.value)
+    monkeypatch.setenv("SLURM_JOB_ID", "8")
+    monkeypatch.setenv("SLURMCLOCK_CHAIN_ID", "7")
+    with CheckpointStore(str(tmp_path / "a")) as store:
+        assert store.acquire() is not None and store.writer is not None
+        assert (store.writer.chain, store.writer.link) == ("7", 1)
+    assert "link 0 (SLURM job 7) of this run's chain 7" in caplog.text
+
+
 def test_whoami_names_the_slurm_job() -> None:
     me = whoami(5.0, 60.0, {"SLURM_JOB_ID": "12", "SLURM_STEP_ID": "3"})
     assert (me.job_id, me.job_step, me.host, me.pid) == ("12", "3", HOST, os.getpid())
     assert "SLURM job 12 step 3" in me.describe(5.0)
+    env = {"SLURM_JOB_ID": "12", "SLURMCLOCK_CHAIN_ID": "10", "SLURMCLOCK_CHAIN_INDEX": "2"}
+    assert (whoami(5.0, 60.0, env).chain, whoami(5.0, 60.0, env).link) == ("10", 2)
+    assert whoami(5.0, 60.0, {**env, "SLURMCLOCK_CHAIN_INDEX": "x"}).link == 0
 
 
 @pytest.mark.s3

@@ -52,6 +52,7 @@ def test_status_json_for_scripts(capsys: pytest.CaptureFixture[str], fakes: Any)
         "end_time",
         "seconds_left",
         "source",
+        "chain",  # slurmclock.chain: the run's allocations (test_chain.py)
     }
 
 

@@ -46,7 +46,7 @@ def test_argv_depends_on_the_job_and_counts_the_chain() -> None:
         "--parsable",
         "--dependency=afterany:41",
         "--kill-on-invalid-dep=yes",
-        f"--export=ALL,{CHAIN_INDEX}=3",
+        f"--export=ALL,{CHAIN_INDEX}=3,SLURMCLOCK_CHAIN_ID=41",  # slurmclock.chain
     ]
     assert argv[5:] == ["--time-min=30", "--time=60", "job.sh", "--continue"]
     assert "--time-min" not in " ".join(successor_argv("41", ["j.sh"], index=0, time_min=None))
@@ -72,7 +72,10 @@ def test_submit_raises_a_too_small_time_min_and_says_so() -> None:
     )
     assert got.ok and got.job_id == "77"
     assert "raised to 4 min" in got.message and "job 77" in got.message
-    assert "--time-min=4" in run.calls[0] and f"--export=ALL,{CHAIN_INDEX}=2" in run.calls[0]
+    assert (
+        "--time-min=4" in run.calls[0]
+        and f"--export=ALL,{CHAIN_INDEX}=2,SLURMCLOCK_CHAIN_ID=41" in run.calls[0]
+    )
 
 
 @pytest.mark.parametrize(

@@ -7,6 +7,14 @@ is taken over at once, never waited on, when:
 
 - the holder ran in the same SLURM job (``SLURM_JOB_ID``): the job was requeued, or runs a later
   step; SLURM ends a job's processes before it requeues it;
+- the holder was an earlier link of this run's chain of jobs (``SLURMCLOCK_CHAIN_ID`` the same,
+  ``SLURMCLOCK_CHAIN_INDEX`` lower, another job id; exported by ``slurmclock supervise`` to the
+  step and to the successor it submits with ``--dependency=afterany``): SLURM starts a link only
+  once the one before it has ended, so its lock is taken over at once, not after its lease (a
+  live holder on this host still is not). slurmclock keeps that order for every way a link
+  starts (a resubmit with ``--continue`` joins the chain only once SLURM says its newest job
+  ended); a successor that waits in the queue while its predecessor runs must not start its
+  step before the predecessor has ended, or it would take a live writer's lock;
 - the holder ran on this host and its process is gone (a pid reused by another process does not
   count as the holder), or this host rebooted since;
 - its lease expired: a holder on another host that stopped renewing (``lease_s``, 60 s).
@@ -53,6 +61,8 @@ from .storage import Storage
 
 log = logging.getLogger("ckptstore")
 LOCK_NAME = "writer.lock"
+# slurmclock's names (a sibling package: not imported; DESIGN.md's Environment variables table).
+CHAIN_ID, CHAIN_INDEX = "SLURMCLOCK_CHAIN_ID", "SLURMCLOCK_CHAIN_INDEX"
 DEFAULT_LEASE_S = 60.0
 RELEASE_TIMEOUT_S = 10.0
 _LIVE: set[str] = set()  # tokens of the locks this process holds right now
@@ -73,6 +83,8 @@ class LockInfo:
     job_step: str = ""  # SLURM_STEP_ID
     boot_id: str = ""  # tells a reboot of the same host
     pid_start: str = ""  # the process's start time: tells a reused pid from the holder
+    chain: str = ""  # SLURMCLOCK_CHAIN_ID: the first job of the run's chain of jobs
+    link: int = 0  # SLURMCLOCK_CHAIN_INDEX: the job's place in that chain
 
     def to_json(self) -> bytes:
         return orjson.dumps(dataclasses.asdict(self))
@@ -87,6 +99,7 @@ class LockInfo:
     def describe(self, now: float) -> str:
         job = f", SLURM job {self.job_id}" if self.job_id else ""
         job += f" step {self.job_step}" if self.job_id and self.job_step else ""
+        job += f" (link {self.link} of chain {self.chain})" if self.job_id and self.chain else ""
         since = datetime.datetime.fromtimestamp(self.since).isoformat(timespec="seconds")
         ago = max(0.0, now - self.renewed)
         return f"host {self.host} pid {self.pid}{job}, since {since} (renewed {ago:.0f} s ago)"
@@ -107,7 +120,15 @@ def whoami(now: float, lease_s: float, env: Mapping[str, str] | None = None) -> 
         job_step=env.get("SLURM_STEP_ID", ""),
         boot_id=_read("/proc/sys/kernel/random/boot_id"),
         pid_start=_pid_start(pid),
+        chain=env.get(CHAIN_ID, "").strip()[:64],
+        link=_link(env.get(CHAIN_INDEX, "")),
     )
+
+
+def _link(raw: str) -> int:
+    """A chain index as exported (whole digits); 0 for anything else."""
+    raw = raw.strip()
+    return int(raw) if raw.isdigit() and len(raw) < 10 else 0
 
 
 def takeover_reason(
@@ -117,6 +138,11 @@ def takeover_reason(
     here = holder.host == me.host and holder.boot_id == me.boot_id
     if here and alive(holder):
         return None
+    if earlier_link(holder, me):
+        return (
+            f"it was link {holder.link} (SLURM job {holder.job_id}) of this run's chain "
+            f"{holder.chain}, which ended before this link {me.link} started"
+        )
     if holder.job_id and holder.job_id == me.job_id:
         return f"same SLURM job {holder.job_id} (requeued, or a later step of it)"
     if here:
@@ -126,6 +152,17 @@ def takeover_reason(
     if now - holder.renewed > holder.lease_s:
         return f"its lease expired {now - holder.renewed - holder.lease_s:.0f} s ago"
     return None
+
+
+def earlier_link(holder: LockInfo, me: LockInfo) -> bool:
+    """Whether ``holder`` was an earlier job of ``me``'s chain (slurmclock's successor jobs)."""
+    return bool(
+        holder.chain
+        and holder.chain == me.chain
+        and holder.link < me.link
+        and holder.job_id
+        and holder.job_id != me.job_id
+    )
 
 
 def holder_alive(holder: LockInfo) -> bool:

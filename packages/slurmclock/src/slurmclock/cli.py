@@ -1,6 +1,7 @@
 """``slurmclock`` command line: the job's deadline for bash scripts, and self-requeue.
 
-    slurmclock status [--json]      job id, restarts, deadline (ISO-8601), seconds left, source
+    slurmclock status [--json]      job id, restarts, deadline (ISO-8601), seconds left, source;
+                                    the run's chain of jobs (allocations, waits, steps)
     slurmclock seconds-left         an integer, for `$(...)`; exit 1 without a deadline
     slurmclock end-time [--epoch]   the deadline (ISO-8601 or epoch); exit 1 without one
     slurmclock requeue              scontrol requeue $SLURM_JOB_ID; exit 0 only when requeued
@@ -10,7 +11,8 @@
                                     the time to the job's timeline; exit 1 when not written
     slurmclock timeline [--json]    the job's timeline (a run of checkpoints as its first and
                                     last; --all: each) and what each run needed after its
-                                    final save (exit, requeue)
+                                    final save (exit, requeue); the run's allocations over
+                                    requeues, successor jobs and resubmits (slurmclock.chain)
     slurmclock stop JOBID           ask a running job to save and stop now (SIGTERM to its
                                     batch shell, which forwards it; the trainer saves and exits)
     slurmclock supervise -- CMD...  run the job's step (the end of a batch script: exec it);
@@ -44,6 +46,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, NoReturn
 
 from slurmclock import __version__
+from slurmclock.chain import MAX_JOBS, Chain
+from slurmclock.chain import follow as follow_chain
 from slurmclock.commands import CommandError, Runner
 from slurmclock.deadline import DeadlineWatcher
 from slurmclock.durations import check_seconds, parse_time, parse_time_limit
@@ -267,6 +271,18 @@ def _next_job_options(p: argparse.ArgumentParser) -> None:
         help="submit the successor while this job trains (planned from the chain's waits in "
         "the queue); when it starts, this job saves and hands over (supervisor/handover)",
     )
+    p.add_argument(
+        "--run",
+        default="",
+        metavar="NAME",
+        help="the run's name (the experiment): its chain of jobs is recorded under it",
+    )
+    p.add_argument(
+        "--continue-run",
+        action="store_true",
+        help="with --run: a job that is not a successor goes on as the next link of the run's "
+        "chain once its newest job has ended (a resubmit with --continue)",
+    )
 
 
 def _restart_options(p: argparse.ArgumentParser) -> None:
@@ -312,7 +328,8 @@ def _supervise(
         return 2
     try:
         codes = frozenset(int(c) for c in items)
-        extra = {} if args.resume_hint is None else {"resume_hint": args.resume_hint}
+        extra: dict[str, Any] = {"run": args.run, "continue_run": args.continue_run}
+        extra |= {} if args.resume_hint is None else {"resume_hint": args.resume_hint}
         config = SuperviseConfig(
             name=args.name,
             max_failures=args.max_failures,
@@ -396,7 +413,11 @@ def _run(args: argparse.Namespace, env: Mapping[str, str] | None, runner: Runner
         return 2
     _warn_if_past(info)
     if args.command == "status":
-        print(json.dumps(info) if args.json else _human(info))
+        chain = _chain_of(args, env, runner)
+        if args.json:
+            print(json.dumps({**info, "chain": None if chain is None else chain.to_json()}))
+        else:
+            print("\n".join([_human(info), *_chain_status(chain)]))
         return 0
     if info["end_time"] is None:
         print(f"slurmclock: no deadline (source: {info['source']})", file=sys.stderr)
@@ -563,12 +584,74 @@ def _timeline(
                     ],
                     "unreadable_lines": timeline.unreadable,
                     "read_error": timeline.read_error,
+                    "chain": follow_chain(timeline, env=env).to_json(),
                 }
             )
         )
         return 0
     _print_timeline(timeline, events, exits, show_all=args.all)
+    for line in _chain_lines(follow_chain(timeline, env=env)):
+        print(line)
     return 0
+
+
+def _chain_of(
+    args: argparse.Namespace, env: Mapping[str, str] | None, runner: Runner | None
+) -> Chain | None:
+    """The chain the job asked about is a link of (None: no timeline to read it from)."""
+    try:
+        timeline = _timeline_of(args, env, runner, facts=False)
+    except ValueError as e:  # several clusters' files: status still answers the rest
+        logging.getLogger("slurmclock").warning("%s", e)
+        return None
+    if timeline.path is None:
+        return None
+    return follow_chain(timeline, env=env)
+
+
+def _chain_status(chain: Chain | None) -> list[str]:
+    """``status``'s rows about the run's chain (none for a lone allocation)."""
+    if chain is None or (len(chain.links) < 2 and chain.pending is None):
+        return []
+    t, last = chain.totals(), chain.links[-1]
+    rows = [
+        ("chain", f"{chain.id or last.job}: {t['allocations']} allocations, {t['jobs']} jobs"),
+        ("newest link", f"job {last.job} run {last.restart}: {last.verdict}"),
+        ("waited", f"{t['wait_s']:.0f} s between allocations ({t['waits_measured']} measured)"),
+        ("steps", "-" if t["steps"] is None else str(t["steps"])),
+    ]
+    if chain.pending is not None:
+        rows.append(("next job", f"{chain.pending} (no timeline yet: waiting in the queue?)"))
+    return [f"{k + ':':<14}{v}" for k, v in rows]
+
+
+def _chain_lines(chain: Chain) -> Iterator[str]:
+    """``timeline``'s chain section: one line per link, then the totals; nothing for a lone
+    allocation."""
+    if len(chain.links) < 2 and chain.pending is None:
+        return
+    yield f"chain {chain.id or chain.links[0].job}: the run's allocations, oldest first"
+    waits: list[float | None] = [None, *chain.waits()]
+    for n, (link, wait) in enumerate(zip(chain.links, waits, strict=True)):
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(link.start))
+        took = "" if link.end is None else f", {link.end - link.start:.0f} s"
+        queued = "" if wait is None else f", {wait:.0f} s after the one before"
+        steps = "" if link.steps is None else f", {link.steps} steps to {link.last_checkpoint}"
+        yield (
+            f"  link {n}: job {link.job} run {link.restart}  {when}{took}{queued}{steps}: "
+            f"{_text(link.verdict)}"
+        )
+    t = chain.totals()
+    steps = "no checkpoint" if t["steps"] is None else f"{t['steps']} steps"
+    wall = "" if t["wall_s"] is None else f", {t['wall_s']:.0f} s wall clock"
+    yield (
+        f"  total: {t['allocations']} allocations in {t['jobs']} jobs, {steps}, "
+        f"{t['wait_s']:.0f} s between allocations{wall}"
+    )
+    if chain.pending is not None:
+        yield f"  next: job {chain.pending} (no timeline yet: it waits in the queue, or it is gone)"
+    if chain.cut:
+        yield f"  (cut at {MAX_JOBS} jobs)"
 
 
 def _print_timeline(

@@ -8,7 +8,8 @@ allocation of the same job (``SLURM_JOB_ID`` stays the same across requeues) rea
 ==============  ===================================================================================
 event           written by, with which details
 ==============  ===================================================================================
-``start``       the batch script or ``slurmclock supervise``, first thing
+``start``       the batch script or ``slurmclock supervise``, first thing: ``chain``, ``link``,
+                ``previous`` (the run's chain of jobs: :mod:`slurmclock.chain`)
 ``signal``      the batch script / supervisor when a signal arrives: ``name`` (TERM, USR2),
                 ``kind`` (what a TERM meant: stop, limit, preempted, requeued, cancelled),
                 ``forwarded`` (0: a USR2 that agreed with the known end time)
@@ -138,6 +139,7 @@ class JobTimeline:
         self.directory = Path(directory) if directory is not None else timeline_dir(e)
         # Checked here too: a JobFacts built by hand must not lead the file out of its folder.
         cluster = facts.cluster if facts.cluster and is_cluster_name(facts.cluster) else None
+        self.cluster = cluster  # the file's (None: ``job-JOBID.jsonl``)
         self._name = f"{cluster}-{self.job_id}" if cluster else f"job-{self.job_id}"
         self.unreadable: list[int] = []  # line numbers the last events() could not read
         self.read_error: str | None = None  # why the last events() could not read the file

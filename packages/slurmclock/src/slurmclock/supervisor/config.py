@@ -47,6 +47,10 @@ class SuperviseConfig:
     minutes at least (raised to the measured floor). ``successor_early``: that successor is
     submitted while this job trains, planned from the chain's waits, and takes over when it
     starts (:mod:`.handover`).
+    ``run``: the run's name (the experiment):
+    each link of its chain is recorded under it (:mod:`slurmclock.chain`); ``continue_run``: a
+    job that is not a successor goes on as the next link of the run's recorded chain (a resubmit
+    with ``--continue``), once the chain's newest job has ended.
     """
 
     max_failures: int = 3
@@ -70,8 +74,11 @@ class SuperviseConfig:
     successor: tuple[str, ...] = ()
     successor_time_min: int | None = None
     successor_early: bool = False
+    run: str = ""
+    continue_run: bool = False
 
     def __post_init__(self) -> None:
+        _check_run(self.run, self.continue_run)
         for key, low in (("max_failures", 1), ("max_restarts", 0), ("spare_nodes", 0)):
             _whole(key, getattr(self, key), low)
         _whole("min_nodes", self.min_nodes, 1)
@@ -109,6 +116,13 @@ class SuperviseConfig:
                 f"step_nodes {self.step_nodes} is fewer than min_nodes {self.min_nodes}: give "
                 "a minimum no larger than the nodes the step trains on"
             )
+
+
+def _check_run(run: str, continue_run: bool) -> None:
+    if len(run) > 200 or any(not c.isprintable() for c in run):
+        raise ValueError(f"run must be one line of at most 200 characters, got {run[:60]!r}")
+    if continue_run and not run:
+        raise ValueError("continue_run needs the run's name: give --run NAME with --continue-run")
 
 
 def contradiction(config: SuperviseConfig, env: Mapping[str, str] | None = None) -> str | None:

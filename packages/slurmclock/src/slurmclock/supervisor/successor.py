@@ -21,6 +21,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from slurmclock.chain import CHAIN_ID, chain_id
 from slurmclock.commands import CommandError, Runner, SubprocessRunner, last_line
 from slurmclock.supervisor.history import RestartCost
 
@@ -67,13 +68,15 @@ def successor_argv(
     time_min: int | None,
     exports: Mapping[str, str] | None = None,
     early: bool = False,
+    chain: str | None = None,
 ) -> list[str]:
     """``sbatch`` of ``command`` (sbatch options, then the script and its arguments) after
     ``job`` ends (``early``: no dependency, it pends while ``job`` runs), exporting the chain's
-    next index and ``exports`` (values without commas)."""
+    id and next index and ``exports`` (values without commas)."""
     more = "".join(f",{k}={v}" for k, v in (exports or {}).items())
     after = [] if early else [f"--dependency=afterany:{job}", "--kill-on-invalid-dep=yes"]
-    argv = ["sbatch", "--parsable", *after, f"--export=ALL,{CHAIN_INDEX}={index + 1}{more}"]
+    ids = f"{CHAIN_INDEX}={index + 1},{CHAIN_ID}={chain or job}"  # slurmclock.chain
+    argv = ["sbatch", "--parsable", *after, f"--export=ALL,{ids}{more}"]
     if time_min is not None:
         argv.append(f"--time-min={time_min}")
     return [*argv, *command]
@@ -107,7 +110,13 @@ def submit_successor(
         )
         time_min = floor
     argv = successor_argv(
-        job, command, index=index, time_min=time_min, exports=exports, early=early
+        job,
+        command,
+        index=index,
+        time_min=time_min,
+        exports=exports,
+        early=early,
+        chain=chain_id(env),
     )
     run = SubprocessRunner() if runner is None else runner
     try:

@@ -87,6 +87,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TextIO, TypeVar
 
+from slurmclock.chain import join as join_chain
 from slurmclock.commands import CommandError, Runner, SubprocessRunner, last_line
 from slurmclock.deadline import DeadlineWatcher
 from slurmclock.job import (
@@ -270,9 +271,23 @@ class Supervisor:
             if (code := self._pause(self._wait_s)) is not None:
                 return code
 
+    def _join_chain(self) -> dict[str, Any]:
+        """This job as a link of the run's chain of jobs (:mod:`slurmclock.chain`)."""
+        c = self.config
+        return join_chain(
+            self.env,
+            self.job,
+            self.timeline,
+            run=c.run,
+            resume=c.continue_run,
+            scheduler=self.scheduler,
+            timeout=c.command_timeout,
+            log=self.log,
+        )
+
     def _start(self) -> int | None:
         events = self.timeline.events()
-        self.timeline.mark("start")
+        self.timeline.mark("start", **self._join_chain())
         if (code := self._check_nodes()) is not None:
             return code
         lost = vanished_run(events)
