@@ -101,13 +101,14 @@ def changes(
 class NodeStates:
     """The job's nodes read from ``scheduler``: :meth:`look` names each change once through
     ``log`` and ``mark`` (the timeline's ``node`` event) and keeps :attr:`gone` and
-    :attr:`drained` (short names)."""
+    :attr:`drained` (short names). ``timeout``: seconds each SLURM command may take, or a
+    callable asked at each look (the supervisor's bound, derived from the time left)."""
 
     def __init__(
         self,
         scheduler: Scheduler,
         job: str,
-        timeout: float,
+        timeout: float | Callable[[], float],
         log: Callable[[str], None],
         mark: Callable[..., object],
     ) -> None:
@@ -123,11 +124,10 @@ class NodeStates:
 
     def read(self, hosts: Sequence[str], spares: Sequence[str] = ()) -> list[NodeChange]:
         """The changes SLURM shows now (CommandError when it cannot say)."""
-        view = self.scheduler.show_job(self.job, timeout=self.timeout)
-        in_job = self.scheduler.hostnames(view.nodes, timeout=self.timeout) if view.nodes else []
-        listed = (
-            self.scheduler.nodes(view.partition, timeout=self.timeout) if view.partition else []
-        )
+        bound = self.timeout() if callable(self.timeout) else self.timeout
+        view = self.scheduler.show_job(self.job, timeout=bound)
+        in_job = self.scheduler.hostnames(view.nodes, timeout=bound) if view.nodes else []
+        listed = self.scheduler.nodes(view.partition, timeout=bound) if view.partition else []
         states = {_short(n.name): n for n in listed}
         return changes(hosts, in_job or hosts, states, spares=spares)
 

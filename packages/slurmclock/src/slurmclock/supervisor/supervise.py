@@ -87,7 +87,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TextIO, TypeVar
 
-from slurmclock.commands import CommandError, Runner
+from slurmclock.commands import CommandError, Runner, SubprocessRunner, command_bound
 from slurmclock.deadline import DeadlineWatcher
 from slurmclock.job import (
     EXIT_STOPPED,
@@ -140,6 +140,10 @@ __all__ = ["Supervisor"]
 _POLL_S = 0.1  # how often the wait for the step looks at signals and the fault file
 RESTART_STEPS = 5  # a restart is worth it when the time left holds its start-up and this many
 _MARGIN_S = 10.0  # steps, a final save and this margin
+# What a SLURM command may take once a signal came (SLURM's KillWait runs), and once one of
+# those went unanswered (slurmctld hangs: the step's SIGTERM comes first).
+_AFTER_SIGNAL_S = 3.0
+_HUNG_S = 1.0
 _T = TypeVar("_T")
 
 
@@ -168,8 +172,14 @@ class Supervisor:
         self.env = dict(os.environ if env is None else env)
         if scheduler is not None and runner is not None:
             raise TypeError("give a scheduler or a runner for SLURM's commands, not both")
+        self._pending: list[int] = []
+        self._signal_at: float | None = None  # the last signal (monotonic): shorter commands
+        self._end_at: float | None = None  # the deadline, once read (bounds SLURM commands)
         if scheduler is None:  # SLURM's commands write no resize scripts into the user's tree
-            scheduler = default_scheduler(runner or no_resize_scripts(), env=self.env)
+            base = runner or no_resize_scripts()
+            if isinstance(base, SubprocessRunner):  # bounded by the time left; a signal ends it
+                base = base.bounded(bound=self._command_bound, cancel=lambda: bool(self._pending))
+            scheduler = default_scheduler(base, env=self.env)
         self.scheduler: Scheduler = scheduler
         self.clock = time.time if clock is None else clock
         self.sleep = time.sleep if sleep is None else sleep
@@ -181,7 +191,6 @@ class Supervisor:
         self.term: str | None = None  # what the first SIGTERM meant
         self.requeued = False  # requeued when the SIGTERM came
         self._term_verdict: Verdict | None = None  # not requeued then, and why
-        self._pending: list[int] = []
         self.nodes = NodeKeeper(
             self.scheduler,
             self.job or "",
@@ -193,7 +202,7 @@ class Supervisor:
         self._hosts: list[str] | None = None  # the allocation's nodes, once asked
         self.sentinel: SentinelStep | None = None  # watches this node from another one
         said = (self.log, self.timeline.mark)  # what SLURM shows of the job's nodes, named
-        self.states = NodeStates(self.scheduler, self.job or "", self.config.command_timeout, *said)
+        self.states = NodeStates(self.scheduler, self.job or "", self._command_bound, *said)
         self.placement: Placement | None = None  # where the next launch goes (None: as is)
         self.launches = 0
         self._store_tries = 0
@@ -590,6 +599,7 @@ class Supervisor:
     def _signals(self) -> Iterator[None]:
         def queue(signum: int, frame: object) -> None:
             self._pending.append(signum)
+            self._signal_at = time.monotonic()
 
         previous = {s: signal.signal(s, queue) for s in (signal.SIGTERM, signal.SIGUSR2)}
         try:
@@ -711,7 +721,21 @@ class Supervisor:
 
     def _seconds_left(self) -> float | None:
         watcher = DeadlineWatcher(env=self.env, scheduler=self.scheduler, clock=self.clock)
-        return watcher.get().seconds_left(self.clock())
+        deadline = watcher.get()
+        self._end_at = deadline.end if deadline.end is not None else self._end_at
+        return deadline.seconds_left(self.clock())
+
+    def _command_bound(self) -> float:
+        """Seconds a SLURM command may take now: a tenth of the time left once the deadline is
+        known (at most ``command_timeout``, at least 3 s); 3 s once a signal came, 1 s once a
+        command went unanswered since."""
+        ceiling = self.config.command_timeout
+        if self._signal_at is not None:
+            hung = getattr(getattr(self.scheduler, "runner", None), "last_timeout", None)
+            late = isinstance(hung, float) and hung >= self._signal_at
+            ceiling = min(ceiling, _HUNG_S if late else _AFTER_SIGNAL_S)
+        left = None if self._end_at is None else self._end_at - self.clock()
+        return command_bound(left, ceiling=ceiling, floor=min(ceiling, _AFTER_SIGNAL_S))
 
     def _requeue_job(self, verdict: Verdict) -> int:
         """Requeue (the verdict said so), unless the partition cannot give the job its
