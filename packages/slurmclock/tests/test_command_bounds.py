@@ -20,7 +20,9 @@ from pathlib import Path
 import pytest
 
 from slurmclock.commands import CommandError, SubprocessRunner, command_bound, transient
+from slurmclock.job import JobState, JobView, Node
 from slurmclock.supervisor import SuperviseConfig, Supervisor
+from slurmclock.supervisor.nodestates import NodeStates
 
 COMMANDS = ("scontrol", "squeue", "sbatch", "scancel", "sinfo", "srun", "sacct")
 FAKE = """#!/bin/sh
@@ -267,3 +269,26 @@ def test_every_wait_ends_in_seconds(outcomes: dict[str, Result], case: Case) -> 
         assert "Invalid job id specified" in got.log
     if case.fault == "transient" and case.moment != "start":  # tried again within the bound
         assert len(first) >= 2, got.calls
+
+
+def test_the_node_state_look_asks_the_bound_at_each_look() -> None:
+    asked: list[float] = []
+
+    class Record:  # a scheduler that only notes each command's timeout
+        def show_job(self, job: str, *, timeout: float) -> JobView:
+            asked.append(timeout)
+            return JobView(state=JobState.ACTIVE, nodes="n1", partition="p")
+
+        def hostnames(self, nodelist: str, *, timeout: float) -> list[str]:
+            asked.append(timeout)
+            return ["n1"]
+
+        def nodes(self, partition: str, *, timeout: float) -> list[Node]:
+            asked.append(timeout)
+            return []
+
+    bounds = iter([12.0, 3.0])
+    states = NodeStates(Record(), "7", lambda: next(bounds), print, print)  # type: ignore[arg-type]
+    states.read(["n1"])
+    states.read(["n1"])
+    assert asked == [12.0] * 3 + [3.0] * 3
