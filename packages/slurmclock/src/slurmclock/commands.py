@@ -108,7 +108,8 @@ class SubprocessRunner:
     then a transient failure (:func:`transient`) is tried again, after a pause doubling from
     0.5 s, while the bound lasts. ``cancel`` is asked every 0.1 s while a command runs: True
     (a stop signal came) ends the wait at once, the command killed (kind ``timeout``).
-    ``last_timeout``: when a command last ran out of time (``time.monotonic()``), or None.
+    ``last_unanswered``: when a command last got no answer (ran out of time, or slurmctld was
+    still busy when the bound ran out; ``time.monotonic()``), or None.
     """
 
     def __init__(
@@ -121,7 +122,7 @@ class SubprocessRunner:
         self.env = dict(env) if env is not None else None
         self.bound = bound
         self.cancel = cancel
-        self.last_timeout: float | None = None  # when a command last ran out of time (monotonic)
+        self.last_unanswered: float | None = None
 
     def bounded(
         self, *, bound: Callable[[], float], cancel: Callable[[], bool]
@@ -142,11 +143,23 @@ class SubprocessRunner:
             try:
                 return self._once(argv, max(end - time.monotonic(), _TICK_S))
             except CommandError as e:
-                late = time.monotonic() + pause >= end
-                if e.kind == "timeout" or not transient(e) or late or self._cancelled():
+                if not self._again(e, end, pause):
                     raise
-            time.sleep(pause)
             pause *= 2
+
+    def _again(self, e: CommandError, end: float, pause: float) -> bool:
+        """Try once more, after ``pause`` (slept here, ended by ``cancel``)?"""
+        if e.kind == "timeout" or not transient(e):
+            return False
+        if time.monotonic() + pause >= end:
+            self.last_unanswered = time.monotonic()  # slurmctld still busy: no answer
+            return False
+        resume = time.monotonic() + pause
+        while (left := resume - time.monotonic()) > 0:
+            if self._cancelled():
+                return False
+            time.sleep(min(left, _TICK_S))
+        return not self._cancelled()
 
     def _cancelled(self) -> bool:
         return self.cancel is not None and bool(self.cancel())
@@ -191,7 +204,7 @@ class SubprocessRunner:
                     proc.kill()
                     proc.communicate()
                     if not stopped:
-                        self.last_timeout = time.monotonic()
+                        self.last_unanswered = time.monotonic()
                     cmd = shlex.join(argv)
                     why = (
                         "was abandoned: a stop signal came"

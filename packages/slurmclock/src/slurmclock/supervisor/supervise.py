@@ -140,9 +140,11 @@ __all__ = ["Supervisor"]
 _POLL_S = 0.1  # how often the wait for the step looks at signals and the fault file
 RESTART_STEPS = 5  # a restart is worth it when the time left holds its start-up and this many
 _MARGIN_S = 10.0  # steps, a final save and this margin
-# What a SLURM command may take once a signal came (SLURM's KillWait runs), and once one of
-# those went unanswered (slurmctld hangs: the step's SIGTERM comes first).
-_AFTER_SIGNAL_S = 3.0
+# What a SLURM command may take: at least _FLOOR_S however little time is left; once a signal
+# came (SLURM's KillWait, 30 s by default, runs: a busy slurmctld still answers a requeue in a few
+# seconds), and once one of those went unanswered (slurmctld hangs: the step's SIGTERM first).
+_FLOOR_S = 3.0
+_AFTER_SIGNAL_S = 5.0
 _HUNG_S = 1.0
 _T = TypeVar("_T")
 
@@ -727,15 +729,15 @@ class Supervisor:
 
     def _command_bound(self) -> float:
         """Seconds a SLURM command may take now: a tenth of the time left once the deadline is
-        known (at most ``command_timeout``, at least 3 s); 3 s once a signal came, 1 s once a
+        known (at most ``command_timeout``, at least 3 s); 5 s once a signal came, 1 s once a
         command went unanswered since."""
         ceiling = self.config.command_timeout
         if self._signal_at is not None:
-            hung = getattr(getattr(self.scheduler, "runner", None), "last_timeout", None)
+            hung = getattr(getattr(self.scheduler, "runner", None), "last_unanswered", None)
             late = isinstance(hung, float) and hung >= self._signal_at
             ceiling = min(ceiling, _HUNG_S if late else _AFTER_SIGNAL_S)
         left = None if self._end_at is None else self._end_at - self.clock()
-        return command_bound(left, ceiling=ceiling, floor=min(ceiling, _AFTER_SIGNAL_S))
+        return command_bound(left, ceiling=ceiling, floor=min(ceiling, _FLOOR_S))
 
     def _requeue_job(self, verdict: Verdict) -> int:
         """Requeue (the verdict said so), unless the partition cannot give the job its
