@@ -157,6 +157,9 @@ class Supervisor:
     injectable;
     ``timeline`` defaults to this job's; ``here`` is this node's name (default: the host's)."""
 
+    _signal_at: float | None  # the last signal (monotonic): SLURM commands get less time
+    _end_at: float | None  # the deadline (epoch seconds), once read: bounds SLURM commands
+
     def __init__(
         self,
         config: SuperviseConfig | None = None,
@@ -175,13 +178,9 @@ class Supervisor:
         if scheduler is not None and runner is not None:
             raise TypeError("give a scheduler or a runner for SLURM's commands, not both")
         self._pending: list[int] = []
-        self._signal_at: float | None = None  # the last signal (monotonic): shorter commands
-        self._end_at: float | None = None  # the deadline, once read (bounds SLURM commands)
+        self._signal_at = self._end_at = None
         if scheduler is None:  # SLURM's commands write no resize scripts into the user's tree
-            base = runner or no_resize_scripts()
-            if isinstance(base, SubprocessRunner):  # bounded by the time left; a signal ends it
-                base = base.bounded(bound=self._command_bound, cancel=lambda: bool(self._pending))
-            scheduler = default_scheduler(base, env=self.env)
+            scheduler = default_scheduler(self._bounded(runner), env=self.env)
         self.scheduler: Scheduler = scheduler
         self.clock = time.time if clock is None else clock
         self.sleep = time.sleep if sleep is None else sleep
@@ -211,6 +210,14 @@ class Supervisor:
         self._wait_s = 0.0  # before the next launch (a store outage's pause)
         self._ended_at = 0.0  # when the last launch ended
         self._argv: list[str] = []
+
+    def _bounded(self, runner: Runner | None) -> Runner:
+        """The real runner (``runner`` or the default), each command bounded by
+        :meth:`_command_bound` and ended by a signal; an injected one as it is."""
+        base = no_resize_scripts() if runner is None else runner
+        if not isinstance(base, SubprocessRunner):
+            return base
+        return base.bounded(bound=self._command_bound, cancel=lambda: bool(self._pending))
 
     @property
     def fault_file(self) -> Path | None:
