@@ -100,7 +100,6 @@ def test_every_fault_at_every_file(store_root: Path, which: str, fault: str) -> 
     [
         (lambda p: os.mkfifo(p), "is a FIFO"),
         (lambda p: p.symlink_to("/dev/zero"), "is a device"),
-        (lambda p: p.mkdir(), "is a directory"),
         (_sparse, "bytes, more than"),
     ],
 )
@@ -113,6 +112,9 @@ def test_the_reader_names_what_it_refused(
         read_small_file(str(path))
     with pytest.raises(FileNotFoundError):
         read_small_file(str(tmp_path / "absent"))
+    (tmp_path / "folder").mkdir()
+    with pytest.raises(IsADirectoryError):  # as open() says it: callers word a folder
+        read_small_file(str(tmp_path / "folder"))
     assert read_small_file(__file__) == Path(__file__).read_bytes()
 
 

@@ -1,13 +1,15 @@
 """Small files another process wrote -- a manifest, the writer lock, the ``latest`` pointer --
 read as untrusted input on a local disk: a regular file only (``stat`` first, opened
 ``O_NONBLOCK`` and checked again with ``fstat``, so a FIFO or a device is refused without a
-wait), at most :data:`MAX_SMALL_BYTES`. What breaks these rules is an
-:class:`UnreadableFileError` (a :class:`~ckptstore.errors.CorruptCheckpointError`: the caller
-says which file and what to do), never a hang or a read of gigabytes. A missing file is still
-``FileNotFoundError``: absent is not broken."""
+wait; a folder is ``IsADirectoryError``, as ``open`` says it), at most
+:data:`MAX_SMALL_BYTES`. What breaks these rules is an :class:`UnreadableFileError` (a
+:class:`~ckptstore.errors.CorruptCheckpointError`: the caller says which file and what to do),
+never a hang or a read of gigabytes. A missing file is still ``FileNotFoundError``: absent is
+not broken."""
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 
@@ -43,12 +45,12 @@ def read_small_file(path: str, limit: int = MAX_SMALL_BYTES) -> bytes:
 
 
 def _check(path: str, st: os.stat_result, limit: int) -> None:
+    if stat.S_ISDIR(st.st_mode):  # as open() says it: callers name a folder in their words
+        raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), path)
     if not stat.S_ISREG(st.st_mode):
         what = "a FIFO" if stat.S_ISFIFO(st.st_mode) else "not a regular file"
         if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode):
             what = "a device"
-        elif stat.S_ISDIR(st.st_mode):
-            what = "a directory"
         raise UnreadableFileError(
             f"{path} is {what}, not a file ckptstore wrote: not read; remove it (or the link to it)"
         )
