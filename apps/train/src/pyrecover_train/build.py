@@ -83,12 +83,18 @@ def check_launcher(cfg: TrainConfig) -> ddpkit.DistInfo:
     return info
 
 
-def join(cfg: TrainConfig, *, abort: Callable[[], bool] | None = None) -> ddpkit.Dist:
+def join(
+    cfg: TrainConfig,
+    *,
+    abort: Callable[[], bool] | None = None,
+    timeout: float | None = None,
+) -> ddpkit.Dist:
     """The process group. While waiting for the other ranks, SIGTERM, Ctrl-C or ``abort()``
-    end the wait at once with :class:`ddpkit.InitInterrupted`."""
+    end the wait at once with :class:`ddpkit.InitInterrupted`. ``timeout``: seconds a
+    collective may take (None: ddpkit's ``PYRECOVER_DIST_TIMEOUT``, else 180 s)."""
     device = None if cfg.device == "auto" else cfg.device
     try:
-        return ddpkit.init(distributed=cfg.distributed, device=device, abort=abort)
+        return ddpkit.init(distributed=cfg.distributed, device=device, abort=abort, timeout=timeout)
     except ddpkit.DistConfigError as e:  # raised before any network wait: a usage problem
         raise UsageError(f"--device/--distributed: {e}") from None
 

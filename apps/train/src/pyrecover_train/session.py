@@ -14,6 +14,7 @@ import slurmclock
 from . import build, logs
 from .config import TrainConfig
 from .startup import Startup
+from .store_waits import deadline_at_start, dist_timeout
 from .trainer import RunResult, Trainer
 
 __all__ = ["import_checkpoint", "train"]
@@ -60,13 +61,14 @@ def _session(
     try:
         info = build.check_launcher(cfg)
         logs.setup(info.rank)
+        deadline = deadline_at_start(cfg)  # bounds each collective and the store's first contact
         try:  # a stop signal ends the wait for the other ranks at once
-            dist = build.join(cfg, abort=_stop_requested(stop))
+            dist = build.join(cfg, abort=_stop_requested(stop), timeout=dist_timeout(deadline))
         except ddpkit.InitInterrupted as e:
             return _interrupted(e, stop)
         with dist:
             startup.mark("setup")
-            trainer = Trainer(cfg, dist, stop, startup=startup)
+            trainer = Trainer(cfg, dist, stop, startup=startup, deadline=deadline)
             try:
                 return body(trainer)
             except Exception as e:

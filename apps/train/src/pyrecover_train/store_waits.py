@@ -6,6 +6,8 @@ once they are made."""
 from __future__ import annotations
 
 import logging
+import os
+from collections.abc import Mapping
 
 import ckptstore
 import slurmclock
@@ -21,6 +23,13 @@ STORE_CALL_MIN_S = 10.0
 STORE_CALL_FIRST_S = 30.0
 STORE_CALL_LATE_S = 5.0  # what a call gets however late it is
 
+# How long one collective may take (ddpkit's process-group timeout): a quarter of the time left
+# at the start, at most ddpkit's own 180 s, at least DIST_TIMEOUT_MIN_S (a slow first collective
+# -- rank 0 preparing the data, a save -- is no hang). PYRECOVER_DIST_TIMEOUT overrides it.
+DIST_TIMEOUT_SHARE = 0.25
+DIST_TIMEOUT_MIN_S = 60.0
+DIST_TIMEOUT_MAX_S = 180.0
+
 
 def deadline_at_start(cfg: TrainConfig) -> slurmclock.Deadline:
     """One look at the deadline before the budget watches it (a failed look: none)."""
@@ -31,12 +40,31 @@ def deadline_at_start(cfg: TrainConfig) -> slurmclock.Deadline:
         return slurmclock.Deadline(None, "unknown at the start")
 
 
+def dist_timeout(
+    deadline: slurmclock.Deadline, env: Mapping[str, str] | None = None
+) -> float | None:
+    """Seconds a collective may take, from the time left at the start; None (ddpkit's own:
+    ``PYRECOVER_DIST_TIMEOUT``, else 180 s) when that variable is set or no deadline is known.
+    A collective that hangs near the end is given up on with time left for the exit."""
+    e = os.environ if env is None else env
+    left = deadline.seconds_left()
+    if e.get("PYRECOVER_DIST_TIMEOUT", "").strip() or left is None:
+        return None
+    return min(DIST_TIMEOUT_MAX_S, max(DIST_TIMEOUT_MIN_S, DIST_TIMEOUT_SHARE * left))
+
+
 class StoreWaits:
     """The bounds of every wait on the store; ``budget`` and ``store`` are None until made."""
 
-    def __init__(self, cfg: TrainConfig, stop_flag: slurmclock.StopFlag) -> None:
+    def __init__(
+        self,
+        cfg: TrainConfig,
+        stop_flag: slurmclock.StopFlag,
+        deadline: slurmclock.Deadline | None = None,
+    ) -> None:
         self.stop_flag = stop_flag
-        self.start_deadline = deadline_at_start(cfg)  # bounds the store's first contact
+        # bounds the store's first contact (the session's look, else one of its own)
+        self.start_deadline = deadline_at_start(cfg) if deadline is None else deadline
         self.budget: slurmclock.TimeBudget | None = None  # None while the store is opened, read
         self.store: ckptstore.CheckpointStore | None = None
 

@@ -69,13 +69,14 @@ class Trainer:
         *,
         clock: Callable[[], float] = time.time,
         startup: Startup | None = None,
+        deadline: slurmclock.Deadline | None = None,  # the session's look at the start
     ) -> None:
         self.cfg, self.dist, self.device = cfg, dist, dist.device
         self.startup = Startup.now() if startup is None else startup
         self.interrupt = HangupAware(("INT", "HUP"))  # installed when the loop starts
         self.stop_flag = slurmclock.AnyFlag(signals, self.interrupt)
         self.console = Console(cfg, rank=dist.rank, world_size=dist.world_size)
-        self.waits = StoreWaits(cfg, self.stop_flag)  # every wait on the store bounded
+        self.waits = StoreWaits(cfg, self.stop_flag, deadline)  # every wait on the store bounded
         parts = build.parts(cfg, dist, phase=self.startup.mark, limits=self.waits.limits())
         self.precision, self.data, self.model_cfg = parts.precision, parts.data, parts.model_cfg
         self.state, self.store = parts.state, parts.store

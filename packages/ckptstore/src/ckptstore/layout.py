@@ -21,6 +21,7 @@ from .errors import (
     unreachable_error,
 )
 from .manifest import LATEST_NAME, MANIFEST_NAME, Manifest, parse_step_dir, step_dir_name
+from .smallfile import UnreadableFileError
 from .storage import Storage, open_storage
 
 _PART_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
@@ -251,6 +252,8 @@ class Location:
         """(the step `latest` names or None, what is wrong with the pointer file or "")."""
         try:
             text = self.storage.read_small(self.path(LATEST_NAME))
+        except UnreadableFileError as e:  # a FIFO, a device, gigabytes: broken, not absent
+            return None, str(e)
         except OSError as e:
             if unreachable(e):
                 raise unreachable_error(e, self.storage.url(self.path(LATEST_NAME))) from e

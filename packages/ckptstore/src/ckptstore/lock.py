@@ -57,6 +57,7 @@ from dataclasses import dataclass
 import orjson
 
 from .errors import CheckpointError, LockedError
+from .smallfile import UnreadableFileError
 from .storage import Storage
 
 log = logging.getLogger("ckptstore")
@@ -67,6 +68,9 @@ DEFAULT_LEASE_S = 60.0
 RELEASE_TIMEOUT_S = 10.0
 _LIVE: set[str] = set()  # tokens of the locks this process holds right now
 _LIVE_MUTEX = threading.Lock()
+
+
+_FIELD_TYPES: dict[str, type | tuple[type, ...]] = {"str": str, "int": int, "float": (int, float)}
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,6 +98,10 @@ class LockInfo:
         body = orjson.loads(data)
         if not isinstance(body, dict):
             raise TypeError("not a JSON object")
+        for field in dataclasses.fields(cls):  # another process wrote it: types checked
+            value, want = body.get(field.name), _FIELD_TYPES[str(field.type)]
+            if field.name in body and (isinstance(value, bool) or not isinstance(value, want)):
+                raise TypeError(f"{field.name} is {type(value).__name__}, not {field.type}")
         return cls(**body)
 
     def describe(self, now: float) -> str:
@@ -207,12 +215,12 @@ def read_lock(storage: Storage, root: str) -> tuple[LockInfo, str] | None:
     """The holder of an experiment's lock and the lock's version, or None if unlocked.
     LockedError when the lock file cannot be read as one."""
     path = storage.join(root, LOCK_NAME)
-    got = storage.read_versioned(path)
-    if got is None:
-        return None
     try:
+        got = storage.read_versioned(path)
+        if got is None:
+            return None
         return LockInfo.from_json(got[0]), got[1]
-    except (orjson.JSONDecodeError, TypeError, ValueError) as e:
+    except (orjson.JSONDecodeError, TypeError, ValueError, UnreadableFileError) as e:
         raise LockedError(
             f"{storage.url(path)} is not a valid writer lock ({e}); if no run writes "
             f"{storage.url(root)}, remove it with: ckptstore lock {storage.url(root)} --break"
@@ -222,7 +230,11 @@ def read_lock(storage: Storage, root: str) -> tuple[LockInfo, str] | None:
 def break_lock(storage: Storage, root: str) -> bool:
     """Remove an experiment's lock whatever it holds (the ``--break`` of the CLI)."""
     path = storage.join(root, LOCK_NAME)
-    got = storage.read_versioned(path)
+    try:
+        got = storage.read_versioned(path)
+    except UnreadableFileError:  # a FIFO, a device, gigabytes: no lock to compare, removed
+        storage.delete(path)
+        return True
     return got is not None and storage.delete_if(path, got[1])
 
 

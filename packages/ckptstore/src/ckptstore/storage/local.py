@@ -17,6 +17,7 @@ import torch
 from ..buffers import ALIGN, align_up, memview, zero_bytes
 from ..errors import CorruptCheckpointError, disk_error
 from ..manifest import CRC_CHUNK, Checksum, FileEntry
+from ..smallfile import read_small_file
 from .engine import IOEngine
 from .payload import (
     Dest,
@@ -150,8 +151,7 @@ class LocalStorage:
         return os.path.exists(path)
 
     def read_small(self, path: str) -> bytes:
-        with open(path, "rb") as f:
-            return f.read()
+        return read_small_file(path)  # another process wrote it: never a FIFO, never 2 GB
 
     def write_small(self, path: str, data: bytes) -> None:
         tmp = _tmp_name(path)

@@ -106,13 +106,14 @@ def changes(
 class NodeStates:
     """The job's nodes read from ``scheduler``: :meth:`look` names each change once through
     ``log`` and ``mark`` (the timeline's ``node`` event) and keeps :attr:`gone` and
-    :attr:`drained` (short names)."""
+    :attr:`drained` (short names). ``timeout``: seconds each SLURM command may take, or a
+    callable asked at each look (the supervisor's bound, derived from the time left)."""
 
     def __init__(
         self,
         scheduler: Scheduler,
         job: str,
-        timeout: float,
+        timeout: float | Callable[[], float],
         log: Callable[[str], None],
         mark: Callable[..., object],
     ) -> None:
@@ -129,14 +130,14 @@ class NodeStates:
 
     def read(self, hosts: Sequence[str], spares: Sequence[str] = ()) -> list[NodeChange]:
         """The changes SLURM shows now (CommandError when it cannot say)."""
-        view = self.scheduler.show_job(self.job, timeout=self.timeout)
-        in_job = self.scheduler.hostnames(view.nodes, timeout=self.timeout) if view.nodes else []
-        listed = (
-            self.scheduler.nodes(view.partition, timeout=self.timeout) if view.partition else []
-        )
+        bound = self.timeout() if callable(self.timeout) else self.timeout
+        view = self.scheduler.show_job(self.job, timeout=bound)
+        in_job = self.scheduler.hostnames(view.nodes, timeout=bound) if view.nodes else []
+        listed = self.scheduler.nodes(view.partition, timeout=bound) if view.partition else []
         states = {_short(n.name): n for n in listed}
         found = changes(hosts, in_job or hosts, states, spares=spares)
-        return found + self._restarted(in_job or hosts, states, spares, {c.node for c in found})
+        changed = {c.node for c in found}
+        return found + self._restarted(in_job or hosts, states, spares, changed, bound)
 
     def _restarted(
         self,
@@ -144,11 +145,12 @@ class NodeStates:
         states: Mapping[str, Node],
         spares: Sequence[str],
         changed: set[str],
+        bound: float,
     ) -> list[NodeChange]:
         """The nodes in service whose daemon started again since first read. Unknown when
         the scheduler cannot say (no line: the states above are what matters then)."""
         try:
-            starts = self.scheduler.node_starts(list(hosts), timeout=self.timeout)
+            starts = self.scheduler.node_starts(list(hosts), timeout=bound)
         except CommandError:
             return []
         spare = {_short(h) for h in spares}

@@ -88,7 +88,7 @@ from pathlib import Path
 from typing import Any, TextIO, TypeVar
 
 from slurmclock.chain import join as join_chain
-from slurmclock.commands import CommandError, Runner, SubprocessRunner, last_line
+from slurmclock.commands import CommandError, Runner, SubprocessRunner, command_bound, last_line
 from slurmclock.deadline import DeadlineWatcher
 from slurmclock.job import (
     EXIT_STOPPED,
@@ -155,6 +155,12 @@ __all__ = ["Supervisor"]
 _POLL_S = 0.1  # how often the wait for the step looks at signals and the fault file
 RESTART_STEPS = 5  # a restart is worth it when the time left holds its start-up and this many
 _MARGIN_S = 10.0  # steps, a final save and this margin
+# What a SLURM command may take: at least _FLOOR_S however little time is left; once a signal
+# came (SLURM's KillWait, 30 s by default, runs: a busy slurmctld still answers a requeue in a few
+# seconds), and once one of those went unanswered (slurmctld hangs: the step's SIGTERM first).
+_FLOOR_S = 3.0
+_AFTER_SIGNAL_S = 5.0
+_HUNG_S = 1.0
 _T = TypeVar("_T")
 
 
@@ -165,6 +171,9 @@ class Supervisor:
     ``clock`` (epoch seconds), ``sleep`` (a store outage's pause) and ``out`` (the job log) are
     injectable;
     ``timeline`` defaults to this job's; ``here`` is this node's name (default: the host's)."""
+
+    _signal_at: float | None  # the last signal (monotonic): SLURM commands get less time
+    _end_at: float | None  # the deadline (epoch seconds), once read: bounds SLURM commands
 
     def __init__(
         self,
@@ -183,8 +192,10 @@ class Supervisor:
         self.env = dict(os.environ if env is None else env)
         if scheduler is not None and runner is not None:
             raise TypeError("give a scheduler or a runner for SLURM's commands, not both")
+        self._pending: list[int] = []
+        self._signal_at = self._end_at = None
         if scheduler is None:  # SLURM's commands write no resize scripts into the user's tree
-            scheduler = default_scheduler(runner or no_resize_scripts(), env=self.env)
+            scheduler = default_scheduler(self._bounded(runner), env=self.env)
         self.scheduler: Scheduler = scheduler
         self.clock = time.time if clock is None else clock
         self.sleep = time.sleep if sleep is None else sleep
@@ -196,7 +207,6 @@ class Supervisor:
         self.term: str | None = None  # what the first SIGTERM meant
         self.requeued = False  # requeued when the SIGTERM came
         self._term_verdict: Verdict | None = None  # not requeued then, and why
-        self._pending: list[int] = []
         self.nodes = NodeKeeper(
             self.scheduler,
             self.job or "",
@@ -208,7 +218,7 @@ class Supervisor:
         self._hosts: list[str] | None = None  # the allocation's nodes, once asked
         self.sentinel: SentinelStep | None = None  # watches this node from another one
         said = (self.log, self.timeline.mark)  # what SLURM shows of the job's nodes, named
-        self.states = NodeStates(self.scheduler, self.job or "", self.config.command_timeout, *said)
+        self.states = NodeStates(self.scheduler, self.job or "", self._command_bound, *said)
         self.placement: Placement | None = None  # where the next launch goes (None: as is)
         self.launches = 0
         self._store_tries = 0
@@ -216,6 +226,14 @@ class Supervisor:
         self._ended_at = 0.0  # when the last launch ended
         self._argv: list[str] = []
         self.early = Early()  # the successor submitted while this job trains (--successor-early)
+
+    def _bounded(self, runner: Runner | None) -> Runner:
+        """The real runner (``runner`` or the default), each command bounded by
+        :meth:`_command_bound` and ended by a signal; an injected one as it is."""
+        base = no_resize_scripts() if runner is None else runner
+        if not isinstance(base, SubprocessRunner):
+            return base
+        return base.bounded(bound=self._command_bound, cancel=lambda: bool(self._pending))
 
     @property
     def fault_file(self) -> Path | None:
@@ -632,6 +650,7 @@ class Supervisor:
     def _signals(self) -> Iterator[None]:
         def queue(signum: int, frame: object) -> None:
             self._pending.append(signum)
+            self._signal_at = time.monotonic()
 
         handled = [signal.SIGTERM, signal.SIGUSR2]
         if self.config.successor_early:  # the early successor started: hand over to it
@@ -760,7 +779,21 @@ class Supervisor:
 
     def _seconds_left(self) -> float | None:
         watcher = DeadlineWatcher(env=self.env, scheduler=self.scheduler, clock=self.clock)
-        return watcher.get().seconds_left(self.clock())
+        deadline = watcher.get()
+        self._end_at = deadline.end if deadline.end is not None else self._end_at
+        return deadline.seconds_left(self.clock())
+
+    def _command_bound(self) -> float:
+        """Seconds a SLURM command may take now: a tenth of the time left once the deadline is
+        known (at most ``command_timeout``, at least 3 s); 5 s once a signal came, 1 s once a
+        command went unanswered since."""
+        ceiling = self.config.command_timeout
+        if self._signal_at is not None:
+            hung = getattr(getattr(self.scheduler, "runner", None), "last_unanswered", None)
+            late = isinstance(hung, float) and hung >= self._signal_at
+            ceiling = min(ceiling, _HUNG_S if late else _AFTER_SIGNAL_S)
+        left = None if self._end_at is None else self._end_at - self.clock()
+        return command_bound(left, ceiling=ceiling, floor=min(ceiling, _FLOOR_S))
 
     def _requeue_job(self, verdict: Verdict) -> int:
         """Requeue (the verdict said so), unless the partition cannot give the job its
