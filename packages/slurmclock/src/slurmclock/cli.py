@@ -307,6 +307,19 @@ def _restart_options(p: argparse.ArgumentParser) -> None:
         p.add_argument(flag, type=int, default=default, metavar="N", help=what)
 
 
+def _no_retry(text: str) -> frozenset[int] | None:
+    """``--no-retry``'s exit statuses; None (said in one line) when they are not numbers."""
+    items = [c.strip() for c in text.split(",") if c.strip()]
+    if not all(c.isdigit() for c in items):
+        print(
+            f"slurmclock: error: --no-retry {text!r}: give exit statuses separated "
+            "by commas, e.g. --no-retry 2,3 (or --no-retry '' for none)",
+            file=sys.stderr,
+        )
+        return None
+    return frozenset(int(c) for c in items)
+
+
 def _supervise(
     args: argparse.Namespace, env: Mapping[str, str] | None, runner: Runner | None
 ) -> int:
@@ -318,16 +331,10 @@ def _supervise(
             file=sys.stderr,
         )
         return 2
-    items = [c.strip() for c in args.no_retry.split(",") if c.strip()]
-    if not all(c.isdigit() for c in items):
-        print(
-            f"slurmclock: error: --no-retry {args.no_retry!r}: give exit statuses separated "
-            "by commas, e.g. --no-retry 2,3 (or --no-retry '' for none)",
-            file=sys.stderr,
-        )
+    codes = _no_retry(args.no_retry)
+    if codes is None:
         return 2
     try:
-        codes = frozenset(int(c) for c in items)
         extra: dict[str, Any] = {"run": args.run, "continue_run": args.continue_run}
         extra |= {} if args.resume_hint is None else {"resume_hint": args.resume_hint}
         config = SuperviseConfig(

@@ -220,8 +220,7 @@ class Supervisor:
         said = (self.log, self.timeline.mark)  # what SLURM shows of the job's nodes, named
         self.states = NodeStates(self.scheduler, self.job or "", self._command_bound, *said)
         self.placement: Placement | None = None  # where the next launch goes (None: as is)
-        self.launches = 0
-        self._store_tries = 0
+        self.launches = self._store_tries = 0  # launches made; store outages in a row
         self._wait_s = 0.0  # before the next launch (a store outage's pause)
         self._ended_at = 0.0  # when the last launch ended
         self._argv: list[str] = []
