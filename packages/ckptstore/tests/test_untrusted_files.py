@@ -125,3 +125,27 @@ def test_break_removes_a_lock_whatever_it_is(store_root: Path, fault: str) -> No
     with CheckpointStore(str(store_root), lock=False) as store:
         assert break_lock(store.primary.storage, store.primary.root)
     assert not os.path.lexists(store_root / LOCK_NAME)
+
+
+def test_an_object_store_refuses_a_huge_small_file_before_downloading_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """On an object store the size is asked first: an object of gigabytes at a manifest's,
+    the lock's or ``latest``'s key is refused by its size, never read (here: a lowered limit
+    on fsspec's in-memory filesystem, the same code path as s3fs)."""
+    from ckptstore.storage.remote import FsspecStorage
+
+    storage = FsspecStorage.from_url("memory://huge-small/run", {})
+    assert isinstance(storage, FsspecStorage)
+    monkeypatch.setattr(FsspecStorage, "small_limit", 1000)
+    fetched: list[str] = []
+    storage.fs.pipe_file("/huge-small/run/latest", b"x" * 1001)
+    storage.fs.pipe_file("/huge-small/run/ok", b"y" * 1000)
+    real_cat = storage.fs.cat_file
+    monkeypatch.setattr(storage.fs, "cat_file", lambda p, **kw: fetched.append(p) or real_cat(p))
+    with pytest.raises(UnreadableFileError, match="1001 bytes, more than the 1000"):
+        storage.read_small("/huge-small/run/latest")
+    assert fetched == []  # refused by its size, not downloaded
+    assert storage.read_small("/huge-small/run/ok") == b"y" * 1000
+    with pytest.raises(FileNotFoundError):
+        storage.read_small("/huge-small/run/absent")

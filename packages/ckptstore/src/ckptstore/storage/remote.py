@@ -25,6 +25,7 @@ from ..errors import (
 )
 from ..limits import CallLimits, run_async
 from ..manifest import CRC_CHUNK, Checksum, FileEntry
+from ..smallfile import MAX_SMALL_BYTES, UnreadableFileError
 from .engine import IOEngine
 from .payload import (
     Dest,
@@ -94,6 +95,7 @@ class FsspecStorage:
         {"ClientConnectionError", "ServerTimeoutError"}  # refused, reset, disconnected, timed out
     )
     permanent_types: ClassVar[frozenset[str]] = frozenset()
+    small_limit: ClassVar[int] = MAX_SMALL_BYTES  # a manifest, the lock, ``latest``: bytes
 
     def __init__(self, fs: Any, root: str) -> None:
         self.fs, self.root = fs, root
@@ -182,7 +184,15 @@ class FsspecStorage:
 
     @_translated
     def read_small(self, path: str) -> bytes:
+        # Another process wrote it: its size asked first, so an object of gigabytes at a
+        # manifest's, the lock's or ``latest``'s key is refused, never downloaded.
         self.fs.invalidate_cache(path)
+        size = self._fs("size", path)
+        if size is not None and int(size) > self.small_limit:
+            raise UnreadableFileError(
+                f"{self.url(path)}: {int(size)} bytes, more than the {self.small_limit} "
+                "ckptstore ever writes there: not its file (remove or replace it)"
+            )
         return bytes(self._fs("cat_file", path))
 
     @_translated
