@@ -304,8 +304,12 @@ def test_the_node_state_look_asks_the_bound_at_each_look() -> None:
             asked.append(timeout)
             return []
 
+        def node_starts(self, nodes: list[str], *, timeout: float) -> dict[str, str]:
+            asked.append(timeout)
+            return {}
+
     bounds = iter([12.0, 3.0])
     states = NodeStates(Record(), "7", lambda: next(bounds), print, print)  # type: ignore[arg-type]
     states.read(["n1"])
     states.read(["n1"])
-    assert asked == [12.0] * 3 + [3.0] * 3
+    assert asked == [12.0] * 4 + [3.0] * 4
