@@ -26,6 +26,7 @@ from test_slurm_scripts import SIMPLE, fake, run_script  # noqa: F401 - fake is 
 import slurmclock
 from pyrecover_train import build
 from pyrecover_train.config import TrainConfig
+from slurmclock.chain import CHAIN_ID
 from slurmclock.commands import SubprocessRunner
 from slurmclock.slurm import Slurm
 from slurmclock.supervisor.history import failure_streak, restart_cost
@@ -55,7 +56,7 @@ def test_the_chain_index_reaches_the_successors_supervisor(
 ) -> None:
     # slurmclock writes: the job at index `earlier` submits its successor
     sent = exported(successor_argv("4241", [str(SIMPLE)], index=earlier, time_min=None))
-    assert sent == {CHAIN_INDEX: str(earlier + 1)}
+    assert sent == {CHAIN_INDEX: str(earlier + 1), CHAIN_ID: "4241"}  # the chain: its first job
     # the app's batch script is that successor; slurmclock supervise in it reads the index
     r = run_script(
         fake,
@@ -72,7 +73,8 @@ def test_the_chain_index_reaches_the_successors_supervisor(
         assert f"the chain already had {earlier + 2} allocations (max restarts)" in said, said
         assert submitted == ""
     else:
-        assert f"--export=ALL,{CHAIN_INDEX}={next_index}" in submitted.splitlines(), said
+        export = f"--export=ALL,{CHAIN_INDEX}={next_index},{CHAIN_ID}=4241"
+        assert export in submitted.splitlines(), said
 
 
 # -- the timeline's node event -------------------------------------------------------------
