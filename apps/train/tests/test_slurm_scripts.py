@@ -378,7 +378,9 @@ def test_successor_early_reaches_the_supervisor(fake: Path) -> None:
     argv = (fake / "sbatch.log").read_text().split("---\n")[0].splitlines()
     assert "--dependency=afterany:4242" in argv and "--time-min=20" in argv
     export = next(a for a in argv if a.startswith("--export="))
-    assert "SLURMCLOCK_CHAIN_INDEX=1,SLURMCLOCK_PREDECESSOR=4242" in export
+    exported = dict(item.split("=", 1) for item in export.split(",")[1:])
+    assert exported["SLURMCLOCK_CHAIN_INDEX"] == "1" and exported["SLURMCLOCK_CHAIN_ID"] == "4242"
+    assert exported["SLURMCLOCK_PREDECESSOR"] == "4242"
 
 
 def test_time_limit_and_time_min_reach_the_submission(fake: Path) -> None:
