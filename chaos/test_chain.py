@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from files_faults import FAULTS, Fault, bounded
+from files_faults import FAULTS, Fault, finishes
 from test_files import ALLOW, IDS, one_line_each
 
 from slurmclock import CommandError
@@ -65,8 +65,8 @@ def test_the_chain_files(
     (tmp_path / "job.run-r.json").write_bytes(GOOD_RUN)
     fault.apply(tmp_path / where, GOOD_LIST if where.endswith("chain.jsonl") else GOOD_RUN)
     with caplog.at_level(logging.WARNING, "slurmclock"):
-        joined = bounded(_join(tmp_path), ALLOW)
-        walked = bounded(lambda: follow(timeline(tmp_path, "52")), ALLOW)
+        joined = finishes(_join(tmp_path), ALLOW)
+        walked = finishes(lambda: follow(timeline(tmp_path, "52")), ALLOW)
     said = [r.getMessage() for r in caplog.records]
     one_line_each(said)
     assert len(said) <= 2, said
