@@ -222,7 +222,11 @@ def test_node_state(case: Case, moment: str, healthy: Any, tmp_path: Path) -> No
     if case.fault in ("down", "kill") and case.target != "spare":
         last_run = (folder / "steps-0.log").read_text().split()[-2]
         assert last_run != node, f"trained on {node} after it was lost\n{log}"
-    timelines = [p for p in (tmp_path / "timelines").glob("*.jsonl") if "faults" not in p.name]
+    timelines = [  # the job's timelines: not the fault record, not the chain's list of jobs
+        p
+        for p in (tmp_path / "timelines").glob("*.jsonl")
+        if "faults" not in p.name and not p.name.endswith(".chain.jsonl")
+    ]
     marks = [json.loads(line) for p in timelines for line in p.read_text().splitlines()]
     requeued = [m for m in marks if m["event"] == "requeued" and m["time"] > hit_epoch]
     if case.requeued:  # by the sentinel: when, and what made it act

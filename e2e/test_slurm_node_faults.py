@@ -95,7 +95,7 @@ def first_step_after(run: NodeRun) -> float:
         json.loads(line)
         for path in folder.glob("*.jsonl")
         for line in path.read_text().splitlines()
-        if not path.name.endswith("faults.jsonl")
+        if not path.name.endswith(("faults.jsonl", ".chain.jsonl"))  # the timelines only
     ]
     return min(m["time"] for m in marks if m["event"] == "first_step" and m["time"] > run.fault_at)
 
