@@ -206,28 +206,27 @@ def _verdict(events: list[Event]) -> tuple[str, float | None]:
 _SLURM_STOPS = ("limit", "preempted", "cancelled")
 
 
-def _successor(events: Sequence[Event]) -> str | None:
-    """The job the last hand-over named (untrusted: checked to be a job id)."""
+def _newest_job(events: Sequence[Event], event: str, key: str) -> str | None:
+    """The job id the newest ``event`` that names one gives as ``key`` (untrusted: checked to
+    be a job id, else None)."""
     for ev in reversed(events):
-        nxt = ev.info.get("successor") if ev.name == "requeued" else None
-        if isinstance(nxt, str):
+        named = ev.info.get(key) if ev.name == event else None
+        if isinstance(named, str):
             try:
-                return check_job_id(nxt, "successor")
+                return check_job_id(named, key)
             except ValueError:
                 return None
     return None
+
+
+def _successor(events: Sequence[Event]) -> str | None:
+    """The job the last hand-over named."""
+    return _newest_job(events, "requeued", "successor")
 
 
 def _named_chain(events: Sequence[Event]) -> str | None:
     """The chain a job's runs say they belong to (the newest ``start`` that names one)."""
-    for ev in reversed(events):
-        named = ev.info.get("chain") if ev.name == "start" else None
-        if isinstance(named, str):
-            try:
-                return check_job_id(named, "chain")
-            except ValueError:
-                return None
-    return None
+    return _newest_job(events, "start", "chain")
 
 
 def _own_link(events: Sequence[Event], index: int) -> tuple[str | None, int]:

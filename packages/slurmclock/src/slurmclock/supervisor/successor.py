@@ -21,7 +21,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from slurmclock.chain import CHAIN_ID, chain_id
+from slurmclock.chain import CHAIN_ID, CHAIN_INDEX, chain_id, chain_index
 from slurmclock.commands import CommandError, Runner, SubprocessRunner, last_line
 from slurmclock.supervisor.history import RestartCost
 
@@ -35,7 +35,6 @@ __all__ = [
     "time_min_floor",
 ]
 
-CHAIN_INDEX = "SLURMCLOCK_CHAIN_INDEX"
 FLOOR_STEPS = 20  # an allocation must hold start-up, a save and this many steps
 
 
@@ -46,12 +45,6 @@ class Successor:
     ok: bool
     message: str
     job_id: str | None = None
-
-
-def chain_index(env: Mapping[str, str]) -> int:
-    """This job's place in its chain of successors (0: the first job, or not a chain)."""
-    raw = env.get(CHAIN_INDEX, "").strip()
-    return int(raw) if raw.isdigit() else 0
 
 
 def time_min_floor(cost: RestartCost, *, guess: float) -> int:
