@@ -268,6 +268,23 @@ def test_a_printed_line_is_one_write(monkeypatch: pytest.MonkeyPatch) -> None:
     assert len(out.writes) == 3 and out.writes[2].endswith("}\n"), out.writes
 
 
+def test_an_error_line_is_one_write(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every rank of `mpirun -x RANK=0 ...` refuses at once on the launcher's merged stderr: a
+    line and its newline written apart let the other rank's line in between (two errors on one
+    line, seen in CI)."""
+    err = _Writes()
+    monkeypatch.setattr(sys, "stderr", err)
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("RANK", "2")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert main(["info"]) == 2
+    assert main(["hostlist", " "]) == 2
+    assert len(err.writes) == 2, err.writes
+    assert all(w.startswith("ddpkit: error: ") and w.count("\n") == 1 for w in err.writes)
+    assert all(w.endswith("\n") for w in err.writes), err.writes
+
+
 @pytest.mark.parametrize(
     ("launcher", "local_rank", "local_world", "count", "expected"),
     [

@@ -9,7 +9,7 @@ import os
 import socket
 import sys
 from collections.abc import Sequence
-from typing import NoReturn
+from typing import NoReturn, TextIO
 
 from ddpkit.dist import init
 from ddpkit.env import detect
@@ -62,16 +62,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stdout.flush()  # a closed pipe shows here, not as a message at interpreter exit
         return code
     except (DistConfigError, ValueError) as e:
-        print(f"ddpkit: error: {e}", file=sys.stderr)
+        _line(f"ddpkit: error: {e}", sys.stderr)
         return 2
     except BrokenPipeError:  # the reader left early (`| head -1`): quiet, as SIGPIPE would
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing left to flush
         return 141
     except PeerError as e:
-        print(f"ddpkit: {e}", file=sys.stderr)
+        _line(f"ddpkit: {e}", sys.stderr)
         return 1
     except InitInterrupted as e:
-        print(f"ddpkit: {e}", file=sys.stderr)
+        _line(f"ddpkit: {e}", sys.stderr)
         return 128 + e.signum if e.signum else 1
 
 
@@ -117,20 +117,22 @@ def _check(timeout: float | None, backend: str, device: str | None, as_json: boo
     return 0 if all_ok else 1
 
 
-def _line(text: str) -> None:
+def _line(text: str, stream: TextIO | None = None) -> None:
     """``text`` and its newline in one write: every rank of a launch shares the launcher's
-    stdout, and ``print``'s separate write of the newline (unbuffered, as under PYTHONUNBUFFERED)
-    lets another rank's line in between: two JSON objects on one line."""
-    sys.stdout.write(text + "\n")
-    sys.stdout.flush()
+    stdout and stderr, and ``print``'s separate write of the newline (unbuffered, as under
+    PYTHONUNBUFFERED) lets another rank's line in between: two JSON objects, or two ranks'
+    errors, on one line."""
+    out = sys.stdout if stream is None else stream
+    out.write(text + "\n")
+    out.flush()
 
 
 def _hostlist(nodelist: str, first: bool) -> int:
     if not nodelist.strip():
-        print(
+        _line(
             "ddpkit: error: empty node list: pass one, e.g. 'gpu[001-004]' or "
             '"$SLURM_JOB_NODELIST" (is the variable set in this shell?)',
-            file=sys.stderr,
+            sys.stderr,
         )
         return 2
     hosts = [first_host(nodelist)] if first else expand_hostlist(nodelist)
