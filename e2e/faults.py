@@ -348,8 +348,15 @@ def rank_frozen(run: FaultRun, flags: list[str], *, master_port: int, **_: Any) 
     run.notes["frozen_at_step"] = last_step(job.metrics)
     run.fault_at = time.time()
     puppet = Puppet(pid)
+    # An earlier run of the job may have ended already (its deadline save, under load): only
+    # a step that exits after the freeze is the frozen one.
+    before = job.log().count("training step exited")
     try:
-        wait_until(f"{job.name}: the step gone", lambda: "training step exited" in job.log(), 600)
+        wait_until(
+            f"{job.name}: the step gone",
+            lambda: job.log().count("training step exited") > before,
+            600,
+        )
         run.notes["step_gone_at"] = time.time()
     finally:
         puppet.release()

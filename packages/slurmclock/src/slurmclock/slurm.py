@@ -324,7 +324,7 @@ class _HeldUpdates:
         if not updates:
             return
         first = self._round(updates, quiet=False)
-        if first.wait(FIRST_WAIT_S):
+        if first.wait(FIRST_WAIT_S) and not first.unanswered:
             return
         first.quiet = True  # its refusals, after slurmctld's 5 s, are what this line says
         by_hand = [next(u for u in updates if "NumTasks" not in u)]
@@ -335,8 +335,9 @@ class _HeldUpdates:
         )
         self.log(
             f"slurmctld holds the updates of job {self.job} (a job that gave nodes back takes "
-            f"none until its requeue is done): sent again every {RESEND_S:.0f} s until this "
-            f"script ends. Should the job pend asking for its old size: {commands}"
+            f"none until its requeue is done; or it did not answer in time): sent again every "
+            f"{RESEND_S:.0f} s until this script ends. Should the job pend asking for its old "
+            f"size: {commands}"
         )
         self._held = updates
         keeper = threading.Thread(target=self._resend, args=(updates, first), daemon=True)
@@ -370,8 +371,11 @@ class _HeldUpdates:
             self.slurm.update_job(self.job, timeout=self.timeout, **fields)
             round_.done(True)
         except CommandError as e:
-            round_.done(False)
-            if not round_.quiet:
+            # Unanswered is not refused: slurmctld retries a held update for 5 s before it
+            # answers, longer than a command may wait once the job is stopping (1-5 s).
+            unanswered = e.kind == "timeout"
+            round_.done(False, unanswered=unanswered)
+            if not (round_.quiet or unanswered):
                 self.log(f"{' '.join(e.argv)}: {e}")
 
 
@@ -382,13 +386,15 @@ class _Round:
     def __init__(self, size: int, *, quiet: bool) -> None:
         self.started, self.quiet = time.monotonic(), quiet
         self._left, self._ok = size, True
+        self.unanswered = False  # an update timed out: held (or slurmctld away), not refused
         self._all = threading.Event()
         self._lock = threading.Lock()
 
-    def done(self, ok: bool) -> None:
+    def done(self, ok: bool, *, unanswered: bool = False) -> None:
         with self._lock:
             self._left -= 1
             self._ok = self._ok and ok
+            self.unanswered = self.unanswered or unanswered
             if self._left == 0:
                 self._all.set()
 
