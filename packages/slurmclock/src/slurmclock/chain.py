@@ -18,6 +18,10 @@ So from any job of the chain: its ``start`` names the chain, the chain's first j
 read, and the ``successor`` pointers lead from job to job (at most :data:`MAX_JOBS` files; a
 pointer that is not a job id, or one already seen, ends the walk). Every file is untrusted input:
 what cannot be read is skipped, never a reason to fail.
+
+The supervisor of a successor job reads the links before it with :func:`earlier` (walked back
+from the newest, at most :data:`EARLIER_LINKS`): the failures in a row that stop a crash loop,
+the newest checkpoint and the measured start-up belong to the run, not to one job id.
 """
 
 from __future__ import annotations

@@ -20,9 +20,10 @@ any other exit or a signal    a failure: the step starts again in this allocatio
 (a crash, exit 69: a rank     newest durable checkpoint, when the time left is worth it (the
 dead or frozen)               measured start-up, a few steps and a final save); else a requeue.
                               The ``--max-failures``-th failure in a row at the same checkpoint
-                              step (the timeline's ``checkpoint`` events; in-allocation restarts
-                              and requeues alike) ends the chain: one ``gave up`` line, here and
-                              in the job's timeline
+                              step (the timeline's ``checkpoint`` events; in-allocation restarts,
+                              requeues and successor jobs alike: the links before this job are
+                              read first) ends the chain: one ``gave up`` line, here and in the
+                              job's timeline
 exit 74 (store unreachable)   nothing lost, not a failure: tried again in this allocation after
                               a pause (5 s, doubling, at most 5 minutes), one line each time;
                               requeued when the allocation has no time for it
