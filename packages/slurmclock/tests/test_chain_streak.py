@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from slurmclock.chain import CHAIN_ID, CHAIN_INDEX, chain_path, earlier
+from slurmclock.chain import CHAIN_ID, CHAIN_INDEX, EARLIER_EVENTS, chain_path, earlier
 from slurmclock.job import JobFacts
 from slurmclock.supervisor import SuperviseConfig, Supervisor
 from slurmclock.supervisor.history import settled
@@ -223,3 +223,16 @@ def test_the_walk_back_stops_where_nothing_older_can_count(tmp_path: Path) -> No
     assert cut.jobs == ["107", "108"]
     assert earlier(JobTimeline("100", directory=tmp_path, env={}), env={CHAIN_ID: "100"}).jobs == []
     assert earlier(here, env={}).jobs == []  # not a chain: only its own timeline counts
+
+
+def test_the_walk_back_ends_at_a_number_of_events(tmp_path: Path) -> None:
+    """Timelines that hold more than an allocation writes cost at most EARLIER_EVENTS: the walk
+    ends at the file that reaches it."""
+    filler = [ev("signal", kind="limit")] * (EARLIER_EVENTS // 2 + 1)
+    listed = chain_path(JobTimeline("41", directory=tmp_path, env={}), "41")
+    for n, job in enumerate(["41", "52", "63", "74"]):
+        write(tmp_path, job, [ev("start", chain="41", link=n), *filler, ev("failed", step=7)])
+        with listed.open("a") as f:
+            f.write(json.dumps({"job": job, "link": n}) + "\n")
+    found = earlier(JobTimeline("74", directory=tmp_path, env={}), env={CHAIN_ID: "41"})
+    assert found.jobs == ["52", "63"] and found.events[-1].name == "failed"

@@ -20,8 +20,9 @@ pointer that is not a job id, or one already seen, ends the walk). Every file is
 what cannot be read is skipped, never a reason to fail.
 
 The supervisor of a successor job reads the links before it with :func:`earlier` (walked back
-from the newest, at most :data:`EARLIER_LINKS`): the failures in a row that stop a crash loop,
-the newest checkpoint and the measured start-up belong to the run, not to one job id.
+from the newest, at most :data:`EARLIER_LINKS` files or :data:`EARLIER_EVENTS` events): the
+failures in a row that stop a crash loop, the newest checkpoint and the measured start-up belong
+to the run, not to one job id.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ from slurmclock.untrusted import quote, read_records
 __all__ = [
     "CHAIN_ID",
     "CHAIN_INDEX",
+    "EARLIER_EVENTS",
     "EARLIER_LINKS",
     "MAX_JOBS",
     "Chain",
@@ -68,6 +70,9 @@ CHAIN_ID = "SLURMCLOCK_CHAIN_ID"
 CHAIN_INDEX = "SLURMCLOCK_CHAIN_INDEX"
 MAX_JOBS = 1000  # timeline files one walk reads at most: a chain longer than this is cut
 EARLIER_LINKS = 16  # earlier jobs' timelines :func:`earlier` reads at most
+# ... and no more once it holds this many events (an allocation writes tens; a full 8 MiB
+# timeline ~80,000 take a second to read): the walk ends within seconds even at SLURM's SIGTERM
+EARLIER_EVENTS = 20_000
 
 
 def chain_id(env: Mapping[str, str]) -> str | None:
@@ -359,9 +364,9 @@ def earlier(
     :data:`CHAIN_ID`, as :func:`join` exported it): a successor job's timeline starts empty, and
     what the supervisor derives from the run's past (failures in a row, the newest checkpoint,
     the start-up) must see the links before it. Walked back from the newest, at most ``links``
-    timelines, and no further once ``enough(events so far)`` says nothing older can count. A
-    job that is its chain's first (a lone job, or a requeued one: its own timeline holds every
-    run) reads nothing."""
+    timelines or :data:`EARLIER_EVENTS` events, and no further once ``enough(events so far)``
+    says nothing older can count. A job that is its chain's first (a lone job, or a requeued
+    one: its own timeline holds every run) reads nothing."""
     job = str(timeline.job_id) if timeline.job_id is not None else None
     head = chain_id(os.environ if env is None else env)
     if job is None or head is None or head == job:
@@ -376,7 +381,7 @@ def earlier(
             continue
         found.jobs.insert(0, older)
         found.events[:0] = events
-        if enough is not None and enough(found.events):
+        if len(found.events) >= EARLIER_EVENTS or (enough is not None and enough(found.events)):
             break
     return found
 
@@ -387,8 +392,7 @@ def _before(timeline: JobTimeline, head: str, job: str, open_: Opener) -> list[s
     the successor pointers (:func:`follow`, at most :data:`MAX_JOBS` files)."""
     order = chain_jobs(timeline, head)
     if not order or order[0] != head or job not in order:
-        env = {CHAIN_ID: head}
-        order = follow(timeline, env=env, opener=open_).jobs
+        order = follow(timeline, opener=open_).jobs
     return order[: order.index(job)] if job in order else []
 
 
