@@ -18,6 +18,11 @@ So from any job of the chain: its ``start`` names the chain, the chain's first j
 read, and the ``successor`` pointers lead from job to job (at most :data:`MAX_JOBS` files; a
 pointer that is not a job id, or one already seen, ends the walk). Every file is untrusted input:
 what cannot be read is skipped, never a reason to fail.
+
+The supervisor of a successor job reads the links before it with :func:`earlier` (walked back
+from the newest, at most :data:`EARLIER_LINKS` files or :data:`EARLIER_EVENTS` events): the
+failures in a row that stop a crash loop, the newest checkpoint and the measured start-up belong
+to the run, not to one job id.
 """
 
 from __future__ import annotations
@@ -43,13 +48,17 @@ from slurmclock.untrusted import quote, read_records
 __all__ = [
     "CHAIN_ID",
     "CHAIN_INDEX",
+    "EARLIER_EVENTS",
+    "EARLIER_LINKS",
     "MAX_JOBS",
     "Chain",
+    "Earlier",
     "Link",
     "RunRecord",
     "chain_id",
     "chain_index",
     "chain_jobs",
+    "earlier",
     "follow",
     "join",
     "links_of",
@@ -60,6 +69,10 @@ log = logging.getLogger("slurmclock")
 CHAIN_ID = "SLURMCLOCK_CHAIN_ID"
 CHAIN_INDEX = "SLURMCLOCK_CHAIN_INDEX"
 MAX_JOBS = 1000  # timeline files one walk reads at most: a chain longer than this is cut
+EARLIER_LINKS = 16  # earlier jobs' timelines :func:`earlier` reads at most
+# ... and no more once it holds this many events (an allocation writes tens; a full 8 MiB
+# timeline ~80,000 take a second to read): the walk ends within seconds even at SLURM's SIGTERM
+EARLIER_EVENTS = 20_000
 
 
 def chain_id(env: Mapping[str, str]) -> str | None:
@@ -326,6 +339,70 @@ def _open(open_: Opener, job: str) -> JobTimeline | None:
         return None
     path = found.path
     return found if path is not None and path.is_file() else None
+
+
+@dataclass(frozen=True, slots=True)
+class Earlier:
+    """What the chain's jobs before this one left: their ``events`` (oldest job first, each
+    job's in file order), the ``jobs`` read, and those named before this one whose timeline
+    could not be read (``unread``: missing, not a file, nothing readable in it) -- skipped."""
+
+    events: list[Event] = field(default_factory=list)
+    jobs: list[str] = field(default_factory=list)
+    unread: list[str] = field(default_factory=list)
+
+
+def earlier(
+    timeline: JobTimeline,
+    *,
+    env: Mapping[str, str] | None = None,
+    opener: Opener | None = None,
+    links: int = EARLIER_LINKS,
+    enough: Callable[[Sequence[Event]], bool] | None = None,
+) -> Earlier:
+    """The events of the jobs before ``timeline``'s in its chain (``env``'s
+    :data:`CHAIN_ID`, as :func:`join` exported it): a successor job's timeline starts empty, and
+    what the supervisor derives from the run's past (failures in a row, the newest checkpoint,
+    the start-up) must see the links before it. Walked back from the newest, at most ``links``
+    timelines or :data:`EARLIER_EVENTS` events, and no further once ``enough(events so far)``
+    says nothing older can count. A job that is its chain's first (a lone job, or a requeued
+    one: its own timeline holds every run) reads nothing."""
+    job = str(timeline.job_id) if timeline.job_id is not None else None
+    head = chain_id(os.environ if env is None else env)
+    if job is None or head is None or head == job:
+        return Earlier()
+    open_ = opener or _opener(timeline, os.environ if env is None else env)
+    found = Earlier()
+    jobs = _before(timeline, head, job, open_)
+    for older in reversed(jobs[max(0, len(jobs) - links) :]):
+        events = _readable(open_, older)
+        if events is None:
+            found.unread.insert(0, older)
+            continue
+        found.jobs.insert(0, older)
+        found.events[:0] = events
+        if len(found.events) >= EARLIER_EVENTS or (enough is not None and enough(found.events)):
+            break
+    return found
+
+
+def _before(timeline: JobTimeline, head: str, job: str, open_: Opener) -> list[str]:
+    """The jobs of chain ``head`` before ``job``, in order: from the chain's list (one file);
+    when that does not start with the chain's first job or lacks ``job`` (lost, damaged), from
+    the successor pointers (:func:`follow`, at most :data:`MAX_JOBS` files)."""
+    order = chain_jobs(timeline, head)
+    if not order or order[0] != head or job not in order:
+        order = follow(timeline, opener=open_).jobs
+    return order[: order.index(job)] if job in order else []
+
+
+def _readable(open_: Opener, job: str) -> list[Event] | None:
+    """``job``'s events; None when its timeline is missing or holds none that read."""
+    found = _open(open_, job)
+    if found is None:
+        return None
+    events = found.events()
+    return events if events else None
 
 
 def join(

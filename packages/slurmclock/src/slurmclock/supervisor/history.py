@@ -1,7 +1,9 @@
 """What the job's timeline says about its past, for the supervisor's decisions.
 
 * the crash-loop guard: :func:`failure_streak` -- failures in a row at one checkpoint step,
-  over in-allocation restarts and requeues alike (each is a ``failed`` event);
+  over in-allocation restarts and requeues alike (each is a ``failed`` event), and over the
+  links of a chain of successor jobs (the supervisor puts the events of the links before this
+  job first: :func:`slurmclock.chain.earlier`, walked back until :func:`settled`);
 * where training stands: :func:`newest_checkpoint`;
 * a run that ended without a word (its node gone): :func:`vanished_run`;
 * what a restart costs: :func:`restart_cost` -- the measured start-up (from a launch, ``start``
@@ -23,6 +25,7 @@ __all__ = [
     "failure_streak",
     "newest_checkpoint",
     "restart_cost",
+    "settled",
     "vanished_run",
 ]
 
@@ -47,9 +50,22 @@ def failure_streak(events: Sequence[Event]) -> Streak:
             step = as_int(ev.info.get("step"))
             count = streak.count + 1 if streak.count and step == streak.step else 1
             streak = Streak(count, step, ev)
-        elif ev.name == "gave_up" or (ev.name == "exited" and ev.info.get("rc") in (0, 75)):
+        elif _ends_streak(ev):
             streak = Streak()
     return streak
+
+
+def _ends_streak(ev: Event) -> bool:
+    return ev.name == "gave_up" or (ev.name == "exited" and ev.info.get("rc") in (0, 75))
+
+
+def settled(events: Sequence[Event]) -> bool:
+    """Whether nothing before ``events`` can change what this module derives from them: a
+    streak boundary (a clean end, ``gave_up``) ends :func:`failure_streak` there, a
+    ``checkpoint`` answers :func:`newest_checkpoint` and a ``first_step`` a start-up
+    (:func:`restart_cost`). How far back the chain's earlier links are read."""
+    names = {ev.name for ev in events}
+    return any(map(_ends_streak, events)) and {"checkpoint", "first_step"} <= names
 
 
 def newest_checkpoint(events: Sequence[Event]) -> int | None:

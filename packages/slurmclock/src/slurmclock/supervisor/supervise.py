@@ -20,9 +20,10 @@ any other exit or a signal    a failure: the step starts again in this allocatio
 (a crash, exit 69: a rank     newest durable checkpoint, when the time left is worth it (the
 dead or frozen)               measured start-up, a few steps and a final save); else a requeue.
                               The ``--max-failures``-th failure in a row at the same checkpoint
-                              step (the timeline's ``checkpoint`` events; in-allocation restarts
-                              and requeues alike) ends the chain: one ``gave up`` line, here and
-                              in the job's timeline
+                              step (the timeline's ``checkpoint`` events; in-allocation restarts,
+                              requeues and successor jobs alike: the links before this job are
+                              read first) ends the chain: one ``gave up`` line, here and in the
+                              job's timeline
 exit 74 (store unreachable)   nothing lost, not a failure: tried again in this allocation after
                               a pause (5 s, doubling, at most 5 minutes), one line each time;
                               requeued when the allocation has no time for it
@@ -87,6 +88,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TextIO, TypeVar
 
+from slurmclock.chain import Earlier, earlier
 from slurmclock.chain import join as join_chain
 from slurmclock.commands import CommandError, Runner, SubprocessRunner, command_bound, last_line
 from slurmclock.deadline import DeadlineWatcher
@@ -123,10 +125,12 @@ from slurmclock.supervisor.handover import (
     plan_submit,
 )
 from slurmclock.supervisor.history import (
+    RestartCost,
     Streak,
     failure_streak,
     newest_checkpoint,
     restart_cost,
+    settled,
     vanished_run,
 )
 from slurmclock.supervisor.launch import Launch, kill
@@ -174,6 +178,7 @@ class Supervisor:
 
     _signal_at: float | None  # the last signal (monotonic): SLURM commands get less time
     _end_at: float | None  # the deadline (epoch seconds), once read: bounds SLURM commands
+    _earlier: Earlier | None = None  # the chain's links before this job, once read
 
     def __init__(
         self,
@@ -316,6 +321,7 @@ class Supervisor:
         why = (
             f"run {lost.restart} ended without a word (a node failure, or its batch script killed)"
         )
+        events = self._history(events)
         failed = self._mark_failed(events, None, why)
         self.log(f"{why}: counted as a failure")
         streak = failure_streak([*events, failed])
@@ -478,6 +484,8 @@ class Supervisor:
         if refused is not None:  # a setting error: never a failure, never retried
             return self._refused(refused)
         streak, here = Streak(), NO_ROOM
+        if kind in ("failed", "store"):
+            events = self._history(events)
         if kind == "failed":
             if self.nodes.lost(f.host for f in launch.faults):
                 self._look_at_nodes()  # one SLURM took out meanwhile is not in NodeList=
@@ -514,6 +522,26 @@ class Supervisor:
         if verdict.action == "end":
             return verdict.code
         return self._requeue_job(verdict)
+
+    def _history(self, events: Sequence[Event]) -> list[Event]:
+        """``events`` (this job's timeline) after those of the chain's links before this job
+        that can still count (:func:`slurmclock.chain.earlier`): a successor job's timeline
+        starts empty, and its failures in a row, newest checkpoint and start-up are the run's.
+        Read once (those jobs have ended); a link whose timeline cannot be read is skipped and
+        named."""
+        if self._earlier is None:
+            self._earlier = found = earlier(self.timeline, env=self.env, enough=settled)
+            if found.unread:
+                s = "s" if len(found.unread) > 1 else ""
+                self.log(
+                    f"no readable timeline of job{s} {', '.join(found.unread)}, earlier in this "
+                    "job's chain: skipped (the failures in a row are counted over the links "
+                    "that can be read)"
+                )
+        return [*self._earlier.events, *events]
+
+    def _restart_cost(self) -> RestartCost:
+        return restart_cost(self._history(self.timeline.events()))
 
     def _room(self, kind: str, events: Sequence[Event]) -> Room:
         """Can the step start again in this allocation, and is it worth the time left?"""
@@ -857,7 +885,7 @@ class Supervisor:
             return True
         self.early.done = True  # submitted now: none early after this
         c, job = self.config, self.job or ""
-        floor = time_min_floor(restart_cost(self.timeline.events()), guess=c.startup_guess)
+        floor = time_min_floor(self._restart_cost(), guess=c.startup_guess)
         result = submit_successor(
             job,
             c.successor,
@@ -914,7 +942,7 @@ class Supervisor:
     def _submit_early(self) -> None:
         c, e = self.config, self.early
         e.done = True
-        floor = time_min_floor(restart_cost(self.timeline.events()), guess=c.startup_guess)
+        floor = time_min_floor(self._restart_cost(), guess=c.startup_guess)
         result = submit_successor(
             self.job or "",
             c.successor,
