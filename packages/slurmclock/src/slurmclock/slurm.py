@@ -323,10 +323,12 @@ class _HeldUpdates:
     def send(self, updates: list[dict[str, str]]) -> None:
         if not updates:
             return
-        first = self._round(updates, quiet=False)
+        first = self._round(updates)
         if first.wait(FIRST_WAIT_S) and not first.unanswered:
+            for line in first.refusals:  # refused at once: slurmctld said why, not held
+                self.log(line)
             return
-        first.quiet = True  # its refusals, after slurmctld's 5 s, are what this line says
+        # Held: its refusals, after slurmctld's 5 s, are what this line says.
         by_hand = [next(u for u in updates if "NumTasks" not in u)]
         by_hand += [updates[-1]] if "NumTasks" in updates[-1] else []
         commands = "; ".join(
@@ -347,7 +349,7 @@ class _HeldUpdates:
         """Updates slurmctld holds: one more round as this process ends, to be retrying there
         for the longest after it (returns once they are sent)."""
         if self._held:
-            self._round(self._held, quiet=True)
+            self._round(self._held)
 
     def _resend(self, updates: list[dict[str, str]], first: _Round) -> None:
         rounds, k = [first], 0
@@ -355,12 +357,12 @@ class _HeldUpdates:
             rounds = [r for r in rounds if r.taken or not r.finished]
             k += 1  # rounds start on the first's beat: slurmctld's retries keep their order
             time.sleep(max(0.0, first.started + k * RESEND_S - time.monotonic()))
-            rounds.append(self._round(updates, quiet=True))
+            rounds.append(self._round(updates))
         self._held = []
 
-    def _round(self, updates: list[dict[str, str]], *, quiet: bool) -> _Round:
+    def _round(self, updates: list[dict[str, str]]) -> _Round:
         """Send ``updates`` at once, each in a thread of its own, :data:`STAGGER_S` apart."""
-        round_ = _Round(len(updates), quiet=quiet)
+        round_ = _Round(len(updates))
         for fields in updates:
             threading.Thread(target=self._update, args=(fields, round_), daemon=True).start()
             time.sleep(STAGGER_S)
@@ -374,27 +376,28 @@ class _HeldUpdates:
             # Unanswered is not refused: slurmctld retries a held update for 5 s before it
             # answers, longer than a command may wait once the job is stopping (1-5 s).
             unanswered = e.kind == "timeout"
-            round_.done(False, unanswered=unanswered)
-            if not (round_.quiet or unanswered):
-                self.log(f"{' '.join(e.argv)}: {e}")
+            round_.done(False, unanswered=unanswered, why=f"{' '.join(e.argv)}: {e}")
 
 
 class _Round:
     """The answers to one round of updates: ``taken`` when slurmctld took every one;
-    ``quiet``: its refusals are not logged."""
+    ``refusals``: what it said of those it refused (logged only when none is held)."""
 
-    def __init__(self, size: int, *, quiet: bool) -> None:
-        self.started, self.quiet = time.monotonic(), quiet
+    def __init__(self, size: int) -> None:
+        self.started = time.monotonic()
         self._left, self._ok = size, True
         self.unanswered = False  # an update timed out: held (or slurmctld away), not refused
+        self.refusals: list[str] = []
         self._all = threading.Event()
         self._lock = threading.Lock()
 
-    def done(self, ok: bool, *, unanswered: bool = False) -> None:
+    def done(self, ok: bool, *, unanswered: bool = False, why: str = "") -> None:
         with self._lock:
             self._left -= 1
             self._ok = self._ok and ok
             self.unanswered = self.unanswered or unanswered
+            if not ok and not unanswered:
+                self.refusals.append(why)
             if self._left == 0:
                 self._all.set()
 
