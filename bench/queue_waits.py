@@ -64,10 +64,10 @@ def _counts(c: Counter[str]) -> str:
     return ", ".join(f"{n} {why}" for why, n in sorted(c.items()))
 
 
-def read_replay(path: str | Path) -> ReplayWaits:
+def read_replay(path: str | Path, label: str | None = None) -> ReplayWaits:
     """Every usable queue wait of the ``requeue`` runs in ``path`` (a folder of runs, each
-    ``RUN/result.json`` + ``RUN/state/events.log``, or one run's folder). Raises ValueError,
-    one line, when none is usable."""
+    ``RUN/result.json`` + ``RUN/state/events.log``, or one run's folder), named ``label`` (default:
+    the path) in ``about()``. Raises ValueError, one line, when none is usable."""
     root = Path(path)
     files = _result_files(root)
     skipped: Counter[str] = Counter()
@@ -88,7 +88,7 @@ def read_replay(path: str | Path) -> ReplayWaits:
             "bench/results/queue-busy"
         )
     return ReplayWaits(
-        path=str(path), waits=tuple(waits), runs=runs, under_way=under_way, skipped=skipped
+        path=label or str(path), waits=tuple(waits), runs=runs, under_way=under_way, skipped=skipped
     )
 
 

@@ -174,9 +174,10 @@ QUEUE_PRESETS = {
 }
 # Measured on a real SLURM (queue_replay.py): the committed runs, read when asked for (not under
 # BENCH_RESULTS, which bench/run.py points at its output folder)
+REPO = Path(__file__).resolve().parent.parent
 REPLAY_PRESETS = {
-    "busy-replay": Path(__file__).resolve().parent / "results" / "queue-busy",
-    "idle-replay": Path(__file__).resolve().parent / "results" / "queue-idle",
+    "busy-replay": "bench/results/queue-busy",
+    "idle-replay": "bench/results/queue-idle",
 }
 DEFAULT_QUEUES = ("idle", "busy-replay", "busy")
 
@@ -187,7 +188,8 @@ def parse_queue(text: str) -> QueueWait:
         return QUEUE_PRESETS[text]
     kind, sep, rest = text.partition(":")
     if text in REPLAY_PRESETS or (kind == "replay" and rest):
-        return replay_queue(text, REPLAY_PRESETS.get(text) or Path(rest))
+        preset = REPLAY_PRESETS.get(text)
+        return replay_queue(text, REPO / preset if preset else Path(rest), preset)
     if not sep or kind not in QUEUE_KINDS:
         raise ValueError(f"--queue {text!r}: use {QUEUE_HELP}")
     is_file = kind == "empirical" and Path(rest).is_file()
@@ -207,12 +209,12 @@ def parse_queue(text: str) -> QueueWait:
     return QueueWait(name=text, kind=kind, values=values, about=f"{kind} (set by --queue)")
 
 
-def replay_queue(name: str, path: Path) -> QueueWait:
+def replay_queue(name: str, path: Path, label: str | None = None) -> QueueWait:
     """The empirical distribution of the queue waits (model seconds, after the requeue hold:
     ``requeue_delay`` adds it) that today's requeue met in ``queue_replay.py``'s runs in
     ``path`` (``queue_waits.read_replay``)."""
     try:
-        got = read_replay(path)
+        got = read_replay(path, label)
     except ValueError as e:
         raise ValueError(f"--queue {name!r}: {e}") from None
     return QueueWait(name=name, kind="empirical", values=got.waits, about=got.about())
