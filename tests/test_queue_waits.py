@@ -153,13 +153,15 @@ def test_nothing_usable_is_one_line_naming_the_path_and_the_fix(
 
 def test_the_committed_replays_give_the_busy_and_idle_waits(qw: ModuleType) -> None:
     busy = qw.read_replay(BENCH / "results" / "queue-busy")
-    assert busy.runs == 5 and not busy.skipped and len(busy.waits) >= 10
-    # every wait after the requeue hold: the hold (120 model s) is never in a short wait
-    assert all(w == 0 or w >= 20 for w in busy.waits)
+    assert busy.runs >= 5 and not busy.skipped and len(busy.waits) >= 10
+    # after the requeue hold: had the 120 model s hold been counted, most waits would exceed it
+    assert statistics.median(busy.waits) < 120
     assert qw.read_replay(BENCH / "results" / "queue-idle").mean < 60
 
 
-def test_the_replay_preset_draws_the_waits_computed_by_hand(tmp_path: Path) -> None:
+def test_the_replay_preset_draws_the_waits_computed_by_hand(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     pytest.importorskip("numpy")
     pytest.importorskip("slurmclock")
     sys.path.insert(0, str(BENCH))
@@ -175,6 +177,11 @@ def test_the_replay_preset_draws_the_waits_computed_by_hand(tmp_path: Path) -> N
     assert "n=4" in queue.about
     with pytest.raises(ValueError, match="replay:/no/such"):
         sim.parse_queue("replay:/no/such")
+    with pytest.raises(SystemExit) as stop:  # the command line: exit 2, one line
+        sim.parse_args(["--queue", f"replay:{tmp_path / 'none'}"])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "no such folder" in err and "bench/results/queue-busy" in err
     assert sim.parse_queue("busy-replay").mean == pytest.approx(
         _load("queue_waits").read_replay(BENCH / "results" / "queue-busy").mean
     )
