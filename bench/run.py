@@ -272,18 +272,23 @@ SUITES: dict[str, Suite] = {
                     unit="%",
                 ),
                 Target(
-                    "no failures, 1 h allocations, busy queue: goodput",
-                    _agree("no_failures_busy_1h"),
+                    "no failures, 1 h allocations, busy queue (replay): goodput",
+                    _agree("no_failures_busy_replay_1h"),
                     unit="%",
                 ),
                 Target(
-                    "flaky nodes, 24 h, busy queue: goodput today",
-                    _agree("today_flaky_busy_1d"),
+                    "no failures, 1 h allocations, busy queue GUESSED (was the default): goodput",
+                    _agree("no_failures_busy_guess_1h"),
                     unit="%",
                 ),
                 Target(
-                    "flaky nodes, 24 h, busy queue: hot spare / today",
-                    _agree("hot_spare_flaky_busy_1d_vs_today"),
+                    "flaky nodes, 24 h, busy queue (replay): goodput today",
+                    _agree("today_flaky_busy_replay_1d"),
+                    unit="%",
+                ),
+                Target(
+                    "flaky nodes, 24 h, busy queue (replay): hot spare / today",
+                    _agree("hot_spare_flaky_busy_replay_1d_vs_today"),
                 ),
                 Target(
                     "flaky nodes, 24 h, idle queue: go on with N-1 / today",
@@ -294,17 +299,17 @@ SUITES: dict[str, Suite] = {
                     _agree("N1_or_requeue_flaky_idle_1d_vs_today"),
                 ),
                 Target(
-                    "flaky nodes, 1 h, busy queue: crash restart / today",
-                    _agree("crash_restart_flaky_busy_1h_vs_today"),
+                    "flaky nodes, 1 h, busy queue (replay): crash restart / today",
+                    _agree("crash_restart_flaky_busy_replay_1h_vs_today"),
                 ),
                 Target(
-                    "flaky nodes, 24 h, busy queue: training one failure costs, today",
-                    _agree("minutes_per_failure_today_flaky_busy_1d"),
+                    "flaky nodes, 24 h, busy queue (replay): training one failure costs, today",
+                    _agree("minutes_per_failure_today_flaky_busy_replay_1d"),
                     unit="min",
                 ),
                 Target(
-                    "flaky nodes, 24 h, busy queue: training one failure costs, hot spare",
-                    _agree("minutes_per_failure_hot_spare_flaky_busy_1d"),
+                    "flaky nodes, 24 h, busy queue (replay): training one failure costs, hot spare",
+                    _agree("minutes_per_failure_hot_spare_flaky_busy_replay_1d"),
                     unit="min",
                 ),
             ),

@@ -9,8 +9,13 @@ and between allocations comes what SLURM and the other users add:
   (121 s at SLURM's default ``cred_expire=120``; the tests here set 10), and not before its step is
   gone (KillWait after the TERM) and a lost node of its allocation is marked DOWN;
 * the queue wait after that, drawn from a distribution the user sets (``--queue``): presets
-  ``none``, ``idle`` (the next scheduler pass), ``busy`` (guessed), or ``fixed:S``,
-  ``uniform:LO,HI``, ``exp:MEAN``, ``lognormal:MEDIAN,SIGMA``, ``empirical:FILE|S,S,...``;
+  ``none``, ``idle`` (the next scheduler pass), ``busy-replay`` and ``idle-replay`` (MEASURED:
+  the waits our requeued job met in ``queue_replay.py``'s runs on a real SLURM with backfill and
+  a replayed workload, ``results/queue-busy`` and ``results/queue-idle``; after the requeue hold,
+  which is added here: see ``queue_waits.py``), ``busy`` (GUESSED: kept to compare), or
+  ``replay:DIR``, ``fixed:S``, ``uniform:LO,HI``, ``exp:MEAN``, ``lognormal:MEDIAN,SIGMA``,
+  ``empirical:FILE|S,S,...``. The default report runs ``idle``, ``busy-replay`` and ``busy``
+  and sets the guess beside the measurement;
 * node failures (per-node MTBF, a share of them frozen rather than dead) and crashes of the
   training process on a healthy node (per-node MTBF too), exponential.
 
@@ -62,6 +67,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import RESULTS, print_table, write_results  # noqa: E402
+from queue_waits import read_replay  # noqa: E402
 from simulate import (  # noqa: E402
     DAY,
     HOUR,
@@ -100,8 +106,9 @@ SWEEP_MTBF_DAYS = (7.0, 30.0, 90.0, LLAMA3_NODE_DAYS, 1000.0)  # any interruptio
 
 QUEUE_KINDS = {"fixed": 1, "uniform": 2, "exp": 1, "lognormal": 2, "empirical": -1}
 QUEUE_HELP = (
-    "none, idle, busy, fixed:S, uniform:LO,HI, exp:MEAN, lognormal:MEDIAN,SIGMA, or "
-    "empirical:FILE|S,S,... (durations: 90, 90s, 15m, 2h, 1d)"
+    "none, idle, busy-replay, idle-replay, busy (guessed), replay:DIR (queue_replay.py's runs), "
+    "fixed:S, uniform:LO,HI, exp:MEAN, lognormal:MEDIAN,SIGMA, or empirical:FILE|S,S,... "
+    "(durations: 90, 90s, 15m, 2h, 1d)"
 )
 
 
@@ -162,9 +169,17 @@ QUEUE_PRESETS = {
         kind="lognormal",
         values=(30 * MINUTE, 1.0),
         about="a busy cluster, GUESSED: lognormal, median 30 min, sigma 1 (mean 49 min, one in "
-        "ten waits > 1.8 h)",
+        "ten waits > 1.8 h); kept to compare with busy-replay",
     ),
 }
+# Measured on a real SLURM (queue_replay.py): the committed runs, read when asked for (not under
+# BENCH_RESULTS, which bench/run.py points at its output folder)
+REPO = Path(__file__).resolve().parent.parent
+REPLAY_PRESETS = {
+    "busy-replay": "bench/results/queue-busy",
+    "idle-replay": "bench/results/queue-idle",
+}
+DEFAULT_QUEUES = ("idle", "busy-replay", "busy")
 
 
 def parse_queue(text: str) -> QueueWait:
@@ -172,6 +187,9 @@ def parse_queue(text: str) -> QueueWait:
     if text in QUEUE_PRESETS:
         return QUEUE_PRESETS[text]
     kind, sep, rest = text.partition(":")
+    if text in REPLAY_PRESETS or (kind == "replay" and rest):
+        preset = REPLAY_PRESETS.get(text)
+        return replay_queue(text, REPO / preset if preset else Path(rest), preset)
     if not sep or kind not in QUEUE_KINDS:
         raise ValueError(f"--queue {text!r}: use {QUEUE_HELP}")
     is_file = kind == "empirical" and Path(rest).is_file()
@@ -189,6 +207,17 @@ def parse_queue(text: str) -> QueueWait:
             why = f"{rest!r} is neither a file nor waits like 30s,5m,2h"
         raise ValueError(f"--queue {text!r}: {why}") from None
     return QueueWait(name=text, kind=kind, values=values, about=f"{kind} (set by --queue)")
+
+
+def replay_queue(name: str, path: Path, label: str | None = None) -> QueueWait:
+    """The empirical distribution of the queue waits (model seconds, after the requeue hold:
+    ``requeue_delay`` adds it) that today's requeue met in ``queue_replay.py``'s runs in
+    ``path`` (``queue_waits.read_replay``)."""
+    try:
+        got = read_replay(path, label)
+    except ValueError as e:
+        raise ValueError(f"--queue {name!r}: {e}") from None
+    return QueueWait(name=name, kind="empirical", values=got.waits, about=got.about())
 
 
 def _sigma(text: str) -> float:
@@ -837,36 +866,96 @@ def _cluster_rows(cl: Cluster) -> list[tuple[str, object, str]]:
 
 
 def headline(rows: list[dict[str, Any]]) -> dict[str, float]:
-    """A few figures for bench/run.py's table (those the run has)."""
+    """A few figures for bench/run.py's table (those the run has). The busy queue is the one
+    measured on the replay (``busy_replay``); the guess (``busy_guess``) is kept beside it."""
     by = {(r["policy"], r["failures"], r["queue"], fmt_len(r["allocation_s"])): r for r in rows}
     out: dict[str, float] = {}
-    for queue, length in (("idle", "1 h"), ("busy", "1 h"), ("idle", "1 d"), ("busy", "1 d")):
+    named = (("idle", "idle"), ("busy-replay", "busy_replay"), ("busy", "busy_guess"))
+    for (queue, key), length in ((q, n) for n in ("1 h", "1 d") for q in named):
         r = by.get(("no failures", "flaky", queue, length))
         if r is not None:
-            out[f"no_failures_{queue}_{length.replace(' ', '')}"] = r["goodput"]
+            out[f"no_failures_{key}_{length.replace(' ', '')}"] = r["goodput"]
     picks = (
-        ("today", "busy", "1 d", False),
-        ("crash restart", "busy", "1 h", True),
+        ("today", "busy-replay", "1 d", False),
+        ("crash restart", "busy-replay", "1 h", True),
         ("N-1", "idle", "1 d", True),
-        ("N-1", "busy", "1 h", True),
+        ("N-1", "busy-replay", "1 h", True),
         ("N-1 or requeue", "idle", "1 d", True),
         ("hot spare", "idle", "1 d", True),
-        ("hot spare", "busy", "1 d", True),
+        ("hot spare", "busy-replay", "1 d", True),
     )
     for pol, queue, length, ratio in picks:
         r, today = by.get((pol, "flaky", queue, length)), by.get(("today", "flaky", queue, length))
         if r is None or today is None:
             continue
-        name = f"{pol.replace(' ', '_').replace('-', '')}_flaky_{queue}_{length.replace(' ', '')}"
+        q = queue.replace("-", "_")
+        name = f"{pol.replace(' ', '_').replace('-', '')}_flaky_{q}_{length.replace(' ', '')}"
         out[f"{name}_vs_today" if ratio else name] = (
             r["goodput"] / today["goodput"] if ratio else r["goodput"]
         )
     for pol in ("today", "hot spare"):
-        r = by.get((pol, "flaky", "busy", "1 d"))
+        r = by.get((pol, "flaky", "busy-replay", "1 d"))
         if r is not None and r["hours_lost_per_failure"] is not None:
-            key = f"minutes_per_failure_{pol.replace(' ', '_')}_flaky_busy_1d"
+            key = f"minutes_per_failure_{pol.replace(' ', '_')}_flaky_busy_replay_1d"
             out[key] = 60 * r["hours_lost_per_failure"]
     return out
+
+
+GUESS, MEASURED = "busy", "busy-replay"
+
+
+def guess_vs_replay(
+    rows: list[dict[str, Any]], queues: Sequence[QueueWait]
+) -> list[dict[str, Any]]:
+    """The guessed busy queue beside the one measured on the replay, per failure set, length and
+    policy (no failures, today): how far the guess was off. [] unless the run had both."""
+    means = {q.name: q.mean for q in queues}
+    if GUESS not in means or MEASURED not in means:
+        return []
+    by = {(r["policy"], r["failures"], r["queue"], r["allocation_s"]): r for r in rows}
+    out = []
+    first = rows[0]["failures"]  # the run without failures is the same under every failure set
+    for pol, failures, queue, length in by:
+        if queue != MEASURED or pol not in ("no failures", "today"):
+            continue
+        if pol == "no failures" and failures != first:
+            continue
+        guess, measured = by[(pol, failures, GUESS, length)], by[(pol, failures, queue, length)]
+        out.append(
+            {
+                "policy": pol,
+                "failures": failures,
+                "allocation_s": length,
+                "mean_wait_guess_s": means[GUESS],
+                "mean_wait_replay_s": means[MEASURED],
+                "goodput_guess": guess["goodput"],
+                "goodput_replay": measured["goodput"],
+                "replay_vs_guess": measured["goodput"] / guess["goodput"],
+            }
+        )
+    return out
+
+
+def print_guess_vs_replay(comparison: list[dict[str, Any]]) -> None:
+    if not comparison:
+        return
+    c0 = comparison[0]
+    print_table(
+        f"the busy queue: GUESSED (lognormal, mean wait {c0['mean_wait_guess_s'] / MINUTE:.1f} "
+        f"min) vs MEASURED on the replay (mean wait {c0['mean_wait_replay_s'] / MINUTE:.1f} min)",
+        ["failures", "allocation", "policy", "goodput, guess", "goodput, replay", "replay / guess"],
+        [
+            [
+                c["failures"],
+                fmt_len(c["allocation_s"]),
+                c["policy"],
+                f"{c['goodput_guess'] * 100:.1f}%",
+                f"{c['goodput_replay'] * 100:.1f}%",
+                f"{c['replay_vs_guess']:.3f}x",
+            ]
+            for c in comparison
+        ],
+    )
 
 
 def chart(srows: list[dict[str, Any]], nodes: int, path: Path) -> Path | None:
@@ -964,7 +1053,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     args.days = (20.0 if args.quick else 365.0) if args.days is None else args.days
     if args.trials < 1 or not args.days > 0:
         ap.error("--trials must be >= 1 and --days > 0")
-    args.queue = args.queue or [QUEUE_PRESETS["idle"], QUEUE_PRESETS["busy"]]
+    try:
+        args.queue = args.queue or [parse_queue(q) for q in DEFAULT_QUEUES]
+    except ValueError as e:
+        ap.error(str(e))
     args.failures = args.failures or [FAILURE_PRESETS["llama3"], FAILURE_PRESETS["flaky"]]
     try:
         if args.checkpoint_every is not None:
@@ -1006,6 +1098,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     print_parameters(params)
     print_goodput(rows, args.nodes, 1)
     print_costs(rows)
+    comparison = guess_vs_replay(rows, args.queue)
+    print_guess_vs_replay(comparison)
     head = headline(rows)
     if head:  # only for the preset queues and failures
         print_table("headline", ["figure", "value"], [[k, f"{v:.4f}"] for k, v in head.items()])
@@ -1014,6 +1108,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "simulate_cluster",
         {
             "headline": head,
+            "busy_guess_vs_replay": comparison,
             "parameters": params,
             "policies": [asdict(p) for p in POLICIES],
             "profile": asdict(jobs[0].base),

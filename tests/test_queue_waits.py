@@ -1,0 +1,187 @@
+"""bench/queue_waits.py: the queue waits simulate_cluster.py draws, read from queue_replay.py's
+runs (untrusted files: bad ones skipped and counted, nothing usable -> one line), and the
+``busy-replay`` preset built from them."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import statistics
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[1] / "bench"
+
+
+def _load(name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def qw() -> ModuleType:
+    return _load("queue_waits")
+
+
+def _alloc(job: str, eligible: str, start: str) -> str:
+    return (
+        f"alloc 1.0 {job} JobId={job} SubmitTime=2026-11-28T07:00:00 "
+        f"EligibleTime=2026-11-28T{eligible} StartTime=2026-11-28T{start} EndTime=x\n"
+    )
+
+
+# A requeue run, scale 20: submitted, waited 1 s (eligible at once); stopped, requeued and held
+# (eligible 10 s after the stop), started 3 s later; stopped again and still waiting 40 s later
+# at the window's end. SLURM's queue waits: 1 s, 3 s (wall) -> 20, 60 model s; the wait under
+# way: 40 s - the run's stop-to-eligible gap (13 - 3 = 10 s) = 30 s -> 600 model s.
+RECORDS: list[dict[str, Any]] = [
+    {"job": "9", "start": 1000.0, "wait_s": 1.0, "stop": 1100.0},
+    {"job": "9", "start": 1113.0, "wait_s": 13.0, "stop": 1200.0},
+    {"job": None, "start": None, "wait_s": 40.0},
+]
+EVENTS = (
+    _alloc("9", "07:00:00", "07:00:01")
+    + "stop 1.0 9 requeue\n"
+    + _alloc("9", "07:01:50", "07:01:53")
+)
+WAITS = (20.0, 60.0, 600.0)
+
+
+def _run(folder: Path, result: Any, events: str | None = EVENTS) -> Path:
+    (folder / "state").mkdir(parents=True)
+    text = result if isinstance(result, str) else json.dumps(result)
+    (folder / "result.json").write_text(text)
+    if events is not None:
+        (folder / "state" / "events.log").write_text(events)
+    return folder
+
+
+def _good(**over: Any) -> dict[str, Any]:
+    return {"policy": "requeue", "scale": 20.0, "allocation_records": RECORDS, **over}
+
+
+def _recs(*waits: float) -> list[dict[str, Any]]:
+    return [{**r, "wait_s": w} for r, w in zip(RECORDS, waits, strict=True)]
+
+
+# (name, the runs' result.json contents (str: as written), waits left, what was skipped)
+CASES = [
+    ("one good run", [_good()], WAITS, {}),
+    ("another policy's run is not read", [_good(), _good(policy="successor")], WAITS, {}),
+    ("garbage JSON", [_good(), "{not json"], WAITS, {"not JSON": 1}),
+    ("JSON, not a result", [_good(), [1, 2]], WAITS, {"not a replay's result": 1}),
+    ("a zero scale", [_good(), _good(scale=0)], WAITS, {"not a replay's result": 1}),
+    ("NaN scale", [_good(), _good(scale=math.nan)], WAITS, {"not a replay's result": 1}),
+    (
+        "a negative wait_s",
+        [_good(allocation_records=_recs(1.0, 13.0, -5.0))],
+        WAITS[:2],
+        {"negative, NaN or missing wait_s": 1},
+    ),
+    (
+        "a NaN wait_s",
+        [_good(allocation_records=_recs(1.0, math.nan, 40.0))],
+        (20.0,),  # no gap measured: the wait under way would be a guess
+        {"negative, NaN or missing wait_s": 1, "wait under way, no requeue measured before it": 1},
+    ),
+    (
+        "a record that is no allocation",
+        [_good(allocation_records=[*RECORDS, "x", {"start": "soon"}])],
+        WAITS,
+        {"not an allocation record": 2},
+    ),
+]
+
+
+@pytest.mark.parametrize(("name", "results", "waits", "skipped"), CASES, ids=[c[0] for c in CASES])
+def test_replay_waits_read_from_a_folder_of_runs(
+    qw: ModuleType,
+    tmp_path: Path,
+    name: str,
+    results: list[Any],
+    waits: tuple[float, ...],
+    skipped: dict[str, int],
+) -> None:
+    for i, result in enumerate(results):
+        _run(tmp_path / f"run{i}", result)
+    got = qw.read_replay(tmp_path)
+    assert got.waits == pytest.approx(waits)
+    assert dict(got.skipped) == skipped
+    assert f"n={len(waits)} waits" in got.about()
+
+
+def test_no_events_log_means_no_slurm_record(qw: ModuleType, tmp_path: Path) -> None:
+    _run(tmp_path / "a", _good(), events=None)
+    _run(tmp_path / "b", _good())
+    got = qw.read_replay(tmp_path)
+    assert got.waits == pytest.approx(WAITS)
+    assert dict(got.skipped) == {
+        "no SLURM record of the allocation": 2,
+        "wait under way, no requeue measured before it": 1,
+    }
+
+
+# (name, how the folder is made, words the one line must hold)
+EMPTY = [
+    ("no such folder", lambda p: p / "missing", ["no such folder"]),
+    ("an empty folder", lambda p: p, ["0 result.json read"]),
+    ("only garbage", lambda p: _run(p / "r", "]]").parent, ["skipped: 1 not JSON"]),
+    ("only successor runs", lambda p: _run(p / "r", _good(policy="successor")).parent, ["none of"]),
+]
+
+
+@pytest.mark.parametrize(("name", "make", "words"), EMPTY, ids=[c[0] for c in EMPTY])
+def test_nothing_usable_is_one_line_naming_the_path_and_the_fix(
+    qw: ModuleType, tmp_path: Path, name: str, make: Any, words: list[str]
+) -> None:
+    path = make(tmp_path)
+    with pytest.raises(ValueError) as err:
+        qw.read_replay(path)
+    line = str(err.value)
+    assert "\n" not in line and str(path) in line and "bench/results/queue-busy" in line
+    assert all(w in line for w in words), line
+
+
+def test_the_committed_replays_give_the_busy_and_idle_waits(qw: ModuleType) -> None:
+    busy = qw.read_replay(BENCH / "results" / "queue-busy")
+    assert busy.runs >= 5 and not busy.skipped and len(busy.waits) >= 10
+    # after the requeue hold: had the 120 model s hold been counted, most waits would exceed it
+    assert statistics.median(busy.waits) < 120
+    assert qw.read_replay(BENCH / "results" / "queue-idle").mean < 60
+
+
+def test_the_replay_preset_draws_the_waits_computed_by_hand(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytest.importorskip("numpy")
+    pytest.importorskip("slurmclock")
+    sys.path.insert(0, str(BENCH))
+    try:
+        sim = _load("simulate_cluster")
+    finally:
+        sys.path.remove(str(BENCH))
+    _run(tmp_path / "run1", _good())
+    _run(tmp_path / "run2", _good(allocation_records=RECORDS[:1]))  # one wait: 1 s
+    queue = sim.parse_queue(f"replay:{tmp_path}")
+    assert queue.kind == "empirical"
+    assert queue.mean == pytest.approx(statistics.fmean([*WAITS, 20.0]))  # 175 model s
+    assert "n=4" in queue.about
+    with pytest.raises(ValueError, match="replay:/no/such"):
+        sim.parse_queue("replay:/no/such")
+    with pytest.raises(SystemExit) as stop:  # the command line: exit 2, one line
+        sim.parse_args(["--queue", f"replay:{tmp_path / 'none'}"])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "no such folder" in err and "bench/results/queue-busy" in err
+    assert sim.parse_queue("busy-replay").mean == pytest.approx(
+        _load("queue_waits").read_replay(BENCH / "results" / "queue-busy").mean
+    )
