@@ -12,7 +12,6 @@ A module of its own because pytest's importlib mode does not let tests import co
 from __future__ import annotations
 
 import os
-import re
 import resource
 import subprocess
 import sys
@@ -24,6 +23,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from allocation_use import Calibration
 from train_helpers import run_cli, tiny_flags  # on sys.path via pytest's pythonpath
 
 from pyrecover_train.metrics import read_events
@@ -40,7 +40,6 @@ SCRIPT = ROOT / "apps" / "train" / "slurm" / "submit-training-simple.sh"
 TIME_LIMIT_MIN = 3
 ALLOC_TRAIN_S = TIME_LIMIT_MIN * 60 - 25
 GOAL_ALLOCATIONS = 3
-GOODPUT_TARGET = 0.85  # of every non-final allocation, in persisted steps (issue 12)
 FINAL_STATES = {
     "COMPLETED",
     "FAILED",
@@ -102,15 +101,6 @@ def wait_until(what: str, ok: Callable[[], bool], timeout: float, poll: float = 
         time.sleep(poll)
 
 
-@dataclass(frozen=True)
-class Calibration:
-    """CPU seconds of the tiny configuration on this machine, measured before anything else runs
-    (one process, one thread): a lower bound of its wall time however busy the machine gets."""
-
-    step_s: float  # per step
-    startup_s: float  # of a run's fixed work: imports, data, model, exit
-
-
 def calibrate(corpus: Path, cache: Path, scratch: Path) -> Calibration:
     """A run sized with ``step_s`` never takes fewer allocations than planned (a busier machine:
     more); ``startup_s`` is what a loaded machine stretches at the start of every allocation."""
@@ -141,144 +131,6 @@ def calibrate(corpus: Path, cache: Path, scratch: Path) -> Calibration:
 
 
 # -- SLURM jobs ---------------------------------------------------------------------------------
-
-
-@dataclass
-class Allocation:
-    """One run of the batch script, from its log lines (local time, 1 s resolution)."""
-
-    restart: int
-    started: float
-    ended: float | None = None
-    status: int | None = None
-    last_line: float | None = None
-    trainer: list[tuple[str, int]] = field(default_factory=list)  # ("stopped at", 1234), ...
-
-    def step_said(self, what: str, default: int | None) -> int | None:
-        """The step of the trainer's last "resumed from" / "stopped at" / "finished:" line."""
-        found = [step for said, step in self.trainer if said.endswith(what)]
-        return found[-1] if found else default
-
-    @property
-    def held_s(self) -> float | None:
-        return None if self.ended is None else self.ended - self.started + 1.0
-
-
-_LINE = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)\] submit-training-simple: (.*)$")
-
-
-def allocations(log_text: str) -> list[Allocation]:
-    """Each allocation of a job from the script's own log (the job log is opened in append mode,
-    so every run of a requeued job writes to the same file)."""
-    out: list[Allocation] = []
-    for line in log_text.splitlines():
-        if (m := re.search(r"(?:resumed from|stopped at|finished:) step (\d+)", line)) and out:
-            out[-1].trainer.append((line.split(" step ")[0], int(m.group(1))))
-        m = _LINE.match(line)
-        if not m:
-            continue
-        t = datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S").timestamp()
-        said = m.group(2)
-        if s := re.match(r"job \S+, restart (\d+)", said):
-            out.append(Allocation(int(s.group(1)), t))
-            continue
-        if out:
-            out[-1].last_line = t
-        if (s := re.match(r"training step exited with status (\d+)", said)) and out:
-            out[-1].ended, out[-1].status = t, int(s.group(1))
-    return out
-
-
-@dataclass
-class AllocationUse:
-    """How much of one allocation went into steps that persisted, measured from outside: the
-    steps from the job log (where the trainer resumed, where it stopped with a durable save),
-    times a straight run's time per step, over the allocation's time limit. Two straight rates:
-    the reference run's in the same seconds (side by side, the same load; None once it had
-    finished), and the job's own steady rate in the allocation (from its step events' times:
-    everything but the start-up and the stop). ``share`` takes the faster, i.e. the lower share:
-    a process that happened to get less of the CPU than the other does not flatter it."""
-
-    restart: int
-    persisted_steps: int
-    reference_step_s: float | None
-    own_step_s: float
-    limit_s: float
-    held_s: float  # from the script's first log line to its last, whole seconds
-    quiet: Calibration | None = None
-
-    @property
-    def load(self) -> float:
-        """How many times slower than quiet steps ran in this allocation (>= 1)."""
-        return 1.0 if self.quiet is None else max(1.0, self.step_s / self.quiet.step_s)
-
-    @property
-    def target(self) -> float:
-        """GOODPUT_TARGET, less the time a loaded machine adds to the start-up's measured CPU
-        work (``load - 1`` times it): on a quiet machine the target itself; what the run
-        controls (the stop margin, the exit) gets no allowance."""
-        extra = 0.0 if self.quiet is None else (self.load - 1.0) * self.quiet.startup_s
-        return GOODPUT_TARGET - extra / self.limit_s
-
-    @property
-    def step_s(self) -> float:
-        rates = [r for r in (self.reference_step_s, self.own_step_s) if r is not None]
-        return min(rates)
-
-    @property
-    def share(self) -> float:
-        return self.persisted_steps * self.step_s / self.limit_s
-
-    def describe(self) -> str:
-        ref = "-" if self.reference_step_s is None else f"{1000 * self.reference_step_s:.1f}"
-        return (
-            f"allocation {self.restart}: {self.persisted_steps} steps x {1000 * self.step_s:.1f} "
-            f"ms (reference {ref}, own {1000 * self.own_step_s:.1f}) / {self.limit_s:.0f} s = "
-            f"{100 * self.share:.1f}% (target {100 * self.target:.1f}% at load x{self.load:.1f})"
-        )
-
-
-def allocation_use(
-    allocs: Sequence[Allocation],
-    job_runs: Sequence[Sequence[dict[str, Any]]],
-    reference: Sequence[dict[str, Any]],
-    limit_s: float,
-    quiet: Calibration | None = None,
-) -> list[AllocationUse]:
-    """:class:`AllocationUse` of each allocation (job log + each run's step events)."""
-    out = []
-    for alloc, run in zip(allocs, job_runs, strict=True):
-        first = alloc.step_said("resumed from", 0) or 0
-        last = alloc.step_said("stopped at", None)
-        last = alloc.step_said("finished:", 0) if last is None else last
-        window = (alloc.started, alloc.last_line or alloc.started)
-        own = rate(run, None)
-        assert own is not None, f"allocation {alloc.restart}: too few step events"
-        use = AllocationUse(
-            alloc.restart,
-            (last or 0) - first,
-            rate(reference, window),
-            own,
-            limit_s,
-            window[1] - window[0] + 1.0,
-            quiet,
-        )
-        out.append(use)
-    return out
-
-
-def rate(evs: Sequence[dict[str, Any]], window: tuple[float, float] | None) -> float | None:
-    """Seconds per step between the first and last step events (inside ``window``, which they
-    must cover at least half of); None when they do not."""
-    steps = [e for e in evs if e["event"] == "step"]
-    if window is not None:
-        steps = [e for e in steps if window[0] <= e["time"] <= window[1]]
-    if len(steps) < 2 or steps[-1]["step"] == steps[0]["step"]:
-        return None
-    span = steps[-1]["time"] - steps[0]["time"]
-    if window is not None and span < 0.5 * (window[1] - window[0]):
-        return None
-    return float(span / (steps[-1]["step"] - steps[0]["step"]))
 
 
 @dataclass

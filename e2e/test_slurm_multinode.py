@@ -11,7 +11,8 @@ import json
 from typing import Any
 
 import pytest
-from e2e_helpers import Background, allocations, job_env, one, runs
+from allocation_use import allocations
+from e2e_helpers import Background, job_env, one, runs
 from train_helpers import assert_bitwise_equal, final_state
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.timeout(3000)]

@@ -11,7 +11,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from e2e_helpers import LongRuns, allocations, one, runs
+from allocation_use import allocations
+from e2e_helpers import LongRuns, one, runs
 from scenarios import PREEMPT_STEPS
 from train_helpers import assert_bitwise_equal, final_state
 

@@ -12,12 +12,11 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from allocation_use import allocation_use, allocations
 from e2e_helpers import (
     GOAL_ALLOCATIONS,
     TIME_LIMIT_MIN,
     LongRuns,
-    allocation_use,
-    allocations,
     events,
     iso_to_epoch,
     one,
