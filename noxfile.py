@@ -340,6 +340,7 @@ BENCH_INSTALL = (
     "safetensors>=0.4",
     "matplotlib>=3.7",
     "pytest>=8",  # compile_cache builds its corpus with the app's test helpers
+    "pytest-timeout>=2.2",
 )
 
 
@@ -354,6 +355,11 @@ def bench_smoke(session: nox.Session) -> None:
     """Every bench suite at its --quick size, to the end: a suite cannot rot unseen. Figures
     are printed, not judged (quick sizes are not representative); a suite that fails does."""
     _bench_install(session)
+    # The bench scripts' own tests, here where numpy and the packages are (the repo session has
+    # neither and skips those that need them).
+    guard = str(ROOT / "tools" / "tempguard.py")
+    bench_tests = ("tests/test_queue_waits.py", "tests/test_queue_bench.py")
+    session.run("python", guard, "--", "python", "-m", "pytest", "-q", *bench_tests)
     out = Path(session.create_tmp()) / "bench-quick"
     env = {"PYTHONUNBUFFERED": "1"}
     suites = session.posargs or ["all"]

@@ -12,7 +12,11 @@ queue alone, ``StartTime - EligibleTime`` of each allocation (the ``alloc`` line
 still under way when a run's window ended (the last record, no allocation) counts as what it had
 lasted by then, less the run's median stop-to-eligible gap (its requeue and hold): a lower bound.
 
-Only runs of the ``requeue`` policy (today's) are read. Everything read is untrusted: a file that
+Runs of one policy are read: ``requeue`` (today's, the default) or ``successor`` (a job submitted
+at the stop with ``--dependency=afterany``: SLURM makes it eligible when ours ended, no hold; the
+simulator adds only its submission). ``successor-early`` and the ``+tmin`` runs are not read: an
+early successor is eligible while ours still runs, and ``--time-min`` changes the allocation's
+length, neither of which the simulator models. Everything read is untrusted: a file that
 cannot be read, is too large, is not JSON or not a replay's result, a wait that is negative, NaN
 or has no SLURM record is skipped and counted; when nothing usable is left, one ValueError line
 names the path and the fix. Stdlib only (the repo's tests load it without numpy).
@@ -31,17 +35,20 @@ from pathlib import Path
 from typing import Any
 
 POLICY = "requeue"
+POLICIES = ("requeue", "successor")  # the ones whose StartTime - EligibleTime is a queue wait
 MAX_FILES = 1000  # result.json files read under one folder
 MAX_BYTES = 8 << 20  # a result.json or events.log larger than this is not a replay's
+SLURM_TICK = 1.0  # SLURM's times are whole seconds
 
 
 @dataclass(frozen=True, slots=True)
 class ReplayWaits:
-    """Queue waits in model seconds from the ``requeue`` runs under ``path``."""
+    """Queue waits in model seconds from the ``policy`` runs under ``path``."""
 
     path: str
     waits: tuple[float, ...]
-    runs: int = 0  # requeue runs that gave at least one wait
+    policy: str = POLICY
+    runs: int = 0  # runs of the policy that gave at least one wait
     under_way: int = 0  # waits still under way at a window's end (lower bounds)
     skipped: Counter[str] = field(default_factory=Counter)
 
@@ -52,11 +59,15 @@ class ReplayWaits:
     def about(self) -> str:
         cut = f", {self.under_way} of them under way at the window's end (lower bounds)"
         skipped = f"; skipped: {_counts(self.skipped)}" if self.skipped else ""
+        job, hold = (
+            ("requeued job", "the requeue hold is added by --cred-expire, not counted twice")
+            if self.policy == POLICY
+            else ("successor job", "eligible when ours ended: no requeue hold")
+        )
         return (
             f"MEASURED on a real SLURM (queue_replay.py, {self.path}): SLURM's StartTime - "
-            f"EligibleTime of our requeued job, x scale, n={len(self.waits)} waits from "
-            f"{self.runs} runs{cut if self.under_way else ''} (a small sample; the requeue hold "
-            f"is added by --cred-expire, not counted twice){skipped}"
+            f"EligibleTime of our {job}, x scale, n={len(self.waits)} waits from "
+            f"{self.runs} runs{cut if self.under_way else ''} (a small sample; {hold}){skipped}"
         )
 
 
@@ -64,31 +75,38 @@ def _counts(c: Counter[str]) -> str:
     return ", ".join(f"{n} {why}" for why, n in sorted(c.items()))
 
 
-def read_replay(path: str | Path, label: str | None = None) -> ReplayWaits:
-    """Every usable queue wait of the ``requeue`` runs in ``path`` (a folder of runs, each
+def read_replay(path: str | Path, label: str | None = None, policy: str = POLICY) -> ReplayWaits:
+    """Every usable queue wait of the ``policy`` runs in ``path`` (a folder of runs, each
     ``RUN/result.json`` + ``RUN/state/events.log``, or one run's folder), named ``label`` (default:
     the path) in ``about()``. Raises ValueError, one line, when none is usable."""
+    if policy not in POLICIES:
+        raise ValueError(f"policy {policy!r}: the queue waits of {' or '.join(POLICIES)} are read")
     root = Path(path)
     files = _result_files(root)
     skipped: Counter[str] = Counter()
     waits: list[float] = []
     runs = under_way = 0
     for f in files:
-        got = _run_waits(f, skipped)
+        got = _run_waits(f, skipped, policy)
         if got:
             runs += 1
             waits += [w for w, _ in got]
             under_way += sum(1 for _, cut in got if cut)
     if not waits:
         why = f"{len(files)} result.json read"
-        why += f", skipped: {_counts(skipped)}" if skipped else f", none of a {POLICY!r} run"
+        why += f", skipped: {_counts(skipped)}" if skipped else f", none of a {policy!r} run"
         raise ValueError(
-            f"{path}: no usable {POLICY!r} queue waits ({why}); give a folder of "
+            f"{path}: no usable {policy!r} queue waits ({why}); give a folder of "
             "bench/queue_replay.py runs (RUN/result.json + RUN/state/events.log), e.g. "
             "bench/results/queue-busy"
         )
     return ReplayWaits(
-        path=label or str(path), waits=tuple(waits), runs=runs, under_way=under_way, skipped=skipped
+        path=label or str(path),
+        waits=tuple(waits),
+        policy=policy,
+        runs=runs,
+        under_way=under_way,
+        skipped=skipped,
     )
 
 
@@ -117,9 +135,9 @@ def _read_text(path: Path) -> str | None:
     return data.decode("utf-8", errors="replace")
 
 
-def _run_waits(path: Path, skipped: Counter[str]) -> list[tuple[float, bool]]:
+def _run_waits(path: Path, skipped: Counter[str], policy: str) -> list[tuple[float, bool]]:
     """(model seconds, under way at the end) of each usable wait of one run; [] when the run is
-    not a requeue run or unusable (counted in ``skipped``)."""
+    not one of ``policy`` or unusable (counted in ``skipped``)."""
     text = _read_text(path)
     if text is None:
         skipped["unreadable or too large"] += 1
@@ -129,7 +147,7 @@ def _run_waits(path: Path, skipped: Counter[str]) -> list[tuple[float, bool]]:
     except ValueError:
         skipped["not JSON"] += 1
         return []
-    if not isinstance(result, dict) or result.get("policy") != POLICY:
+    if not isinstance(result, dict) or result.get("policy") != policy:
         if not isinstance(result, dict) or not isinstance(result.get("policy"), str):
             skipped["not a replay's result"] += 1
         return []  # another policy's run: not today's queue, not counted as bad
@@ -176,7 +194,7 @@ def _waits(
     """The run's queue waits (model seconds): each allocation's from SLURM's record (the k-th
     allocation record, the k-th ``alloc`` line), a wait under way at the end from ``wait_s``."""
     got: list[tuple[float, bool]] = []
-    gaps: list[float] = []  # stop to eligible: the requeue and its hold (wall seconds)
+    gaps: list[float] = []  # stop to eligible: the requeue and its hold, or the submission
     k = 0
     for i, rec in enumerate(recs):
         if not isinstance(rec, dict) or not (
@@ -185,6 +203,8 @@ def _waits(
             skipped["not an allocation record"] += 1
             continue
         wait, allocated = _number(rec.get("wait_s")), rec.get("start") is not None
+        if wait is not None and -SLURM_TICK <= wait < 0:
+            wait = 0.0  # SLURM's StartTime is a whole second: up to 1 s before our stop
         queued = (slurm[k] if k < len(slurm) else None) if allocated else None
         k += allocated  # the k-th allocation record is the k-th alloc line
         if wait is None or wait < 0:

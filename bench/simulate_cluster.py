@@ -37,6 +37,14 @@ What a failure costs depends on the recovery policy (each column of the table):
   of the node-hours (and may itself fail, idle);
 * ``no failures``: the same job with no failure at all: what the time limits and the queue cost.
 
+How the next allocation is asked for (``handover``, a second table): ``requeue`` (today's
+``scontrol requeue``: the hold above, then the queue's wait) or ``successor``
+(``REQUEUE=successor``: a job submitted at the stop with ``--dependency=afterany``, eligible when
+ours has ended, no hold; on a replay queue its wait is drawn from the replay's own successor
+runs, since SLURM treated them differently). ``successor-early`` and ``--time-min`` are
+measured on the replay only (``queue_replay.py``): they change when a job is eligible and how
+long it holds, which the queue's wait alone does not carry.
+
 A relaunch costs what an allocation's start costs (launch, imports, the checkpoint's load, the
 compile step) plus the work since the last durable checkpoint; it is made only while the time
 left is worth it (start-up + compile + 10 steps + a save + the exit), else the job is requeued.
@@ -91,6 +99,10 @@ KILL_WAIT = 30.0  # TERM -> KILL at the time limit
 DETECT_DEAD = 1.0  # every rank knows a rank or node is gone: 0.1-1.3 s (ddpkit)
 DETECT_FROZEN = 20.0  # ... that it is frozen: 18.9-21.8 s (ddpkit's heartbeat watchdog)
 DETECT_CRASH = 1.0  # a crashed step has exited and the supervisor acts: assumed ~1 s
+# The successor (`slurmclock supervise --successor`): sbatch --dependency=afterany at the stop;
+# SLURM makes it eligible when ours has ended, no requeue hold. Its sbatch: assumed ~1 s.
+SUBMIT_S = 1.0
+HANDOVERS = ("requeue", "successor")
 FROZEN_SHARE = 0.25  # guessed: a quarter of lost nodes hang rather than die
 RESTART_STEPS = 10  # a relaunch is worth it when this many steps and a save still fit
 # Llama 3 (Meta, "The Llama 3 Herd of Models", 2024, sec. 3.3.4): 419 unexpected interruptions
@@ -120,6 +132,7 @@ class QueueWait:
     kind: str  # a key of QUEUE_KINDS
     values: tuple[float, ...]  # seconds (lognormal: median seconds, sigma of log-seconds)
     about: str = ""
+    replay: str = ""  # the folder of queue_replay.py runs it was read from (replay:DIR)
 
     def __post_init__(self) -> None:
         want = QUEUE_KINDS.get(self.kind)
@@ -209,15 +222,29 @@ def parse_queue(text: str) -> QueueWait:
     return QueueWait(name=text, kind=kind, values=values, about=f"{kind} (set by --queue)")
 
 
-def replay_queue(name: str, path: Path, label: str | None = None) -> QueueWait:
+def replay_queue(
+    name: str, path: Path, label: str | None = None, policy: str = "requeue"
+) -> QueueWait:
     """The empirical distribution of the queue waits (model seconds, after the requeue hold:
-    ``requeue_delay`` adds it) that today's requeue met in ``queue_replay.py``'s runs in
-    ``path`` (``queue_waits.read_replay``)."""
+    ``requeue_delay`` adds it) that today's requeue (or ``policy``) met in ``queue_replay.py``'s
+    runs in ``path`` (``queue_waits.read_replay``)."""
     try:
-        got = read_replay(path, label)
+        got = read_replay(path, label, policy)
     except ValueError as e:
         raise ValueError(f"--queue {name!r}: {e}") from None
-    return QueueWait(name=name, kind="empirical", values=got.waits, about=got.about())
+    return QueueWait(
+        name=name, kind="empirical", values=got.waits, about=got.about(), replay=str(path)
+    )
+
+
+def successor_queue(q: QueueWait) -> QueueWait:
+    """The queue a successor job meets: a replay's own successor runs where the queue came from
+    a replay (SLURM treated them differently: eligible at once, no reset of a requeued job), else
+    the same distribution (only the requeue hold differs)."""
+    if not q.replay:
+        return q
+    label = next((v for v in REPLAY_PRESETS.values() if REPO / v == Path(q.replay)), None)
+    return replay_queue(q.name, Path(q.replay), label, policy="successor")
 
 
 def _sigma(text: str) -> float:
@@ -345,8 +372,11 @@ class Cluster:
     slurmd_timeout: float = SLURMD_TIMEOUT
     kill_wait: float = KILL_WAIT
     frozen_share: float = FROZEN_SHARE
+    handover: str = "requeue"  # or "successor": how the next allocation is asked for
 
     def __post_init__(self) -> None:
+        if self.handover not in HANDOVERS:
+            raise ValueError(f"handover {self.handover!r}: use one of {', '.join(HANDOVERS)}")
         if self.nodes < 1:
             raise ValueError(f"--nodes {self.nodes}: a job has at least 1 node")
         if not 1 <= self.min_nodes <= self.nodes:
@@ -359,7 +389,8 @@ class Cluster:
 
     @property
     def requeue_delay(self) -> float:
-        return self.cred_expire + 1.0
+        """From the release to eligible: SLURM's hold of a requeued job, or a successor's sbatch."""
+        return self.cred_expire + 1.0 if self.handover == "requeue" else SUBMIT_S
 
 
 # -- one job -----------------------------------------------------------------------------------
@@ -643,6 +674,7 @@ def cell(cl: Cluster, pol: Policy, job: Job, days: float, trials: int, seed: int
     per = np.array([t.useful / t.wall for t in tallies])
     return {
         "policy": pol.name,
+        "handover": cl.handover,
         "queue": cl.queue.name,
         "allocation_s": job.length,
         "failures": cl.failures.name,
@@ -694,6 +726,48 @@ def failure_cost(rows: list[dict[str, Any]]) -> None:
         per_day = r["failures_per_day"]
         lost = refs[(r["queue"], r["allocation_s"])] - r["goodput"]
         r["hours_lost_per_failure"] = 24 * lost / per_day if per_day > 0 else None
+
+
+def handover_study(
+    base: Cluster,
+    queues: Sequence[QueueWait],
+    failures: Failures,
+    jobs: Sequence[Job],
+    rows: list[dict[str, Any]],
+    *,
+    days: float,
+    trials: int,
+    seed: int,
+) -> list[dict[str, Any]]:
+    """Today's requeue (the rows of ``study``) against a successor job (issue 35 item 3), with
+    and without ``failures``, per queue and length: the successor skips the requeue hold and,
+    on a replay, meets the queue its own runs met there."""
+    by = {(r["policy"], r["failures"], r["queue"], r["allocation_s"]): r for r in rows}
+    out: list[dict[str, Any]] = []
+    for queue in queues:
+        succ = successor_queue(queue)
+        for job in jobs:
+            for pol in (POLICIES[0], POLICIES[1]):
+                today = by[(pol.name, failures.name, queue.name, job.length)]
+                cl = replace(base, queue=succ, failures=failures, handover="successor")
+                got = cell(cl, pol, job, days, trials, seed)
+                out.append(
+                    {
+                        "queue": queue.name,
+                        "allocation_s": job.length,
+                        "policy": pol.name,
+                        "failures": failures.name if pol.failures else "none",
+                        "mean_wait_requeue_s": queue.mean,
+                        "mean_wait_successor_s": succ.mean,
+                        "successor_waits_from": succ.about,
+                        "goodput_requeue": today["goodput"],
+                        "goodput_successor": got["goodput"],
+                        "successor_vs_requeue": got["goodput"] / today["goodput"],
+                        "waiting_share_requeue": today["waiting_share"],
+                        "waiting_share_successor": got["waiting_share"],
+                    }
+                )
+    return out
 
 
 def sweep(
@@ -756,6 +830,37 @@ def print_goodput(rows: list[dict[str, Any]], nodes: int, spares: int) -> None:
             ["queue", "allocation", "failures/day", *(p.name for p in POLICIES)],
             table,
         )
+
+
+def print_handover(rows: list[dict[str, Any]]) -> None:
+    if not rows:
+        return
+    print_table(
+        "between allocations: today's requeue (cred_expire + 1 s hold, the requeue's queue) vs "
+        "a successor job (REQUEUE=successor: no hold; on a replay, the queue its own runs met)",
+        [
+            "queue",
+            "allocation",
+            "failures",
+            "mean wait, requeue / successor",
+            "goodput, requeue",
+            "goodput, successor",
+            "successor / requeue",
+        ],
+        [
+            [
+                r["queue"],
+                fmt_len(r["allocation_s"]),
+                r["failures"],
+                f"{r['mean_wait_requeue_s'] / MINUTE:.1f} / "
+                f"{r['mean_wait_successor_s'] / MINUTE:.1f} min",
+                f"{r['goodput_requeue'] * 100:.1f}%",
+                f"{r['goodput_successor'] * 100:.1f}%",
+                f"{r['successor_vs_requeue']:.3f}x",
+            ]
+            for r in rows
+        ],
+    )
 
 
 def print_costs(rows: list[dict[str, Any]]) -> None:
@@ -865,7 +970,9 @@ def _cluster_rows(cl: Cluster) -> list[tuple[str, object, str]]:
     ]
 
 
-def headline(rows: list[dict[str, Any]]) -> dict[str, float]:
+def headline(
+    rows: list[dict[str, Any]], handover: Sequence[dict[str, Any]] = ()
+) -> dict[str, float]:
     """A few figures for bench/run.py's table (those the run has). The busy queue is the one
     measured on the replay (``busy_replay``); the guess (``busy_guess``) is kept beside it."""
     by = {(r["policy"], r["failures"], r["queue"], fmt_len(r["allocation_s"])): r for r in rows}
@@ -893,6 +1000,10 @@ def headline(rows: list[dict[str, Any]]) -> dict[str, float]:
         out[f"{name}_vs_today" if ratio else name] = (
             r["goodput"] / today["goodput"] if ratio else r["goodput"]
         )
+    for h in handover:
+        if h["failures"] == "none" and h["queue"] in ("idle", "busy-replay"):
+            q, length = h["queue"].replace("-", "_"), fmt_len(h["allocation_s"]).replace(" ", "")
+            out[f"successor_vs_requeue_{q}_{length}"] = h["successor_vs_requeue"]
     for pol in ("today", "hot spare"):
         r = by.get((pol, "flaky", "busy-replay", "1 d"))
         if r is not None and r["hours_lost_per_failure"] is not None:
@@ -1088,6 +1199,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ]
     run = {"days": args.days, "trials": args.trials, "seed": args.seed}
     rows = study(args.cluster, args.queue, args.failures, jobs, **run)
+    handovers = handover_study(args.cluster, args.queue, args.failures[0], jobs, rows, **run)
     t1 = time.perf_counter()
     srows = []
     if not args.no_sweep:
@@ -1100,7 +1212,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     print_costs(rows)
     comparison = guess_vs_replay(rows, args.queue)
     print_guess_vs_replay(comparison)
-    head = headline(rows)
+    print_handover(handovers)
+    head = headline(rows, handovers)
     if head:  # only for the preset queues and failures
         print_table("headline", ["figure", "value"], [[k, f"{v:.4f}"] for k, v in head.items()])
     print(f"simulated in {t1 - t0:.1f} s (table) + {t2 - t1:.1f} s (MTBF sweep)")
@@ -1109,6 +1222,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         {
             "headline": head,
             "busy_guess_vs_replay": comparison,
+            "handover": handovers,
             "parameters": params,
             "policies": [asdict(p) for p in POLICIES],
             "profile": asdict(jobs[0].base),

@@ -9,6 +9,7 @@ import json
 import math
 import statistics
 import sys
+from dataclasses import replace
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -77,6 +78,7 @@ def _recs(*waits: float) -> list[dict[str, Any]]:
 CASES = [
     ("one good run", [_good()], WAITS, {}),
     ("another policy's run is not read", [_good(), _good(policy="successor")], WAITS, {}),
+    ("successor-early is never read", [_good(), _good(policy="successor-early")], WAITS, {}),
     ("garbage JSON", [_good(), "{not json"], WAITS, {"not JSON": 1}),
     ("JSON, not a result", [_good(), [1, 2]], WAITS, {"not a replay's result": 1}),
     ("a zero scale", [_good(), _good(scale=0)], WAITS, {"not a replay's result": 1}),
@@ -86,6 +88,12 @@ CASES = [
         [_good(allocation_records=_recs(1.0, 13.0, -5.0))],
         WAITS[:2],
         {"negative, NaN or missing wait_s": 1},
+    ),
+    (
+        "a wait_s under a second below 0 (SLURM's whole-second StartTime) is 0",
+        [_good(allocation_records=_recs(-0.3, 13.0, 40.0))],
+        WAITS,
+        {},
     ),
     (
         "a NaN wait_s",
@@ -151,6 +159,17 @@ def test_nothing_usable_is_one_line_naming_the_path_and_the_fix(
     assert all(w in line for w in words), line
 
 
+def test_a_successor_run_is_read_when_asked_for(qw: ModuleType, tmp_path: Path) -> None:
+    _run(tmp_path / "requeue", _good(allocation_records=RECORDS[:1]))
+    _run(tmp_path / "successor", _good(policy="successor"))
+    got = qw.read_replay(tmp_path, policy="successor")
+    assert got.waits == pytest.approx(WAITS) and got.policy == "successor"
+    assert "successor job" in got.about() and "no requeue hold" in got.about()
+    assert qw.read_replay(tmp_path).waits == pytest.approx(WAITS[:1])
+    with pytest.raises(ValueError, match="'successor-early': the queue waits of requeue or succ"):
+        qw.read_replay(tmp_path, policy="successor-early")
+
+
 def test_the_committed_replays_give_the_busy_and_idle_waits(qw: ModuleType) -> None:
     busy = qw.read_replay(BENCH / "results" / "queue-busy")
     assert busy.runs >= 5 and not busy.skipped and len(busy.waits) >= 10
@@ -159,16 +178,22 @@ def test_the_committed_replays_give_the_busy_and_idle_waits(qw: ModuleType) -> N
     assert qw.read_replay(BENCH / "results" / "queue-idle").mean < 60
 
 
-def test_the_replay_preset_draws_the_waits_computed_by_hand(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+@pytest.fixture(scope="module")
+def sim() -> ModuleType:
+    """simulate_cluster.py: needs numpy and slurmclock (bench_smoke runs these tests with them;
+    the repo session, which has neither, skips them)."""
     pytest.importorskip("numpy")
     pytest.importorskip("slurmclock")
     sys.path.insert(0, str(BENCH))
     try:
-        sim = _load("simulate_cluster")
+        return _load("simulate_cluster")
     finally:
         sys.path.remove(str(BENCH))
+
+
+def test_the_replay_preset_draws_the_waits_computed_by_hand(
+    sim: ModuleType, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     _run(tmp_path / "run1", _good())
     _run(tmp_path / "run2", _good(allocation_records=RECORDS[:1]))  # one wait: 1 s
     queue = sim.parse_queue(f"replay:{tmp_path}")
@@ -185,3 +210,37 @@ def test_the_replay_preset_draws_the_waits_computed_by_hand(
     assert sim.parse_queue("busy-replay").mean == pytest.approx(
         _load("queue_waits").read_replay(BENCH / "results" / "queue-busy").mean
     )
+
+
+def test_a_successor_meets_its_own_replay_queue_without_the_hold(
+    sim: ModuleType, qw: ModuleType
+) -> None:
+    busy = sim.parse_queue("busy-replay")
+    succ = sim.successor_queue(busy)
+    assert succ.name == busy.name and "successor job" in succ.about
+    want = qw.read_replay(BENCH / "results" / "queue-busy", policy="successor")
+    assert succ.mean == pytest.approx(want.mean) and succ.mean != pytest.approx(busy.mean)
+    idle = sim.parse_queue("idle")
+    assert sim.successor_queue(idle) is idle  # not a replay: only the hold differs
+    base = sim.Cluster(queue=idle, failures=sim.FAILURE_PRESETS["llama3"])
+    assert base.requeue_delay == pytest.approx(sim.CRED_EXPIRE + 1)
+    assert replace(base, handover="successor").requeue_delay == pytest.approx(sim.SUBMIT_S)
+    with pytest.raises(ValueError, match="handover 'chain': use one of requeue, successor"):
+        replace(base, handover="chain")
+
+
+def test_the_successor_gains_the_requeue_hold_of_every_allocation(sim: ModuleType) -> None:
+    """A fixed queue, no failures: the successor's allocations start the hold (120 s) sooner,
+    so its goodput is the requeue's x (cycle) / (cycle - hold), to the simulation's noise."""
+    queue = sim.parse_queue("fixed:10m")
+    base = sim.Cluster(queue=queue, failures=sim.FAILURE_PRESETS["llama3"])
+    job = sim.Job(sim.SCENARIOS[1], 16, sim.HOUR, pool=4, phase_pool=1, seed=0)
+    run = {"days": 3.0, "trials": 1, "seed": 0}
+    rows = sim.study(base, [queue], [base.failures], [job], **run)
+    (plain, failing) = sim.handover_study(base, [queue], base.failures, [job], rows, **run)
+    assert plain["failures"] == "none" and failing["failures"] == "llama3"
+    per_day = next(r for r in rows if r["policy"] == "no failures")["allocations_per_day"]
+    cycle = sim.DAY / per_day
+    want = cycle / (cycle - (sim.CRED_EXPIRE + 1 - sim.SUBMIT_S))
+    assert plain["successor_vs_requeue"] == pytest.approx(want, rel=0.01)
+    assert plain["mean_wait_successor_s"] == plain["mean_wait_requeue_s"] == 600
