@@ -75,7 +75,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import RESULTS, print_table, write_results  # noqa: E402
-from queue_waits import read_replay  # noqa: E402
+from queue_waits import POLICY, read_replay  # noqa: E402
 from simulate import (  # noqa: E402
     DAY,
     HOUR,
@@ -133,6 +133,7 @@ class QueueWait:
     values: tuple[float, ...]  # seconds (lognormal: median seconds, sigma of log-seconds)
     about: str = ""
     replay: str = ""  # the folder of queue_replay.py runs it was read from (replay:DIR)
+    replay_label: str | None = None  # the runs' label there (a preset's), None: every label
 
     def __post_init__(self) -> None:
         want = QUEUE_KINDS.get(self.kind)
@@ -223,7 +224,7 @@ def parse_queue(text: str) -> QueueWait:
 
 
 def replay_queue(
-    name: str, path: Path, label: str | None = None, policy: str = "requeue"
+    name: str, path: Path, label: str | None = None, policy: str = POLICY
 ) -> QueueWait:
     """The empirical distribution of the queue waits (model seconds, after the requeue hold:
     ``requeue_delay`` adds it) that today's requeue (or ``policy``) met in ``queue_replay.py``'s
@@ -233,7 +234,12 @@ def replay_queue(
     except ValueError as e:
         raise ValueError(f"--queue {name!r}: {e}") from None
     return QueueWait(
-        name=name, kind="empirical", values=got.waits, about=got.about(), replay=str(path)
+        name=name,
+        kind="empirical",
+        values=got.waits,
+        about=got.about(),
+        replay=str(path),
+        replay_label=label,
     )
 
 
@@ -243,8 +249,7 @@ def successor_queue(q: QueueWait) -> QueueWait:
     the same distribution (only the requeue hold differs)."""
     if not q.replay:
         return q
-    label = next((v for v in REPLAY_PRESETS.values() if REPO / v == Path(q.replay)), None)
-    return replay_queue(q.name, Path(q.replay), label, policy="successor")
+    return replay_queue(q.name, Path(q.replay), q.replay_label, policy="successor")
 
 
 def _sigma(text: str) -> float:
