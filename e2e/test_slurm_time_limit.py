@@ -69,7 +69,7 @@ def test_time_limit_with_the_shipped_defaults(long: LongRuns, figures: dict[str,
     figures["wall"] = fmt_duration(job.seconds)
     short = [u for u in uses[:-1] if u.share < u.target]
     summary = [
-        f"{u.describe()}; start-up {one(r, 'startup')['seconds']:.1f} s; {one(r, 'stop')['reason']}"
+        f"{u.describe()}; start-up {_parts(one(r, 'startup'))}; {one(r, 'stop')['reason']}"
         for u, r in zip(uses, rs, strict=True)
     ]
     assert not short, "below target:\n" + "\n".join(summary) + f"\n{job.log}"
@@ -93,3 +93,9 @@ def _assert_stopped_for_time_and_resumed(i: int, run: list[dict], nxt: list[dict
     # ... and the next allocation resumed from exactly that step: nothing lost, nothing redone.
     resume = one(nxt, "resume")
     assert resume["step"] == stop["step"] and resume["restart_count"] == i + 1, resume
+
+
+def _parts(startup: dict[str, Any]) -> str:
+    """``37.3 s (launch 0.4, imports 21.0, ...)``: where a slow start-up went, in the failure."""
+    parts = ", ".join(f"{p} {s:.1f}" for p, s in (startup.get("parts") or {}).items())
+    return f"{startup['seconds']:.1f} s ({parts})"

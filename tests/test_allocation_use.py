@@ -14,7 +14,16 @@ from datetime import datetime
 from typing import Any
 
 import pytest
-from allocation_use import Allocation, AllocationUse, allocation_use, allocations, covered, rate
+from allocation_use import (
+    GOODPUT_TARGET,
+    Allocation,
+    AllocationUse,
+    Calibration,
+    allocation_use,
+    allocations,
+    covered,
+    rate,
+)
 
 T0 = 1_800_000_000.0
 LIMIT_S = 180.0
@@ -105,3 +114,33 @@ def test_the_job_log_gives_each_allocation_its_steps() -> None:
     ]
     assert [a.status for a in got] == [75, 75]
     assert isinstance(got[0], Allocation) and got[0].held_s == pytest.approx(101.0)
+
+
+def test_a_start_up_kept_off_the_cpu_lowers_the_target_by_the_kernels_count() -> None:
+    """A CI run: load x4.9 over the steps, but 37 s of start-up (15x quiet) while the other
+    scenarios imported torch. The steps' load allows 9.5 s; the kernel counted the trainer
+    runnable with no CPU free for most of the rest."""
+    quiet = Calibration(step_s=0.0181, startup_s=2.43)
+    own = steps(T0 + 38, 0, [(1520, 0.0888)])
+    allocs = allocations(job_log(T0, T0 + LIMIT_S - 1, 0, 1520))
+    waited = [{"event": "startup", "seconds": 37.3, "cpu_wait": 30.2}]
+    (before,) = allocation_use(allocs, [own], [], LIMIT_S, quiet)
+    (use,) = allocation_use(allocs, [waited + own], [], LIMIT_S, quiet)
+    assert use.share == before.share == pytest.approx(1520 * 0.0888 / LIMIT_S, rel=0.01)
+    assert before.startup_allowance_s == pytest.approx((0.0888 / 0.0181 - 1) * 2.43, rel=0.01)
+    assert before.share < before.target  # the steps' load alone: below target
+    assert use.startup_allowance_s == 30.2 and use.share >= use.target
+    assert "start-up 30.2 s waiting for a CPU" in use.describe()
+    # a kernel count below the steps' estimate does not raise the target
+    low = [{"event": "startup", "seconds": 12.0, "cpu_wait": 1.0}]
+    (lower,) = allocation_use(allocs, [low + own], [], LIMIT_S, quiet)
+    assert lower.target == before.target
+
+
+@pytest.mark.parametrize("garbled", [None, "30", -1.0, True, float("nan"), 1e9, [30]])
+def test_a_cpu_wait_that_is_not_seconds_is_no_allowance(garbled: Any) -> None:
+    own = steps(T0 + 38, 0, [(1520, 0.0888)])
+    allocs = allocations(job_log(T0, T0 + LIMIT_S - 1, 0, 1520))
+    run = [{"event": "startup", "seconds": 37.3, "cpu_wait": garbled}, *own]
+    (use,) = allocation_use(allocs, [run], [], LIMIT_S)
+    assert use.startup_cpu_wait_s is None and use.target == GOODPUT_TARGET

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import signal
 import subprocess
 import sys
@@ -21,7 +22,7 @@ import slurmclock
 from pyrecover_train import build
 from pyrecover_train.config import config_from_args
 from pyrecover_train.report import format_summary, summarize
-from pyrecover_train.startup import PARTS, Startup
+from pyrecover_train.startup import PARTS, Startup, cpu_wait_seconds
 
 STEPS = 12
 
@@ -249,6 +250,62 @@ def test_startup_parts_from_the_allocation_start() -> None:
         s.mark("lunch")
 
 
+@pytest.mark.parametrize(
+    ("text", "want"),
+    [
+        (b"284333 2500000000 2\n", 2.5),  # cpu ns, run delay ns, time slices
+        (b"1 0 1\n", 0.0),
+        (b"1\n", None),  # a kernel that keeps no run delay
+        (b"", None),
+        (b"x y z\n", None),
+        (b"1 -5 1\n", None),
+    ],
+)
+def test_cpu_wait_reads_the_kernels_run_delay(tmp_path: Path, text: bytes, want: float) -> None:
+    path = tmp_path / "schedstat"
+    path.write_bytes(text)
+    assert cpu_wait_seconds(str(path)) == want
+    assert cpu_wait_seconds(str(tmp_path / "absent")) is None
+
+
+@pytest.mark.skipif(cpu_wait_seconds() is None, reason="this kernel keeps no schedstat")
+def test_cpu_wait_counts_the_time_another_process_held_the_cpu() -> None:
+    """Two busy processes on one CPU: the kernel counts the seconds this one was kept off it.
+    The cost of spinning is bounded by CPU seconds, so it holds on a busy machine too."""
+    cpu = sorted(os.sched_getaffinity(0))[0]
+    before_affinity = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {cpu})
+    try:
+        spin = (
+            f"import os, time\nos.sched_setaffinity(0, {{{cpu}}})\n"
+            "end = time.process_time() + 3\nwhile time.process_time() < end: pass"
+        )
+        rival = subprocess.Popen([sys.executable, "-c", spin])
+        try:
+            time.sleep(0.3)  # the rival is spinning
+            waited = cpu_wait_seconds()
+            end = time.process_time() + 0.5  # half a CPU second of our own, shared with it
+            while time.process_time() < end:
+                pass
+            waited = cpu_wait_seconds() - waited  # type: ignore[operator]
+        finally:
+            rival.kill()
+            rival.wait()
+    finally:
+        os.sched_setaffinity(0, before_affinity)
+    assert waited >= 0.2, f"waited {waited:.3f} s for a CPU shared with a spinning rival"
+
+    now = [0.0]
+    s = Startup(origin=0.0, clock=lambda: now[0], cpu_wait=lambda: 25.3)
+    now[0] = 37.3
+    s.mark("first step")
+    assert s.event()["cpu_wait"] == 25.3
+    assert s.describe().endswith("; 25.3 s of it waiting for a CPU (the node is busy)")
+    s = Startup(origin=0.0, clock=lambda: now[0], cpu_wait=lambda: 0.4)
+    s.mark("first step")
+    assert "waiting for a CPU" not in s.describe()  # a quiet node says nothing
+
+
 def test_startup_carves_torch_compile_out_of_the_first_step(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -281,6 +338,7 @@ def test_startup_is_measured_said_and_reported(
     assert list(startup["parts"]) == [p for p in PARTS if p not in ("launch", "compile")]
     assert 0 < startup["seconds"] < 60
     assert sum(startup["parts"].values()) == pytest.approx(startup["seconds"], abs=0.01)
+    assert startup["cpu_wait"] is None or 0 <= startup["cpu_wait"] <= startup["seconds"]
     assert "  start-up:    " in r.stdout and "first step done " in r.stdout
     summary = summarize(evs)
     assert summary.startup_s_max == startup["seconds"]

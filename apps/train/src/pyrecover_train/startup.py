@@ -19,6 +19,10 @@ compile        torch.compile's compilation during the first step (its own timers
                the experiment's folder makes a requeued allocation's compile warm)
 first step     the rest of the first training step
 =============  ================================================================================
+
+Beside the parts, the kernel's count of how long this process was ready to run but waited for a
+CPU (``cpu_wait``): a start-up that is slow because the node is oversubscribed (other jobs, too
+many loader workers) says so, instead of looking like a slow trainer.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ from dataclasses import dataclass, field
 
 import slurmclock
 
-__all__ = ["PARTS", "Startup"]
+__all__ = ["PARTS", "Startup", "cpu_wait_seconds"]
 
 PARTS = (
     "launch",
@@ -45,6 +49,19 @@ PARTS = (
     "first step",
 )
 COMPILE_TIMERS = ("_compile.compile_inner", "backward._backward_impl")  # torch._dynamo's
+
+
+def cpu_wait_seconds(path: str = "/proc/self/schedstat") -> float | None:
+    """Seconds this process's main thread has been runnable but waiting for a CPU since it
+    started: the kernel's run delay, the second field of ``/proc/self/schedstat`` (nanoseconds).
+    None where the kernel keeps no such count (not Linux, no schedstat) or the file is garbled."""
+    try:
+        with open(path, "rb") as f:
+            fields = f.read(256).split()
+        waited = int(fields[1])
+    except (OSError, IndexError, ValueError):
+        return None
+    return waited / 1e9 if waited >= 0 else None
 
 
 def compile_seconds() -> float:
@@ -68,6 +85,8 @@ class Startup:
     allocation: slurmclock.AllocationStart | None = None
     compiled_before: float = field(default_factory=compile_seconds)
     compile_s: float = 0.0  # compiling inside the first step
+    cpu_wait: Callable[[], float | None] = cpu_wait_seconds
+    cpu_wait_s: float | None = None  # at the last mark: ready to run, no CPU free
 
     @classmethod
     def at_process_start(cls) -> Startup:
@@ -83,6 +102,7 @@ class Startup:
             raise ValueError(f"unknown start-up part {part!r}: one of {', '.join(PARTS)}")
         if part == "first step":
             self.compile_s = compile_seconds() - self.compiled_before
+        self.cpu_wait_s = self.cpu_wait()
         self.marks.append((part, self.clock()))
 
     def locate(self) -> None:
@@ -137,7 +157,11 @@ class Startup:
     def describe(self) -> str:
         """``4.1 s from the allocation's start (squeue): launch 0.5 s, imports 1.9 s, ...``"""
         parts = ", ".join(f"{p} {s:.1f} s" for p, s in self.parts().items())
-        return f"{self.seconds():.1f} s from the {self.source}: {parts}"
+        said = f"{self.seconds():.1f} s from the {self.source}: {parts}"
+        waited = self.cpu_wait_s
+        if waited is not None and waited >= max(1.0, 0.2 * self.seconds()):
+            said += f"; {waited:.1f} s of it waiting for a CPU (the node is busy)"
+        return said
 
     def event(self) -> dict[str, object]:
         """The ``startup`` metrics event's fields."""
@@ -146,4 +170,5 @@ class Startup:
             "parts": {p: round(s, 3) for p, s in self.parts().items()},
             "since": self.source,
             "allocation_start": self.start,
+            "cpu_wait": None if self.cpu_wait_s is None else round(self.cpu_wait_s, 3),
         }
