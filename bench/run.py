@@ -293,6 +293,18 @@ SUITES: dict[str, Suite] = {
                     ">=",
                     1.0,
                 ),
+                Target(  # the same goal for the opt-in early successor
+                    "1 h, busy queue (replay): REQUEUE=successor-early / requeue",
+                    _agree("successor_early_vs_requeue_busy_replay_1h"),
+                    ">=",
+                    1.5,
+                ),
+                Target(
+                    "1 h, idle queue: REQUEUE=successor-early / requeue",
+                    _agree("successor_early_vs_requeue_idle_1h"),
+                    ">=",
+                    1.0,
+                ),
                 Target(
                     "flaky nodes, 24 h, busy queue (replay): goodput today",
                     _agree("today_flaky_busy_replay_1d"),

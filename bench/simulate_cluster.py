@@ -41,9 +41,15 @@ How the next allocation is asked for (``handover``, a second table): ``requeue``
 ``scontrol requeue``: the hold above, then the queue's wait) or ``successor``
 (``REQUEUE=successor``: a job submitted at the stop with ``--dependency=afterany``, eligible when
 ours has ended, no hold; on a replay queue its wait is drawn from the replay's own successor
-runs, since SLURM treated them differently). ``successor-early`` and ``--time-min`` are
-measured on the replay only (``queue_replay.py``): they change when a job is eligible and how
-long it holds, which the queue's wait alone does not carry.
+runs, since SLURM treated them differently) or ``successor-early`` (``REQUEUE=successor-early``:
+the successor submitted while the job trains, when slurmclock's own ``plan_submit`` says from the
+chain's waits so far; it meets the successor's waits, counted from its submission -- assumed: a
+pending job without a dependency waits as long as a successor does once eligible; on the three
+load-1.8 replays it ran on, its waits averaged 18.8 model minutes against the successor's 17.0
+(n=11 each); when it starts first, the job saves and hands over). It is the optimistic side:
+the replay also showed an early job delaying the others, which a single job's waits omit.
+``--time-min`` is measured on the replay only (``queue_replay.py``): it changes when the
+backfill starts a job, which the queue's wait alone does not carry.
 
 A relaunch costs what an allocation's start costs (launch, imports, the checkpoint's load, the
 compile step) plus the work since the last durable checkpoint; it is made only while the time
@@ -55,6 +61,7 @@ time persisted (at N nodes' speed) / wall time, its share. Every default with it
     python bench/simulate_cluster.py [--quick] [--trials N] [--days D] [--nodes 16]
         [--allocations 1h,24h] [--queue idle --queue busy ...] [--failures llama3 ...]
         [--cred-expire 120] [--slurmd-timeout 300] [--checkpoint-every 30m] [--profile 8b]
+        [--early-quantiles 0.5,0.75,1]
 
 Writes bench/results/simulate_cluster.json and simulate_cluster.png (goodput vs MTBF).
 """
@@ -90,6 +97,7 @@ from simulate import (  # noqa: E402
 )
 
 from slurmclock import parse_human_duration  # noqa: E402
+from slurmclock.supervisor.handover import KEEP_WAITS, LEAD_S, plan_submit  # noqa: E402
 
 # SLURM's defaults (slurm.conf(5) of SLURM 22.05, the version tested here)
 CRED_EXPIRE = 120.0  # AuthInfo=cred_expire: "how long a requeued job must wait before starting"
@@ -102,7 +110,7 @@ DETECT_CRASH = 1.0  # a crashed step has exited and the supervisor acts: assumed
 # The successor (`slurmclock supervise --successor`): sbatch --dependency=afterany at the stop;
 # SLURM makes it eligible when ours has ended, no requeue hold. Its sbatch: assumed ~1 s.
 SUBMIT_S = 1.0
-HANDOVERS = ("requeue", "successor")
+HANDOVERS = ("requeue", "successor", "successor-early")
 FROZEN_SHARE = 0.25  # guessed: a quarter of lost nodes hang rather than die
 RESTART_STEPS = 10  # a relaunch is worth it when this many steps and a save still fit
 # Llama 3 (Meta, "The Llama 3 Herd of Models", 2024, sec. 3.3.4): 419 unexpected interruptions
@@ -377,7 +385,10 @@ class Cluster:
     slurmd_timeout: float = SLURMD_TIMEOUT
     kill_wait: float = KILL_WAIT
     frozen_share: float = FROZEN_SHARE
-    handover: str = "requeue"  # or "successor": how the next allocation is asked for
+    handover: str = "requeue"  # or "successor", "successor-early": how the next one is asked for
+    # successor-early: plan the lead at this quantile of the chain's waits (None: slurmclock's
+    # plan_submit, the median), to compare plans
+    early_quantile: float | None = None
 
     def __post_init__(self) -> None:
         if self.handover not in HANDOVERS:
@@ -391,6 +402,8 @@ class Cluster:
                 raise ValueError(f"--{name.replace('_', '-')} must be a finite number >= 0")
         if not 0 <= self.frozen_share <= 1:
             raise ValueError("--frozen-share must be between 0 and 1")
+        if self.early_quantile is not None and not 0 <= self.early_quantile <= 1:
+            raise ValueError("--early-quantiles: each must be between 0 and 1 (0.5: the median)")
 
     @property
     def requeue_delay(self) -> float:
@@ -472,6 +485,11 @@ class Job:
                 self.base, step_median=self.base.step_median * self.nodes / running, nodes=running
             )
         return self._on[running]
+
+    @property
+    def handover_s(self) -> float:
+        """From a successor's "save and hand over" to this job gone: its save and exit."""
+        return self.base.save_median + self.base.exit_median
 
     def worth(self, running: int) -> float:
         """The least time left for which a relaunch in the allocation is worth it: start-up,
@@ -555,6 +573,7 @@ class Streams:
 class Allocation:
     useful: float = 0.0  # training seconds at the speed of all N nodes, persisted
     released: float = 0.0  # the requeue, from the allocation's start
+    ended: float = 0.0  # the job's step gone (its nodes free), from the allocation's start
     eligible: float = 0.0  # when the job may start again, from the allocation's start
     failures: int = 0
     restarts: int = 0
@@ -568,19 +587,24 @@ def next_failure(cl: Cluster, running: int, rng: np.random.Generator) -> tuple[f
     return (float(node), True) if node <= crash else (float(crash), False)
 
 
-def allocation(cl: Cluster, pol: Policy, job: Job, rngs: Streams) -> Allocation:
-    """One allocation under ``pol``, from its start to the requeue."""
+def allocation(
+    cl: Cluster, pol: Policy, job: Job, rngs: Streams, length: float | None = None
+) -> Allocation:
+    """One allocation under ``pol``, from its start to the requeue; ``length``: a limit other
+    than the job's (a run that hands over to its successor, or one that waited for its
+    predecessor)."""
     a = Allocation()
+    length = job.length if length is None else length
     running, start, down_by = cl.nodes, 0.0, 0.0
     # when each idle spare dies (a spare taken into the step fails with the step's nodes)
     spares = list(rngs.spare.exponential(cl.failures.node_mtbf, pol.spares))
     while True:
         kill, node = next_failure(cl, running, rngs.fail) if pol.failures else (math.inf, False)
         frozen = rngs.fail.random() < cl.frozen_share
-        useful, out = job.segment(running, job.length - start, kill, rngs.draws)
+        useful, out = job.segment(running, length - start, kill, rngs.draws)
         a.useful += useful
         if out is not None:  # ran to its stop at the limit
-            return _ended(a, cl, out, start, job.length, down_by)
+            return _ended(a, cl, out, start, length, down_by)
         at = start + kill
         a.failures += 1
         detect = (DETECT_FROZEN if frozen else DETECT_DEAD) if node else DETECT_CRASH
@@ -588,22 +612,23 @@ def allocation(cl: Cluster, pol: Policy, job: Job, rngs: Streams) -> Allocation:
             down_by = at + cl.slurmd_timeout  # the allocation ends only once the node is DOWN
         relaunch = pol.restart_node if node else pol.restart_crash
         if relaunch:
-            running, spares = _nodes_left(cl, pol, job, node, at, detect, running, spares)
-        if relaunch and running >= cl.min_nodes and job.length - at - detect >= job.worth(running):
+            running, spares = _nodes_left(cl, pol, length, node, at, detect, running, spares)
+        if relaunch and running >= cl.min_nodes and length - at - detect >= job.worth(running):
             start = at + detect
             a.restarts += 1
             continue
         # the supervisor requeues on the fault record; today a lost node first holds the step
         requeue = at + detect if relaunch or not node else at + cl.slurmd_timeout
-        a.released = min(requeue, job.length)
-        a.eligible = max(a.released + cl.requeue_delay, down_by)
+        a.released = min(requeue, length)
+        a.ended = max(a.released, down_by)
+        a.eligible = max(a.released + cl.requeue_delay, a.ended)
         return a
 
 
 def _nodes_left(
     cl: Cluster,
     pol: Policy,
-    job: Job,
+    length: float,
     node: bool,
     at: float,
     detect: float,
@@ -620,7 +645,7 @@ def _nodes_left(
     if alive:
         return running, alive[1:]
     if pol.requeue_if_cheaper:
-        slower = (job.length - at - detect) / cl.nodes
+        slower = (length - at - detect) / cl.nodes
         wait = max(detect + cl.requeue_delay, cl.slurmd_timeout) + cl.queue.mean
         if slower > wait:
             return 0, []
@@ -634,7 +659,8 @@ def _ended(
     the step gone at its exit or KillWait later)."""
     a.released = start + out.released(length - start)
     gone = length + cl.kill_wait if out.exited_at is None else start + out.exited_at
-    a.eligible = max(a.released + cl.requeue_delay, min(gone, length + cl.kill_wait), down_by)
+    a.ended = max(a.released, min(gone, length + cl.kill_wait), down_by)
+    a.eligible = max(a.released + cl.requeue_delay, a.ended)
     return a
 
 
@@ -654,6 +680,8 @@ def run_job(cl: Cluster, pol: Policy, job: Job, days: float, seed: Sequence[int]
     rngs = Streams.seeded(seed)
     t = cl.queue.draw(rngs.queue)  # the first submission waits too
     tally = Tally(waited=t)
+    if cl.handover == "successor-early":
+        return _run_early(cl, pol, job, days, rngs, tally)
     while t < days * DAY:
         a = allocation(cl, pol, job, rngs)
         wait = a.eligible - a.released + cl.queue.draw(rngs.queue)
@@ -666,6 +694,49 @@ def run_job(cl: Cluster, pol: Policy, job: Job, days: float, seed: Sequence[int]
         tally.restarts += a.restarts
     tally.wall = t
     return tally
+
+
+def _run_early(
+    cl: Cluster, pol: Policy, job: Job, days: float, rngs: Streams, tally: Tally
+) -> Tally:
+    """``REQUEUE=successor-early``: each allocation submits its successor (no dependency) when
+    slurmclock's own ``plan_submit`` says, from the chain's waits so far. A successor that starts
+    while this job trains asks it to save and hand over (the run's limit becomes that moment +
+    its save and exit) and its step starts once this job is gone (``head``: two allocations
+    held). A failure before the submission submits the successor at the stop, as ``successor``."""
+    t, head, waits = tally.waited, 0.0, list[float]()
+    while t < days * DAY:
+        submit = _plan(cl, job.length, waits[-KEEP_WAITS:])
+        wait = cl.queue.draw(rngs.queue)
+        starts = submit + SUBMIT_S + wait  # from this allocation's start, as all times here
+        limit = job.length - head
+        if starts < job.length:  # the successor may start while this job trains
+            limit = max(min(limit, starts + job.handover_s - head), job.worth(cl.nodes))
+        a = allocation(cl, pol, job, rngs, limit)
+        released, ended = head + a.released, head + a.ended
+        if released < submit:  # stopped by a failure before the early submission
+            wait = cl.queue.draw(rngs.queue)
+            starts = max(released + SUBMIT_S, ended) + wait
+        waits.append(wait)
+        tally.useful += a.useful
+        tally.node_seconds += (cl.nodes + pol.spares) * released
+        tally.waited += max(0.0, starts - released)
+        tally.allocations += 1
+        tally.failures += a.failures
+        tally.restarts += a.restarts
+        head = max(0.0, ended - starts)  # the next step waits until this job is gone
+        t += starts
+    tally.wall = t
+    return tally
+
+
+def _plan(cl: Cluster, length: float, waits: list[float]) -> float:
+    """When the early successor is submitted, from the allocation's start."""
+    if cl.early_quantile is None or not waits:
+        submit, _ = plan_submit(started=0.0, end=length, waits=waits)
+        assert submit is not None  # an end is known
+        return submit
+    return max(0.0, length - float(np.quantile(waits, cl.early_quantile)) - LEAD_S)
 
 
 # -- studies -----------------------------------------------------------------------------------
@@ -744,9 +815,11 @@ def handover_study(
     trials: int,
     seed: int,
 ) -> list[dict[str, Any]]:
-    """Today's requeue (the rows of ``study``) against a successor job (issue 35 item 3), with
-    and without ``failures``, per queue and length: the successor skips the requeue hold and,
-    on a replay, meets the queue its own runs met there."""
+    """Today's requeue (the rows of ``study``) against a successor job (issue 35 item 3) and
+    one submitted early (item 4), with and without ``failures``, per queue and length: the
+    successor skips the requeue hold and, on a replay, meets the queue its own runs met there;
+    the early one meets the same waits, counted from its submission (assumed: a pending job
+    without a dependency waits as long as a successor does once eligible)."""
     by = {(r["policy"], r["failures"], r["queue"], r["allocation_s"]): r for r in rows}
     out: list[dict[str, Any]] = []
     for queue in queues:
@@ -756,6 +829,7 @@ def handover_study(
                 today = by[(pol.name, failures.name, queue.name, job.length)]
                 cl = replace(base, queue=succ, failures=failures, handover="successor")
                 got = cell(cl, pol, job, days, trials, seed)
+                early = cell(replace(cl, handover="successor-early"), pol, job, days, trials, seed)
                 out.append(
                     {
                         "queue": queue.name,
@@ -770,6 +844,44 @@ def handover_study(
                         "successor_vs_requeue": got["goodput"] / today["goodput"],
                         "waiting_share_requeue": today["waiting_share"],
                         "waiting_share_successor": got["waiting_share"],
+                        "goodput_successor_early": early["goodput"],
+                        "successor_early_vs_requeue": early["goodput"] / today["goodput"],
+                        "waiting_share_successor_early": early["waiting_share"],
+                        "node_hour_share_successor_early": early["node_hour_share"],
+                    }
+                )
+    return out
+
+
+def lead_study(
+    base: Cluster,
+    queues: Sequence[QueueWait],
+    jobs: Sequence[Job],
+    rows: list[dict[str, Any]],
+    quantiles: Sequence[float],
+    *,
+    days: float,
+    trials: int,
+    seed: int,
+) -> list[dict[str, Any]]:
+    """``successor-early`` without failures, its lead planned at each quantile of the chain's
+    waits instead of slurmclock's median: is the plan's median the right choice?"""
+    by = {(r["policy"], r["queue"], r["allocation_s"]): r for r in rows}
+    out: list[dict[str, Any]] = []
+    for queue in queues:
+        for job in jobs:
+            today = by[(POLICIES[0].name, queue.name, job.length)]["goodput"]
+            cl = replace(base, queue=successor_queue(queue), handover="successor-early")
+            for q in quantiles:
+                got = cell(replace(cl, early_quantile=q), POLICIES[0], job, days, trials, seed)
+                out.append(
+                    {
+                        "queue": queue.name,
+                        "allocation_s": job.length,
+                        "quantile": q,
+                        "goodput": got["goodput"],
+                        "vs_requeue": got["goodput"] / today,
+                        "allocations_per_day": got["allocations_per_day"],
                     }
                 )
     return out
@@ -842,7 +954,8 @@ def print_handover(rows: list[dict[str, Any]]) -> None:
         return
     print_table(
         "between allocations: today's requeue (cred_expire + 1 s hold, the requeue's queue) vs "
-        "a successor job (REQUEUE=successor: no hold; on a replay, the queue its own runs met)",
+        "a successor job (REQUEUE=successor: no hold; on a replay, the queue its own runs met) "
+        "vs one submitted while the job trains (REQUEUE=successor-early: the same waits)",
         [
             "queue",
             "allocation",
@@ -851,6 +964,8 @@ def print_handover(rows: list[dict[str, Any]]) -> None:
             "goodput, requeue",
             "goodput, successor",
             "successor / requeue",
+            "goodput, successor-early",
+            "early / requeue",
         ],
         [
             [
@@ -862,6 +977,8 @@ def print_handover(rows: list[dict[str, Any]]) -> None:
                 f"{r['goodput_requeue'] * 100:.1f}%",
                 f"{r['goodput_successor'] * 100:.1f}%",
                 f"{r['successor_vs_requeue']:.3f}x",
+                f"{r['goodput_successor_early'] * 100:.1f}%",
+                f"{r['successor_early_vs_requeue']:.3f}x",
             ]
             for r in rows
         ],
@@ -1009,6 +1126,7 @@ def headline(
         if h["failures"] == "none" and h["queue"] in ("idle", "busy-replay"):
             q, length = h["queue"].replace("-", "_"), fmt_len(h["allocation_s"]).replace(" ", "")
             out[f"successor_vs_requeue_{q}_{length}"] = h["successor_vs_requeue"]
+            out[f"successor_early_vs_requeue_{q}_{length}"] = h["successor_early_vs_requeue"]
     for pol in ("today", "hot spare"):
         r = by.get((pol, "flaky", "busy-replay", "1 d"))
         if r is not None and r["hours_lost_per_failure"] is not None:
@@ -1131,6 +1249,16 @@ def _lengths(text: str) -> tuple[float, ...]:
     return out
 
 
+def _quantiles(text: str) -> tuple[float, ...]:
+    try:
+        out = tuple(float(x) for x in text.split(","))
+    except ValueError:
+        out = ()
+    if not out or not all(0 <= q <= 1 for q in out):
+        raise ValueError(f"--early-quantiles {text!r}: give numbers in 0..1, e.g. 0.5,0.75,1")
+    return out
+
+
 def _profile(text: str) -> Scenario:
     for sc in SCENARIOS:
         if sc.name.split(",")[0] == text:
@@ -1163,6 +1291,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--kill-wait", type=_arg(parse_human_duration), default=KILL_WAIT)
     ap.add_argument("--frozen-share", type=float, default=FROZEN_SHARE)
     ap.add_argument("--no-sweep", action="store_true", help="skip goodput vs MTBF (the chart)")
+    ap.add_argument(
+        "--early-quantiles",
+        type=_arg(_quantiles),
+        default=(),
+        help="also compare successor-early leads at these quantiles of the chain's waits "
+        "(0.5,0.75,1; slurmclock plans at the median)",
+    )
     ap.add_argument("--out", default=None, help="results directory (default bench/results)")
     args = ap.parse_args(argv)
     args.trials = (2 if args.quick else 8) if args.trials is None else args.trials
@@ -1205,6 +1340,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     run = {"days": args.days, "trials": args.trials, "seed": args.seed}
     rows = study(args.cluster, args.queue, args.failures, jobs, **run)
     handovers = handover_study(args.cluster, args.queue, args.failures[0], jobs, rows, **run)
+    leads = []
+    if args.early_quantiles:
+        leads = lead_study(args.cluster, args.queue, jobs, rows, args.early_quantiles, **run)
     t1 = time.perf_counter()
     srows = []
     if not args.no_sweep:
@@ -1218,6 +1356,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     comparison = guess_vs_replay(rows, args.queue)
     print_guess_vs_replay(comparison)
     print_handover(handovers)
+    if leads:
+        print_table(
+            "successor-early, no failures: the lead at a quantile of the chain's waits (+ 60 s; "
+            "slurmclock plans at the median, 0.5)",
+            ["queue", "allocation", "quantile", "goodput", "vs requeue", "allocations a day"],
+            [
+                [
+                    r["queue"],
+                    fmt_len(r["allocation_s"]),
+                    f"{r['quantile']:g}",
+                    f"{r['goodput'] * 100:.1f}%",
+                    f"{r['vs_requeue']:.3f}x",
+                    f"{r['allocations_per_day']:.1f}",
+                ]
+                for r in leads
+            ],
+        )
     head = headline(rows, handovers)
     if head:  # only for the preset queues and failures
         print_table("headline", ["figure", "value"], [[k, f"{v:.4f}"] for k, v in head.items()])
@@ -1228,6 +1383,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "headline": head,
             "busy_guess_vs_replay": comparison,
             "handover": handovers,
+            "early_leads": leads,
             "parameters": params,
             "policies": [asdict(p) for p in POLICIES],
             "profile": asdict(jobs[0].base),

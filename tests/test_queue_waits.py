@@ -244,3 +244,81 @@ def test_the_successor_gains_the_requeue_hold_of_every_allocation(sim: ModuleTyp
     want = cycle / (cycle - (sim.CRED_EXPIRE + 1 - sim.SUBMIT_S))
     assert plain["successor_vs_requeue"] == pytest.approx(want, rel=0.01)
     assert plain["mean_wait_successor_s"] == plain["mean_wait_requeue_s"] == 600
+
+
+def test_an_early_successor_hides_a_steady_wait_behind_the_training(sim: ModuleType) -> None:
+    """A fixed 10-minute queue: from the second allocation on, slurmclock's plan submits the
+    successor 10 min + LEAD_S before the end, so it starts LEAD_S - 1 s before it and the job
+    hands over: allocations start every limit - LEAD_S + SUBMIT_S seconds, with no wait."""
+    from slurmclock.supervisor.handover import LEAD_S
+
+    queue = sim.parse_queue("fixed:10m")
+    base = sim.Cluster(queue=queue, failures=sim.FAILURE_PRESETS["llama3"])
+    job = sim.Job(sim.SCENARIOS[1], 16, sim.HOUR, pool=4, phase_pool=1, seed=0)
+    pol = sim.POLICIES[0]
+    succ = sim.run_job(replace(base, handover="successor"), pol, job, 3.0, (0, 0))
+    early = sim.run_job(replace(base, handover="successor-early"), pol, job, 3.0, (0, 0))
+    cycle = sim.HOUR - LEAD_S + sim.SUBMIT_S
+    first = sim.HOUR / 2 + sim.SUBMIT_S + 600  # no wait measured yet: submitted at half
+    assert early.wall == pytest.approx(600 + first + (early.allocations - 1) * cycle)
+    assert early.waited == pytest.approx(600)  # the first submission's; then none
+    assert succ.waited > 600 * succ.allocations
+    assert early.useful / early.wall > 1.1 * succ.useful / succ.wall
+
+
+# (what stopped the job, from its allocation's start) -> when the next allocation starts and
+# what the next run's limit is. The first allocation plans the submission at half of the hour
+# (1800 s): the successor starts at 1800 + 1 + 600 = 2401 s.
+EARLY_MOMENTS = {
+    "failure before the submission": (1000.0, 1000 + 1 + 600, 3600.0, 601.0),
+    "failure while the successor waits": (2000.0, 2401.0, 3600.0, 401.0),
+    "the successor starts: hand over": (None, 2401.0, None, 0.0),
+}
+
+
+@pytest.mark.parametrize("moment", EARLY_MOMENTS)
+def test_an_early_successor_at_each_moment_of_a_stop(
+    sim: ModuleType, monkeypatch: pytest.MonkeyPatch, moment: str
+) -> None:
+    released, next_start, next_limit, waited = EARLY_MOMENTS[moment]
+    queue = sim.parse_queue("fixed:10m")
+    cl = sim.Cluster(
+        queue=queue, failures=sim.FAILURE_PRESETS["llama3"], handover="successor-early"
+    )
+    job = sim.Job(sim.SCENARIOS[1], 16, sim.HOUR, pool=4, phase_pool=1, seed=0)
+    limits: list[float] = []
+
+    def fake(cl: Any, pol: Any, job: Any, rngs: Any, length: float) -> Any:
+        limits.append(length)
+        end = length if len(limits) > 1 or released is None else released
+        return sim.Allocation(useful=1.0, released=end, ended=end, eligible=end)
+
+    monkeypatch.setattr(sim, "allocation", fake)
+    tally = sim.run_job(cl, sim.POLICIES[0], job, (600 + next_start + 1) / sim.DAY, (0, 0))
+    # the run's limit: the successor's start + a save and exit (asked to hand over then)
+    assert limits[0] == pytest.approx(2401 + job.handover_s)
+    if next_limit is None:  # the next step waited for this job to be gone
+        next_limit = sim.HOUR - job.handover_s
+    assert tally.allocations == 2 and limits[1] == pytest.approx(next_limit)
+    assert tally.wall == pytest.approx(600 + next_start + sim.HOUR - 660 + 1 + 600)
+    assert tally.waited == pytest.approx(600 + waited)
+
+
+def test_a_lead_at_the_median_is_slurmclocks_own_plan(
+    sim: ModuleType, capsys: pytest.CaptureFixture[str]
+) -> None:
+    queue = sim.parse_queue("lognormal:20m,1")
+    base = sim.Cluster(
+        queue=queue, failures=sim.FAILURE_PRESETS["llama3"], handover="successor-early"
+    )
+    job = sim.Job(sim.SCENARIOS[1], 16, sim.HOUR, pool=4, phase_pool=1, seed=0)
+    got = [
+        sim.run_job(replace(base, early_quantile=q), sim.POLICIES[0], job, 10.0, (0, 0))
+        for q in (None, 0.5, 1.0)
+    ]
+    assert got[1].wall == got[0].wall and got[1].useful == got[0].useful
+    assert got[2].allocations > got[0].allocations  # the largest wait as lead: cut more often
+    with pytest.raises(SystemExit) as stop:
+        sim.parse_args(["--early-quantiles", "0.5,2"])
+    assert stop.value.code == 2
+    assert "give numbers in 0..1" in capsys.readouterr().err.strip().splitlines()[-1]
