@@ -4,37 +4,20 @@ not in CI)."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
+from collections.abc import Callable
 from types import ModuleType
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[1] / "bench"
 
-
-def _load(name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
+@pytest.fixture(scope="module")
+def workload(load_bench: Callable[[str], ModuleType]) -> ModuleType:
+    return load_bench("queue_workload")
 
 
 @pytest.fixture(scope="module")
-def workload() -> ModuleType:
-    return _load("queue_workload")
-
-
-@pytest.fixture(scope="module")
-def replay(workload: ModuleType) -> ModuleType:
-    sys.path.insert(0, str(BENCH))
-    try:
-        return _load("queue_replay")
-    finally:
-        sys.path.remove(str(BENCH))
+def replay(workload: ModuleType, load_bench: Callable[[str], ModuleType]) -> ModuleType:
+    return load_bench("queue_replay")
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])

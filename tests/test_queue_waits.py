@@ -4,11 +4,10 @@ runs (untrusted files: bad ones skipped and counted, nothing usable -> one line)
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import statistics
-import sys
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from types import ModuleType
@@ -19,18 +18,9 @@ import pytest
 BENCH = Path(__file__).resolve().parents[1] / "bench"
 
 
-def _load(name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture(scope="module")
-def qw() -> ModuleType:
-    return _load("queue_waits")
+def qw(load_bench: Callable[[str], ModuleType]) -> ModuleType:
+    return load_bench("queue_waits")
 
 
 def _alloc(job: str, eligible: str, start: str) -> str:
@@ -179,20 +169,16 @@ def test_the_committed_replays_give_the_busy_and_idle_waits(qw: ModuleType) -> N
 
 
 @pytest.fixture(scope="module")
-def sim() -> ModuleType:
+def sim(load_bench: Callable[[str], ModuleType]) -> ModuleType:
     """simulate_cluster.py: needs numpy and slurmclock (bench_smoke runs these tests with them;
     the repo session, which has neither, skips them)."""
     pytest.importorskip("numpy")
     pytest.importorskip("slurmclock")
-    sys.path.insert(0, str(BENCH))
-    try:
-        return _load("simulate_cluster")
-    finally:
-        sys.path.remove(str(BENCH))
+    return load_bench("simulate_cluster")
 
 
 def test_the_replay_preset_draws_the_waits_computed_by_hand(
-    sim: ModuleType, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    sim: ModuleType, qw: ModuleType, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     _run(tmp_path / "run1", _good())
     _run(tmp_path / "run2", _good(allocation_records=RECORDS[:1]))  # one wait: 1 s
@@ -208,7 +194,7 @@ def test_the_replay_preset_draws_the_waits_computed_by_hand(
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert "no such folder" in err and "bench/results/queue-busy" in err
     assert sim.parse_queue("busy-replay").mean == pytest.approx(
-        _load("queue_waits").read_replay(BENCH / "results" / "queue-busy").mean
+        qw.read_replay(BENCH / "results" / "queue-busy").mean
     )
 
 
