@@ -113,7 +113,7 @@ def parts(
     """Everything but the resume: the store first, then in the order the bitwise guarantee
     needs. ``phase(part)`` is called as each start-up part ends (``Startup.mark``)."""
     check_output_dirs(cfg)
-    new = new_folders(cfg) if dist.rank == 0 else []
+    new = new_folders(cfg) if dist.is_main else []
     try:
         store = open_store(cfg, limits)
     except BaseException:

@@ -57,7 +57,7 @@ def dry_run(
         ok = True
         dist.barrier()  # every rank has read it back before rank 0 removes it
     finally:
-        if not ok or dist.rank == 0:
+        if not ok or dist.is_main:
             _remove_experiment(scratch, cfg, name)
         else:
             with contextlib.suppress(Exception):
@@ -87,7 +87,7 @@ def _scratch_name(cfg: TrainConfig, dist: ddpkit.Dist) -> str:
     """A fresh scratch folder of its own (rank 0 names it for all ranks): never one that exists
     already, which may be the user's (an experiment may be called "x.dry-run")."""
     name = dist.all_gather_object(f"{cfg.experiment_name[:100]}.dry-run-{secrets.token_hex(4)}")[0]
-    exists = dist.all_gather_object(dist.rank == 0 and _scratch_exists(cfg, name))[0]
+    exists = dist.all_gather_object(dist.is_main and _scratch_exists(cfg, name))[0]
     if exists:  # all ranks agree, so none waits for the others
         raise RuntimeError(f"dry run: scratch folder {name} exists already; run it again")
     return str(name)

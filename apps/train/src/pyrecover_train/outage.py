@@ -39,7 +39,7 @@ class StoreOutage:
         store; the final one is tried again while the time allows; then (and for an extra
         save) StoreUnreachableError, which the CLI exits 74 for."""
         line = self.outage.failed(step, error, seconds)
-        if line and self.dist.rank == 0:
+        if line and self.dist.is_main:
             log.warning("%s", line)
         if save == "final":
             self.retry_final(step)
@@ -50,7 +50,7 @@ class StoreOutage:
         """The final save again, after the outage's pause, while a try still fits before the
         exit (rank 0 decides for every rank: each try is a collective)."""
         while True:
-            pause = self.outage.final_pause(self.time_for_a_try()) if self.dist.rank == 0 else None
+            pause = self.outage.final_pause(self.time_for_a_try()) if self.dist.is_main else None
             pause = self.dist.broadcast_object(pause)
             if pause is None:
                 raise ckptstore.StoreUnreachableError(self.gave_up(step))

@@ -108,7 +108,7 @@ class Trainer:
         cfg, dist = self.cfg, self.dist
         return slurmclock.TimeLoop(  # rank 0 decides; one agreement per step
             self.budget,
-            leader=dist.rank == 0,
+            leader=dist.is_main,
             agree=dist.agree,
             share=dist.broadcast_object,
             extra_saves=cfg.extra_saves,
@@ -192,7 +192,7 @@ class Trainer:
         self.store.save(
             self.state.step, payload, metadata=metadata, blocking=blocking, overlap=True
         )  # async: the snapshot is taken beside the next forward and backward
-        if (line := self.outage.saved(self.state.step)) and self.dist.rank == 0:
+        if (line := self.outage.saved(self.state.step)) and self.dist.is_main:
             log.warning("%s", line)
         blocking_s = time.perf_counter() - t0
         self.schedule.saved(self.state.step, blocking_s)
@@ -246,7 +246,7 @@ class Trainer:
             window,
             lr=float(self.state.scheduler.get_last_lr()[0]),
             grad_norm=None if grad_norm is None else float(grad_norm),
-            seconds_left=self.budget.seconds_left() if self.dist.rank == 0 else None,
+            seconds_left=self.budget.seconds_left() if self.dist.is_main else None,
             data_position=self.state.loader.position,
         )
 
@@ -308,7 +308,7 @@ class Trainer:
         background (else the first async save allocates it: 19 s for a 1.5B model's 18 GB of
         pinned memory on an H100)."""
         self.startup.mark("first step")
-        if self.dist.rank == 0:
+        if self.dist.is_main:
             self.startup.locate()  # one squeue, rank 0 only
         self.console.startup(self.state.step, self.startup)
         if self.async_saves:
