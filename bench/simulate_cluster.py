@@ -674,6 +674,16 @@ class Tally:
     failures: int = 0
     restarts: int = 0
 
+    def count(self, a: Allocation, nodes: int, held: float, waited: float) -> None:
+        """One allocation ``a`` that held ``nodes`` for ``held`` seconds and was followed by
+        ``waited`` seconds until the next one started."""
+        self.useful += a.useful
+        self.node_seconds += nodes * held
+        self.waited += waited
+        self.allocations += 1
+        self.failures += a.failures
+        self.restarts += a.restarts
+
 
 def run_job(cl: Cluster, pol: Policy, job: Job, days: float, seed: Sequence[int]) -> Tally:
     """The job's allocations over ``days`` of wall time (the last one finished)."""
@@ -686,12 +696,7 @@ def run_job(cl: Cluster, pol: Policy, job: Job, days: float, seed: Sequence[int]
         a = allocation(cl, pol, job, rngs)
         wait = a.eligible - a.released + cl.queue.draw(rngs.queue)
         t += a.released + wait
-        tally.useful += a.useful
-        tally.node_seconds += (cl.nodes + pol.spares) * a.released
-        tally.waited += wait
-        tally.allocations += 1
-        tally.failures += a.failures
-        tally.restarts += a.restarts
+        tally.count(a, cl.nodes + pol.spares, a.released, wait)
     tally.wall = t
     return tally
 
@@ -718,12 +723,7 @@ def _run_early(
             wait = cl.queue.draw(rngs.queue)
             starts = max(released + SUBMIT_S, ended) + wait
         waits.append(wait)
-        tally.useful += a.useful
-        tally.node_seconds += (cl.nodes + pol.spares) * released
-        tally.waited += max(0.0, starts - released)
-        tally.allocations += 1
-        tally.failures += a.failures
-        tally.restarts += a.restarts
+        tally.count(a, cl.nodes + pol.spares, released, max(0.0, starts - released))
         head = max(0.0, ended - starts)  # the next step waits until this job is gone
         t += starts
     tally.wall = t
